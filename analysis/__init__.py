@@ -1,0 +1,1 @@
+"""From run directories to figures and tables."""

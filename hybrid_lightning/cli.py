@@ -1,0 +1,78 @@
+"""The ``hybrid-lightning`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from hybrid_lightning.config import RunConfig, load_config
+
+ConfigLoader = Callable[[argparse.Namespace], RunConfig]
+
+
+def _add_config_args(p: argparse.ArgumentParser, optional: bool = True) -> None:
+    p.add_argument("config", nargs="?" if optional else None, help="run config YAML (default: the embedded default)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a config value, e.g. --set model.window=128 (repeatable)")
+
+
+def _load(args: argparse.Namespace) -> RunConfig:
+    return load_config(args.config, args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from hybrid_lightning.training.run import train
+
+    train(_load(args), args.run_dir)
+    return 0
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    import torch
+
+    from hybrid_lightning.model import build_model, count_params, resolve_model_config
+    from hybrid_lightning.training.run import resolve_config
+
+    cfg = resolve_config(_load(args))
+    with torch.device("meta"):  # counts without allocating weights
+        counts = count_params(build_model(resolve_model_config(cfg.model)))
+    rows = [("layer", "kind", "window", "pos", "mixer", "mlp", "norm", "total")]
+    for layer in counts["layers"]:
+        rows.append((str(layer["layer"]), layer["kind"], str(layer["window"] or "-"), str(layer["pos"] or "-"),
+                     f"{layer['mixer']:,}", f"{layer['mlp']:,}", f"{layer['norm']:,}", f"{layer['total']:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    print(f"non-embedding {counts['non_embedding']:,}  embedding {counts['embedding']:,}  total {counts['total']:,}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train (or resume) one run")
+    _add_config_args(p)
+    p.add_argument("--run-dir", help="run directory (default: runs/<name>)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("params", help="per-layer parameter table and totals")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_params)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:  # user errors: bad config, missing files; no traceback
+        print(f"hybrid-lightning {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Typed, frozen run configuration: one YAML file per run, validated once.
+
+A run config has the sections ``model``, ``data``, ``train`` and ``eval`` plus
+``seed`` and ``name``. Every field has a default, so an empty file is a valid
+config (the embedded default). ``load_config`` reads YAML, applies
+``--set dotted.key=value`` overrides and validates; every user error is a
+``ValueError`` whose message names the bad field and, for unknown keys, the
+closest valid one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+
+PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class PosConfig(_Frozen):
+    """Positional encoding per layer type. NoPE applies no rotation at all."""
+
+    full: Literal["rope", "nope"] = "rope"
+    efficient: Literal["rope", "nope"] = "rope"
+
+
+class ModelConfig(_Frozen):
+    """The ``model:`` section; ``build_model`` takes it (or the same keys as a dict)."""
+
+    n_layers: int = Field(4, ge=1)
+    d_model: int = Field(128, ge=1)
+    n_heads: int = Field(4, ge=1)
+    n_kv_heads: int | None = Field(None, ge=1, description="GQA key/value heads; None = n_heads")
+    pattern: str = Field("EEEF", description="F = full attention, E = model.mixer, or a mixer letter")
+    mixer: str = Field("swa", description="the efficient mixer that E stands for")
+    window: int = Field(64, ge=1, description="SWA window, counting the current token")
+    pos: PosConfig = Field(default_factory=PosConfig)
+    rope_theta: float = Field(10000.0, gt=0)
+    vocab_size: int | None = Field(None, ge=2, description="None = the tokenizer's")
+    mlp_hidden: int | None = Field(None, ge=1, description="SwiGLU width; None = 8/3 d_model rounded up to 32")
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    norm_eps: float = Field(1e-5, gt=0)
+    init_std: float = Field(0.02, gt=0)
+    attn_backend: Literal["auto", "reference", "sdpa", "blocked"] = "auto"
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        from hybrid_lightning.model.plan import check_pattern, mixer_names
+
+        if self.mixer not in mixer_names(efficient_only=True):
+            accepted = sorted(mixer_names(efficient_only=True))
+            raise ValueError(f"model.mixer: {self.mixer!r} is not one of the accepted mixers {accepted}")
+        check_pattern(self.pattern, self.n_layers)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model.d_model / model.n_heads = {self.d_model // self.n_heads} must be even (RoPE rotates pairs)")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"model.n_kv_heads={self.kv_heads} must divide model.n_heads={self.n_heads}")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def mlp_width(self) -> int:
+        return self.mlp_hidden or 32 * -(-(8 * self.d_model) // (3 * 32))
+
+
+class SyntheticConfig(_Frozen):
+    """Retrieval-dense synthetic sequences mixed into training (see data/synthetic.py)."""
+
+    fraction: float = Field(0.5, ge=0, le=1, description="share of training sequences that are synthetic")
+    value_chars: tuple[int, int] = Field((6, 24), description="min and max characters of a value")
+    queries_per_fact: float = Field(3.0, ge=0, description="mean number of times a fact is queried")
+
+
+class DataConfig(_Frozen):
+    """The ``data:`` section. No files and no hub name = the embedded corpus."""
+
+    files: tuple[str, ...] = Field((), description="local .txt/.md/.py/.json/.jsonl/.parquet files or globs")
+    hub: str | None = Field(None, description="a datasets hub name (needs network)")
+    hub_config: str | None = None
+    hub_split: str = "train"
+    text_field: str = "text"
+    tokenizer: str = Field("byte", description="'byte' or a tokenizers JSON file")
+    max_tokens: int | None = Field(None, ge=1, description="cap on real-text tokens read")
+    val_fraction: float = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    cache_dir: str | None = Field(None, description="None = $HYBRID_LIGHTNING_CACHE or ~/.cache/hybrid_lightning")
+    num_workers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> DataConfig:
+        if self.files and self.hub:
+            raise ValueError("data.files and data.hub are exclusive: give one source")
+        lo, hi = self.synthetic.value_chars
+        if not 1 <= lo <= hi:
+            raise ValueError(f"data.synthetic.value_chars must be [min, max] with 1 <= min <= max, got {[lo, hi]}")
+        return self
+
+
+class TrainConfig(_Frozen):
+    """The ``train:`` section."""
+
+    max_steps: int = Field(200, ge=1)
+    batch_size: int = Field(16, ge=1, description="sequences per device per step")
+    seq_len: int = Field(128, ge=2)
+    lr: float = Field(3e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a share of lr")
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
+    warmup_steps: int = Field(20, ge=0)
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="WSD: share of steps spent decaying")
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = Field(1.0, gt=0)
+    precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU, 32 on CPU")
+    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
+    devices: int | Literal["auto"] = "auto"
+    num_nodes: int = Field(1, ge=1)
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    checkpoint_every_n_steps: int = Field(100, ge=1)
+    keep_checkpoints: int = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = all")
+    log_every_n_steps: int = Field(10, ge=1)
+    val_every_n_steps: int = Field(100, ge=1)
+    val_batches: int = Field(8, ge=1)
+    progress_bar: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.warmup_steps >= self.max_steps and self.max_steps > 1:
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}")
+        return self
+
+
+class EvalConfig(_Frozen):
+    """The ``eval:`` section: long-context evaluation during training."""
+
+
+class RunConfig(_Frozen):
+    """A whole run: what ``train`` reads and writes next to every checkpoint."""
+
+    name: str | None = Field(None, description="run name; default: the config file's stem")
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+
+# ---- loading, overriding, validating -------------------------------------------------------------
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"train.lr=3e-4"`` -> (["train", "lr"], 3e-4); the value is parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set expects dotted.key=value, got {item!r}")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Returns a copy of ``raw`` with each ``dotted.key=value`` set (unknown keys are caught later)."""
+    out = _deep_copy(raw)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {item}: {'.'.join(path[: i + 1])} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deep_copy(d: dict) -> dict:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def validate_config(raw: dict | None) -> RunConfig:
+    """Builds a ``RunConfig`` from plain data; every problem becomes one ``ValueError``."""
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"a run config must be a mapping, got {type(raw).__name__}")
+    _check_keys(raw, RunConfig, "")
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ValueError(_describe(e)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Reads a YAML run config (None = the embedded default), applies overrides, validates.
+
+    Relative paths in ``data.files`` and ``data.tokenizer`` are resolved against the
+    config file's folder; those given with ``--set`` against the working directory.
+    """
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file not found: {path}")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a run config must be a YAML mapping")
+        raw.pop(PROVENANCE_KEY, None)  # written by train next to the config; not an input
+        raw = _resolve_paths(raw, path.parent)
+        raw.setdefault("name", path.stem)
+    raw = _resolve_paths(apply_overrides(raw, overrides), Path.cwd())
+    return validate_config(raw)
+
+
+def _resolve_paths(raw: dict, base: Path) -> dict:
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        return raw
+    data = dict(data)
+    files = data.get("files")
+    if isinstance(files, str):
+        files = [files]
+    if isinstance(files, list):
+        data["files"] = [str((base / f).resolve()) if isinstance(f, str) else f for f in files]
+    tok = data.get("tokenizer")
+    if isinstance(tok, str) and tok != "byte":
+        data["tokenizer"] = str((base / tok).resolve())
+    return {**raw, "data": data}
+
+
+def _check_keys(raw: dict, model: type[BaseModel], prefix: str) -> None:
+    """Rejects unknown keys with the closest valid key, recursing into sections."""
+    fields = model.model_fields
+    for key, value in raw.items():
+        where = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            raise ValueError(f"unknown config key '{where}'{hint} Valid keys here: {sorted(fields)}")
+        sub = _section_type(fields[key].annotation)
+        if sub is not None and isinstance(value, dict):
+            _check_keys(value, sub, where + ".")
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _describe(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "literal_error":
+            msg = f"{err['input']!r} is not accepted; {msg.lower()}"
+        elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid config: " + "; ".join(lines)
+
+
+def config_to_dict(cfg: RunConfig) -> dict:
+    """Plain YAML-ready data (tuples become lists)."""
+    return cfg.model_dump(mode="json")
+
+
+def dump_config(cfg: RunConfig, extra: dict | None = None) -> str:
+    data = config_to_dict(cfg)
+    if extra:
+        data = {**data, **extra}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+__all__ = [
+    "DataConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "PosConfig",
+    "RunConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "config_to_dict",
+    "dump_config",
+    "load_config",
+    "validate_config",
+]

@@ -1,0 +1,1 @@
+"""Data: tokenizers, corpora, synthetic retrieval sequences and the LightningDataModule."""

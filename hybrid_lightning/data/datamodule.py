@@ -1,0 +1,115 @@
+"""The LightningDataModule: packed real-text sequences mixed with synthetic retrieval sequences,
+served in an order that is a pure function of (seed, step), so a resumed run sees exactly
+the batches the uninterrupted run would have seen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from hybrid_lightning.config import RunConfig
+from hybrid_lightning.data.corpus import load_corpus
+from hybrid_lightning.data.synthetic import RetrievalSynth
+from hybrid_lightning.data.tokenizer import load_tokenizer
+
+TRAIN_STREAM, VAL_STREAM = 0, 1  # RNG stream ids: train and validation samples never coincide
+
+
+class MixedSequences(Dataset):
+    """Item g (a global sample id) is a (seq_len + 1)-token sequence: synthetic with probability
+    ``fraction``, else real window perm_e[g mod n] of epoch e = g // n (a fresh permutation per epoch)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, synth: RetrievalSynth | None, fraction: float, stream: int):
+        self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
+        self.synth, self.fraction, self.stream = synth, fraction, stream
+        self.n = (tokens.size - 1) // seq_len
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    def is_synthetic(self, g: int) -> bool:
+        return self.synth is not None and np.random.default_rng([self.seed, self.stream, 0, g]).random() < self.fraction
+
+    def __getitem__(self, g: int) -> torch.Tensor:
+        if self.is_synthetic(g):
+            ids, _ = self.synth.sample(np.random.default_rng([self.seed, self.stream, 1, g]), self.seq_len + 1)
+            return torch.from_numpy(ids)
+        epoch, pos = divmod(g, self.n)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, np.random.default_rng([self.seed, self.stream, 2, epoch]).permutation(self.n))
+        start = int(self._perm[1][pos]) * self.seq_len
+        return torch.from_numpy(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
+
+    def __len__(self) -> int:  # a nominal epoch; the step sampler indexes beyond it
+        return self.n
+
+
+class StepSampler(Sampler[list[int]]):
+    """Yields, for optimizer steps start, start+1, ..., this rank's slice of the global batch:
+    step s on rank r of w takes global sample ids (s*w + r)*B ... (s*w + r)*B + B - 1."""
+
+    def __init__(self, batch_size: int, start_step: int, rank: int = 0, world: int = 1):
+        self.batch_size, self.start_step, self.rank, self.world = batch_size, start_step, rank, world
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start_step
+        while True:
+            base = (step * self.world + self.rank) * self.batch_size
+            yield list(range(base, base + self.batch_size))
+            step += 1
+
+
+class LMDataModule(L.LightningDataModule):
+    def __init__(self, cfg: RunConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.train_tokens: np.ndarray | None = None
+        self.val_tokens: np.ndarray | None = None
+
+    def prepare_data(self) -> None:
+        load_corpus(self.cfg.data, self.tokenizer)  # builds the cache once (local rank 0)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_tokens is not None:
+            return
+        self.train_tokens, self.val_tokens = load_corpus(self.cfg.data, self.tokenizer)
+        need = self.cfg.train.seq_len + 1
+        for name, arr in (("training", self.train_tokens), ("validation", self.val_tokens)):
+            if arr.size < need:
+                raise ValueError(
+                    f"data: the {name} split holds {arr.size} tokens, fewer than train.seq_len + 1 = {need}; "
+                    "give more text (data.files) or a shorter train.seq_len"
+                )
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        start = trainer.global_step if trainer is not None else 0
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        sampler = StepSampler(self.cfg.train.batch_size, start, rank, world)
+        syn = self.cfg.data.synthetic
+        synth = RetrievalSynth(self.tokenizer, self.train_tokens, syn) if syn.fraction > 0 else None
+        dataset = MixedSequences(self.train_tokens, self.cfg.train.seq_len, self.cfg.seed, synth, syn.fraction, TRAIN_STREAM)
+        return DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=self.cfg.data.num_workers,
+            persistent_workers=self.cfg.data.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> list[DataLoader]:
+        """Fixed sets: held-out real text (val/loss) and, when mixed in, synthetic retrieval sequences."""
+        B, n, T = self.cfg.train.batch_size, self.cfg.train.val_batches * self.cfg.train.batch_size, self.cfg.train.seq_len
+        n_windows = (self.val_tokens.size - 1) // T
+        starts = np.linspace(0, n_windows - 1, min(n, n_windows)).astype(int) * T
+        real = torch.stack([torch.from_numpy(np.asarray(self.val_tokens[s : s + T + 1], dtype=np.int64)) for s in starts])
+        loaders = [DataLoader(real, batch_size=B)]
+        syn = self.cfg.data.synthetic
+        if syn.fraction > 0:
+            synth = RetrievalSynth(self.tokenizer, self.val_tokens, syn)
+            rngs = (np.random.default_rng([self.cfg.seed, VAL_STREAM, 1, i]) for i in range(n))
+            seqs = torch.stack([torch.from_numpy(synth.sample(rng, T + 1)[0]) for rng in rngs])
+            loaders.append(DataLoader(seqs, batch_size=B))
+        return loaders

@@ -1,0 +1,106 @@
+"""Retrieval-dense synthetic sequences: key -> value facts stated among real-text filler and
+queried again later in the same sequence, so that predicting the queried value needs
+long-range retrieval.
+
+A sequence is a chain of pieces drawn with weights filler : fact : query = 1 : 1 : q
+(q = ``queries_per_fact``): filler is a span of real training text, a fact states a new
+key's value, a query restates an earlier fact (chosen uniformly, so distances spread over
+the whole sequence) in another template. The queried value tokens are the retrieval targets;
+``target_mask`` marks them.
+
+The templates here are deliberately different from the evaluation probes (RULER's "special
+magic" needles and the pass-key prompt), which must stay out of training; the value kinds
+(digits, words, hex and UUID-like strings) cover those the probes use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybrid_lightning.config import SyntheticConfig
+
+ATTRS = ("code", "id", "tag", "serial", "label", "number", "token", "value")
+FACT_TEMPLATES = (
+    "{key} = {value}\n",
+    "The {attr} of {key} is {value}.\n",
+    "{key} ({attr}): {value}\n",
+    "Note that {key} has {attr} {value}.\n",
+)
+QUERY_TEMPLATES = (
+    "{key} = {value}\n",
+    "What is the {attr} of {key}? {value}\n",
+    "Recall: the {attr} of {key} is {value}.\n",
+    "{key} ({attr}): {value}\n",
+)
+_CONS, _VOW = "bdfgklmnprstvz", "aeiou"
+FILLER_TOKENS = (16, 96)  # min, max tokens of a filler span
+
+
+def pseudo_word(rng: np.random.Generator, syllables: int) -> str:
+    return "".join(_CONS[rng.integers(len(_CONS))] + _VOW[rng.integers(len(_VOW))] for _ in range(syllables))
+
+
+def random_value(rng: np.random.Generator, n_chars: int) -> str:
+    kind = rng.integers(4)
+    if kind == 0:  # digits
+        return "".join(str(d) for d in rng.integers(0, 10, n_chars))
+    if kind == 1:  # hex
+        return "".join("0123456789abcdef"[d] for d in rng.integers(0, 16, n_chars))
+    if kind == 2:  # UUID-like: hex groups joined by dashes
+        s = "".join("0123456789abcdef"[d] for d in rng.integers(0, 16, n_chars))
+        return "-".join(s[i : i + 8] for i in range(0, len(s), 8))
+    words = []
+    while sum(len(w) + 1 for w in words) < n_chars:
+        words.append(pseudo_word(rng, int(rng.integers(1, 4))))
+    return " ".join(words)
+
+
+class RetrievalSynth:
+    """Builds synthetic sequences from a tokenizer and a stream of real filler tokens."""
+
+    def __init__(self, tokenizer, filler: np.ndarray, cfg: SyntheticConfig):
+        assert filler.size > FILLER_TOKENS[1], "filler stream too short"
+        self.tok, self.filler, self.cfg = tokenizer, filler, cfg
+
+    def sample(self, rng: np.random.Generator, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Returns (tokens, target_mask), both of length n_tokens; the mask is True on queried values."""
+        pieces: list[np.ndarray] = []
+        masks: list[np.ndarray] = []
+        facts: list[tuple[str, str, str]] = []
+        keys: set[str] = set()
+        length = 0
+        q = self.cfg.queries_per_fact
+        while length < n_tokens:
+            r = rng.random() * (2 + (q if facts else 0))
+            if r < 1:  # filler
+                n = int(rng.integers(FILLER_TOKENS[0], FILLER_TOKENS[1] + 1))
+                start = int(rng.integers(0, self.filler.size - n))
+                ids = np.asarray(self.filler[start : start + n], dtype=np.int64)
+                mask = np.zeros(n, bool)
+            elif r < 2:  # a new fact
+                key = self._new_key(rng, keys)
+                lo, hi = self.cfg.value_chars
+                fact = (key, ATTRS[rng.integers(len(ATTRS))], random_value(rng, int(rng.integers(lo, hi + 1))))
+                facts.append(fact)
+                ids, mask = self._render(FACT_TEMPLATES[rng.integers(len(FACT_TEMPLATES))], fact, target=False)
+            else:  # a query of an earlier fact
+                fact = facts[rng.integers(len(facts))]
+                ids, mask = self._render(QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))], fact, target=True)
+            pieces.append(ids)
+            masks.append(mask)
+            length += ids.size
+        return np.concatenate(pieces)[:n_tokens], np.concatenate(masks)[:n_tokens]
+
+    def _new_key(self, rng: np.random.Generator, keys: set[str]) -> str:
+        while True:
+            key = f"{pseudo_word(rng, 2)}-{pseudo_word(rng, 2)}"
+            if key not in keys:
+                keys.add(key)
+                return key
+
+    def _render(self, template: str, fact: tuple[str, str, str], target: bool) -> tuple[np.ndarray, np.ndarray]:
+        key, attr, value = fact
+        head, tail = template.split("{value}")
+        parts = [self.tok.encode(head.format(key=key, attr=attr)), self.tok.encode(value), self.tok.encode(tail)]
+        mask = np.concatenate([np.zeros(parts[0].size, bool), np.full(parts[1].size, target), np.zeros(parts[2].size, bool)])
+        return np.concatenate(parts), mask

@@ -1,0 +1,64 @@
+"""Softmax attention as a mixer: full (``F``) or sliding-window (``S``), RoPE or NoPE, GQA, QK-norm."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from hybrid_lightning.model.attention import attend
+from hybrid_lightning.model.rope import Rotary
+
+if TYPE_CHECKING:
+    from hybrid_lightning.config import ModelConfig
+    from hybrid_lightning.model.plan import LayerSpec
+
+
+class Attention(nn.Module):
+    uses_position = True
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+        super().__init__()
+        D, self.n_heads, self.n_kv, self.head_dim = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.window = spec.window
+        self.backend = cfg.attn_backend
+        self.wq = nn.Linear(D, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(D, self.n_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(D, self.n_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, D, bias=False)
+        self.wo.residual_out = True
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.rope = Rotary(self.head_dim, cfg.rope_theta) if spec.pos == "rope" else None
+        # (H,) multiplier on each head's output, None = all heads on; set for head ablations.
+        self.head_mask: torch.Tensor | None = None
+
+    def project(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (B, T, D) at positions start... -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh), positions applied."""
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            q, k = self.rope(q, start), self.rope(k, start)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
+        """x: (B, T, D). ``state`` (a dict, updated in place) carries the KV cache between calls:
+        all past keys for full attention, the last W-1 for a window of W."""
+        B, T, _ = x.shape
+        start = state.get("pos", 0) if state is not None else 0
+        q, k, v = self.project(x, start)
+        if state is not None:
+            if "k" in state:
+                k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
+            keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
+            state["k"], state["v"] = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
+            state["pos"] = start + T
+        y = attend(q, k, v, window=self.window, backend=self.backend)  # (B, H, T, Dh)
+        if self.head_mask is not None:
+            y = y * self.head_mask.to(y.dtype).view(1, -1, 1, 1)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

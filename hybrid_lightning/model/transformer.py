@@ -1,0 +1,82 @@
+"""The hybrid language model: a plain ``nn.Module`` built from the per-layer plan."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from hybrid_lightning.config import ModelConfig
+from hybrid_lightning.model.mixers import MIXERS
+from hybrid_lightning.model.plan import LayerSpec, layer_plan
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+        self.w2.residual_out = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+        super().__init__()
+        self.spec = spec
+        self.mixer_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mixer = MIXERS[spec.mixer][1](cfg, spec)
+        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_width)
+
+    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
+        x = x + self.mixer(self.mixer_norm(x), state)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class HybridLM(nn.Module):
+    """``forward(input_ids (B, T)) -> logits (B, T, vocab)``.
+
+    For incremental inference pass ``states=model.new_states()`` and keep passing the same
+    list: each layer carries its KV cache or recurrent state from one call to the next.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError("model.vocab_size must be set (build_model fills it from the tokenizer)")
+        self.cfg = cfg
+        self.plan = layer_plan(cfg)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, spec) for spec in self.plan)
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        # N(0, init_std) for every linear and embedding matrix; residual output projections
+        # scaled by 1/sqrt(2 n_layers) (GPT-2). Mixers initialise their own special parameters.
+        resid_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)) and not getattr(m, "custom_init", False):
+                nn.init.normal_(m.weight, std=resid_std if getattr(m, "residual_out", False) else self.cfg.init_std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+
+    def new_states(self) -> list[dict]:
+        return [{} for _ in self.layers]
+
+    def forward(self, input_ids: torch.Tensor, states: list[dict] | None = None) -> torch.Tensor:
+        """input_ids: (B, T) -> logits (B, T, vocab)."""
+        x = self.embed(input_ids)  # (B, T, D)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if states is None else states[i])
+        return self.lm_head(self.norm(x))

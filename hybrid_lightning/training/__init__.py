@@ -1,0 +1,1 @@
+"""Training: the LightningModule, the Trainer assembly and the run orchestration."""

@@ -1,0 +1,135 @@
+"""One training run: validate, prepare the run directory, resume if possible, fit."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import warnings
+from pathlib import Path
+
+from hybrid_lightning import __version__
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config
+from hybrid_lightning.data.corpus import check_sources
+from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.rundir import (
+    CKPT_DIR,
+    CONFIG_FILE,
+    LAST_CKPT,
+    find_resume_checkpoint,
+    read_config_dict,
+    write_atomic,
+    write_status,
+)
+
+# Keys that may change when a run directory is trained again (they do not change the result).
+RESUMABLE_CHANGES = {
+    "train.max_steps", "train.progress_bar", "train.checkpoint_every_n_steps", "train.keep_checkpoints",
+    "train.log_every_n_steps", "data.num_workers", "data.cache_dir",
+}
+RESUMABLE_SECTIONS = ("eval.",)
+
+
+def resolve_config(cfg: RunConfig) -> RunConfig:
+    """Fills what follows from other settings: the vocabulary size from the tokenizer, the name."""
+    check_sources(cfg.data)
+    model = cfg.model
+    if model.vocab_size is None:
+        model = model.model_copy(update={"vocab_size": load_tokenizer(cfg.data.tokenizer).vocab_size})
+    return cfg.model_copy(update={"model": model, "name": cfg.name or "run"})
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    return Path("runs") / (cfg.name or "run")
+
+
+def git_revision() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if rev.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
+    """A run directory belongs to one config; only harmless keys may change between invocations."""
+    old = read_config_dict(run_dir)
+    if old is None:
+        return
+    old.pop(PROVENANCE_KEY, None)
+    a, b = _flatten(old), _flatten(config_to_dict(cfg))
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    blocking = [k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(RESUMABLE_SECTIONS)]
+    if blocking:
+        diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
+        raise ValueError(f"{run_dir} holds a run with another config ({diffs}); use another --run-dir")
+
+
+def train(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
+    """Trains (or resumes) the run in ``run_dir``; returns the run directory.
+
+    Everything that can be wrong with the config is checked before the directory is created.
+    """
+    cfg = resolve_config(cfg)
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    check_same_run(run_dir, cfg)
+    resume = find_resume_checkpoint(run_dir)
+    if resume is not None and resume[1] >= cfg.train.max_steps:
+        print(f"{run_dir}: already complete ({resume[1]}/{cfg.train.max_steps} steps)")
+        write_status(run_dir, state="done", step=resume[1], max_steps=cfg.train.max_steps)
+        return run_dir
+    # Imported here: Lightning is slow to import and not needed to validate.
+    from hybrid_lightning.training.trainer import build_trainer, fit
+
+    trainer, module, datamodule = build_trainer(cfg, run_dir, resume_step=resume[1] if resume else 0)
+    if trainer.is_global_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        provenance = {
+            PROVENANCE_KEY: {
+                "git_revision": git_revision(),
+                "package_version": __version__,
+                "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            }
+        }
+        write_atomic(run_dir / CONFIG_FILE, dump_config(cfg, provenance))
+    if resume is not None:
+        print(f"{run_dir}: resuming from {resume[0].name} at step {resume[1]}")
+    _status(trainer, run_dir, "running", resume[1] if resume else 0, cfg)
+    try:
+        fit(trainer, module, datamodule, resume[0] if resume else None)
+    except BaseException as e:
+        _status(trainer, run_dir, "failed", trainer.global_step, cfg, error=f"{type(e).__name__}: {e}")
+        raise
+    if trainer.interrupted:
+        _status(trainer, run_dir, "interrupted", trainer.global_step, cfg)
+        return run_dir
+    if trainer.global_step % cfg.train.checkpoint_every_n_steps:  # the periodic save missed the last step
+        trainer.save_checkpoint(run_dir / CKPT_DIR / LAST_CKPT)
+    _status(trainer, run_dir, "done", trainer.global_step, cfg)
+    return run_dir
+
+
+def _status(trainer, run_dir: Path, state: str, step: int, cfg: RunConfig, **extra) -> None:
+    if trainer.is_global_zero:
+        write_status(
+            run_dir, state=state, step=step, max_steps=cfg.train.max_steps, host=socket.gethostname(), pid=os.getpid(),
+            slurm_job_id=os.environ.get("SLURM_JOB_ID"), **extra,
+        )
+
+
+warnings.filterwarnings("ignore", message=".*srun.*command is available.*")

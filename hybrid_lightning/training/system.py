@@ -1,0 +1,106 @@
+"""The LightningModule: next-token loss, AdamW, warmup + cosine / WSD schedules, logging."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hybrid_lightning.config import RunConfig, TrainConfig, validate_config
+from hybrid_lightning.model import build_model
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier on train.lr at optimizer step ``step`` (0-based)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    floor = cfg.min_lr_ratio
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "cosine":
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    # WSD (warmup, stable, decay): constant, then linear decay over the last decay_fraction of steps.
+    decay_start = cfg.max_steps - max(1, round(cfg.decay_fraction * cfg.max_steps))
+    if step < decay_start:
+        return 1.0
+    return 1.0 - (1 - floor) * min(1.0, (step - decay_start + 1) / (cfg.max_steps - decay_start))
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when the loss or a gradient is NaN/inf; the message names the step and the tensor."""
+
+
+class LMSystem(L.LightningModule):
+    def __init__(self, config: dict):
+        super().__init__()
+        self.save_hyperparameters()  # the resolved run config, as plain data
+        self.cfg: RunConfig = validate_config(config)
+        self.model = build_model(self.cfg.model)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        x, y = batch[:, :-1], batch[:, 1:]  # (B, T)
+        logits = self.model(x)  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    def tokens_at(self, step: int) -> int:
+        """Training tokens consumed by all ranks after ``step`` optimizer steps."""
+        return step * self.cfg.train.batch_size * self.cfg.train.seq_len * self.trainer.world_size
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at step {self.global_step}")
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self.log("train/tokens", float(self.tokens_at(self.global_step + 1)))
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        for name, p in self.named_parameters():
+            if p.grad is not None and not torch.isfinite(p.grad).all():
+                raise NonFiniteLossError(f"non-finite gradient of {name} at step {self.global_step}")
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
+        loss = self._loss(batch)
+        if dataloader_idx == 0:
+            self.log("val/loss", loss, add_dataloader_idx=False, sync_dist=True)
+            self.log("val/ppl", loss.exp(), add_dataloader_idx=False, sync_dist=True)
+        else:
+            self.log("val/synthetic_loss", loss, add_dataloader_idx=False, sync_dist=True)
+
+    def configure_optimizers(self):
+        cfg = self.cfg.train
+        # Weight decay on matrices only; norms, biases and 1-d mixer parameters are not decayed.
+        decay = [p for p in self.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        checkpoint["rng"] = {  # plain types and tensors only, so weights-only loading accepts them
+            "torch": torch.get_rng_state(),
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        rng = checkpoint.get("rng")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            kind, keys, pos, has_gauss, gauss = rng["numpy"]
+            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+            random.setstate(rng["python"])
+            if rng["cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])

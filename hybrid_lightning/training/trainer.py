@@ -1,0 +1,77 @@
+"""Assembles the Lightning ``Trainer`` for a run: logger, checkpoints, callbacks, cluster plugins."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+from hybrid_lightning.config import RunConfig, config_to_dict
+from hybrid_lightning.data.datamodule import LMDataModule
+from hybrid_lightning.rundir import CKPT_DIR
+from hybrid_lightning.training.callbacks import StepProgressBar, Throughput
+from hybrid_lightning.training.system import LMSystem
+
+# The step sampler makes data order a function of the step, so Lightning's warning that a plain
+# dataloader cannot resume mid-epoch does not apply; nor does its advice on dataloader workers.
+for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.*command is available.*",
+                 ".*isn't resumable.*", ".*Checkpoint directory .* exists and is not empty.*"):
+    warnings.filterwarnings("ignore", message=_pattern)
+
+
+def resolve_precision(cfg: RunConfig) -> str:
+    if cfg.train.precision != "auto":
+        return "32-true" if cfg.train.precision == "32" else cfg.train.precision
+    gpu = cfg.train.accelerator == "gpu" or (cfg.train.accelerator == "auto" and torch.cuda.is_available())
+    return "bf16-mixed" if gpu else "32-true"
+
+
+def build_trainer(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> tuple[L.Trainer, LMSystem, LMDataModule]:
+    t = cfg.train
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    logger = TensorBoardLogger(
+        save_dir=str(run_dir), name="", version="", default_hp_metric=False,
+        # Steps >= resume_step logged before a crash are hidden by TensorBoard: no duplicates.
+        purge_step=resume_step if resume_step else None,
+    )
+    checkpoints = ModelCheckpoint(
+        dirpath=run_dir / CKPT_DIR, filename="step_{step:07d}", auto_insert_metric_name=False,
+        every_n_train_steps=t.checkpoint_every_n_steps, save_last=True, save_top_k=t.keep_checkpoints,
+        monitor="step", mode="max", save_on_train_epoch_end=False,
+    )
+    tokens_per_step = t.batch_size * t.seq_len
+    callbacks = [checkpoints, Throughput(tokens_per_step, t.log_every_n_steps)]
+    if t.progress_bar:
+        callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
+    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []  # submitit owns requeue
+    trainer = L.Trainer(
+        default_root_dir=str(run_dir),
+        max_steps=t.max_steps,
+        max_epochs=-1,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        precision=resolve_precision(cfg),
+        logger=logger,
+        callbacks=callbacks,
+        plugins=plugins,
+        gradient_clip_val=t.grad_clip,
+        log_every_n_steps=t.log_every_n_steps,
+        val_check_interval=t.val_every_n_steps,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        enable_progress_bar=t.progress_bar,
+        enable_model_summary=False,
+        use_distributed_sampler=False,  # the step sampler slices batches per rank itself
+    )
+    return trainer, LMSystem(config_to_dict(cfg)), LMDataModule(cfg)
+
+
+def fit(trainer: L.Trainer, module: LMSystem, datamodule: LMDataModule, ckpt_path: Path | None) -> None:
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None)

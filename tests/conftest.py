@@ -1,0 +1,31 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_cache(tmp_path_factory):
+    """One tokenized-corpus cache for the whole session (built once, ~10 s)."""
+    cache = os.environ.get("HYBRID_LIGHTNING_CACHE") or str(tmp_path_factory.mktemp("hl-cache"))
+    os.environ["HYBRID_LIGHTNING_CACHE"] = cache
+    return Path(cache)
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python -m hybrid_lightning ARGS`` as a new user would, capturing output."""
+    return subprocess.run(
+        [sys.executable, "-m", "hybrid_lightning", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+
+
+TINY = [
+    "--set", "model.n_layers=2", "--set", "model.d_model=64", "--set", "model.n_heads=2", "--set", "model.window=32",
+    "--set", "model.pattern=EF", "--set", "train.batch_size=8", "--set", "train.seq_len=128",
+    "--set", "train.progress_bar=false", "--set", "data.max_tokens=2000000",
+]

@@ -1,0 +1,80 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from hybrid_lightning.rundir import checkpoint_is_valid, read_run_config, read_status
+
+from conftest import TINY, run_cli
+
+
+def scalars(run_dir, tag):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_train_200_steps_loss_falls(tmp_path):
+    run_dir = tmp_path / "run"
+    t0 = time.perf_counter()
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")
+    elapsed = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert elapsed < 120, elapsed
+    loss = scalars(run_dir, "train/loss")
+    assert loss[-1][0] == 199 and len(loss) == 20
+    assert loss[-1][1] < 0.7 * loss[0][1], loss
+    assert [s for s, _ in scalars(run_dir, "val/loss")] == [99, 199]
+    for tag in ("train/lr", "train/tokens", "train/tokens_per_sec", "val/ppl", "val/synthetic_loss"):
+        assert scalars(run_dir, tag), tag
+    assert dict(scalars(run_dir, "train/tokens"))[199] == 200 * 8 * 128
+    # the run-directory contract
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "checkpoints" / "step_0000100.ckpt").is_file()
+    assert read_run_config(run_dir).train.max_steps == 200
+    assert read_status(run_dir)["state"] == "done"
+    # running it again: nothing to do, exit 0
+    again = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")
+    assert again.returncode == 0 and "already complete" in again.stdout
+    # the same directory with another model is refused
+    other = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "model.window=8")
+    assert other.returncode == 2 and "model.window" in other.stderr
+
+
+def _final_weights(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_resume_after_sigkill_is_exact(tmp_path):
+    args = [*TINY, "--set", "train.max_steps=60", "--set", "train.checkpoint_every_n_steps=20",
+            "--set", "train.log_every_n_steps=1", "--set", "train.val_every_n_steps=25", "--set", "train.warmup_steps=5"]
+    straight = tmp_path / "straight"
+    assert run_cli("train", "--run-dir", str(straight), *args).returncode == 0
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "hybrid_lightning", "train", "--run-dir", str(killed), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    ckpt = killed / "checkpoints" / "step_0000040.ckpt"
+    deadline = time.time() + 300
+    while not (ckpt.exists() and checkpoint_is_valid(ckpt)):
+        assert proc.poll() is None and time.time() < deadline, "run ended before its second checkpoint"
+        time.sleep(0.05)
+    time.sleep(0.4)  # a few steps past the checkpoint
+    assert proc.poll() is None, "run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert read_status(killed)["state"] == "running"
+
+    r = run_cli("train", "--run-dir", str(killed), *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from" in r.stdout
+    a, b = _final_weights(straight), _final_weights(killed)
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    for tag in ("train/loss", "val/loss"):
+        sa, sb = scalars(straight, tag), scalars(killed, tag)
+        assert [s for s, _ in sb] == [s for s, _ in sa]  # no duplicated, no missing steps
+        assert sa == sb
