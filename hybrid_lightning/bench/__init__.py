@@ -1,0 +1,13 @@
+"""The benchmark suite: ``python -m hybrid_lightning.bench [SECTION ...] [--quick] [--out DIR]``.
+
+Each section is a module ``hybrid_lightning.bench.<name>`` with
+``run(quick: bool) -> dict`` returning ``{"title": str, "columns": [str], "rows": [dict], "notes": str}``.
+Every figure a section reports is a ratio or a measurement taken side by side in the same
+process, so the machine's noise affects both sides alike. The runner writes one JSON file per
+section and a markdown table of all of them.
+"""
+
+from __future__ import annotations
+
+# section name -> what it measures; each is a module of this package with a run(quick) function
+SECTIONS: dict[str, str] = {}

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hybrid_lightning.bench import SECTIONS
+
+DEFAULT_OUT = Path("analysis/results/bench")
+
+
+def markdown(result: dict) -> str:
+    cols = result["columns"]
+    lines = [f"## {result['title']}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in result["rows"]:
+        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in cols) + " |")
+    if result.get("notes"):
+        lines += ["", result["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hybrid_lightning.bench", description=__doc__)
+    p.add_argument("sections", nargs="*", help=f"sections to run (default: all): {sorted(SECTIONS)}")
+    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    args = p.parse_args(argv)
+    unknown = [s for s in args.sections if s not in SECTIONS]
+    if unknown:
+        p.error(f"unknown section(s) {unknown}; choose from {sorted(SECTIONS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    for name in args.sections or list(SECTIONS):
+        print(f"[bench] {name}: {SECTIONS[name]}", file=sys.stderr)
+        t0 = time.perf_counter()
+        result = importlib.import_module(f"hybrid_lightning.bench.{name}").run(quick=args.quick)
+        result["machine"], result["seconds"] = machine, round(time.perf_counter() - t0, 1)
+        (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+        print(markdown(result))
+    sections = sorted(f.stem for f in args.out.glob("*.json"))
+    body = ["# Benchmarks", "", "Regenerate with `python -m hybrid_lightning.bench` (sections: "
+            + ", ".join(sections) + ").", ""]
+    for name in sections:
+        result = json.loads((args.out / f"{name}.json").read_text())
+        body += [markdown(result), f"_{result['machine']}; {result['seconds']} s_", ""]
+    (args.out / "README.md").write_text("\n".join(body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
