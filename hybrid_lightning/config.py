@@ -34,6 +34,33 @@ class PosConfig(_Frozen):
     efficient: Literal["rope", "nope"] = "rope"
 
 
+class Mamba2Config(_Frozen):
+    """Mamba-2 layers (``M``); defaults of the paper's reference module (Dao & Gu 2024)."""
+
+    expand: int = Field(2, ge=1, description="inner width = expand * d_model")
+    head_dim: int = Field(64, ge=1, description="channels per SSM head; must divide expand * d_model")
+    d_state: int = Field(128, ge=1, description="SSM state size N")
+    conv_size: int = Field(4, ge=1, description="taps of the causal depthwise convolution")
+
+
+class _HeadsConfig(_Frozen):
+    """Heads of a recurrent mixer; ``ModelConfig.heads`` fills what is left open from the model."""
+
+    n_heads: int | None = Field(None, ge=1, description="None = model.n_heads")
+    head_dim: int | None = Field(None, ge=1, description="(query/key) width per head; None = model's head_dim")
+
+
+class GatedDeltaNetConfig(_HeadsConfig):
+    """Gated DeltaNet layers (``G``; Yang, Kautz & Hatamizadeh 2025)."""
+
+    expand_v: float = Field(2.0, gt=0, description="value width per head = expand_v * head_dim")
+    conv_size: int = Field(4, ge=1, description="taps of the causal depthwise convolution")
+
+
+class LightningConfig(_HeadsConfig):
+    """Lightning Attention layers (``L``; Qin et al. 2024, as in MiniMax-01)."""
+
+
 class ModelConfig(_Frozen):
     """The ``model:`` section; ``build_model`` takes it (or the same keys as a dict)."""
 
@@ -53,6 +80,17 @@ class ModelConfig(_Frozen):
     norm_eps: float = Field(1e-5, gt=0)
     init_std: float = Field(0.02, gt=0)
     attn_backend: Literal["auto", "reference", "sdpa", "blocked"] = "auto"
+    recurrent_backend: Literal["auto", "chunked", "recurrent", "fla"] = Field(
+        "auto", description="recurrent mixers: auto = fla on CUDA when installed, else chunked"
+    )
+    recurrent_chunk: int = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend")
+    mamba2: Mamba2Config = Field(default_factory=Mamba2Config)
+    gated_deltanet: GatedDeltaNetConfig = Field(default_factory=GatedDeltaNetConfig)
+    lightning: LightningConfig = Field(default_factory=LightningConfig)
+    efficient_mlp_hidden: int | None = Field(None, ge=1, description="SwiGLU width of the non-full layers; None = mlp_hidden's")
+    match_params: str | None = Field(
+        None, description="a reference pattern (e.g. F): set the non-full layers' SwiGLU width to match its parameter count"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -68,7 +106,31 @@ class ModelConfig(_Frozen):
             raise ValueError(f"model.d_model / model.n_heads = {self.d_model // self.n_heads} must be even (RoPE rotates pairs)")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_kv_heads={self.kv_heads} must divide model.n_heads={self.n_heads}")
+        inner = self.mamba2.expand * self.d_model
+        if "mamba2" in self.mixers_used and inner % self.mamba2.head_dim:
+            raise ValueError(
+                f"model.mamba2.head_dim={self.mamba2.head_dim} must divide model.mamba2.expand * model.d_model = {inner}"
+            )
+        expand_v, key_dim = self.gated_deltanet.expand_v, self.heads(self.gated_deltanet)[1]
+        if "gated_deltanet" in self.mixers_used and key_dim * expand_v % 1:
+            raise ValueError(
+                f"model.gated_deltanet.expand_v={expand_v} times the head width {key_dim} must be a whole number"
+            )
+        if self.match_params is not None:
+            check_pattern(self.match_params, self.n_layers, field="model.match_params")
+            if self.efficient_mlp_hidden is not None:
+                raise ValueError(
+                    "model.match_params sets the non-full layers' SwiGLU width itself; "
+                    "leave model.efficient_mlp_hidden unset (null) or drop model.match_params"
+                )
         return self
+
+    @property
+    def mixers_used(self) -> set[str]:
+        """The mixer names this model's pattern expands to."""
+        from hybrid_lightning.model.plan import pattern_mixers
+
+        return pattern_mixers(self.pattern, self.mixer)
 
     @property
     def kv_heads(self) -> int:
@@ -78,9 +140,18 @@ class ModelConfig(_Frozen):
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def heads(self, opts: _HeadsConfig) -> tuple[int, int]:
+        """(heads, width per head) of a recurrent mixer's options, open values taken from the model."""
+        return opts.n_heads or self.n_heads, opts.head_dim or self.head_dim
+
     @property
     def mlp_width(self) -> int:
         return self.mlp_hidden or 32 * -(-(8 * self.d_model) // (3 * 32))
+
+    @property
+    def efficient_mlp_width(self) -> int:
+        """SwiGLU width of the non-full layers before any parameter matching."""
+        return self.efficient_mlp_hidden or self.mlp_width
 
 
 class SyntheticConfig(_Frozen):
@@ -296,6 +367,9 @@ def dump_config(cfg: RunConfig, extra: dict | None = None) -> str:
 __all__ = [
     "DataConfig",
     "EvalConfig",
+    "GatedDeltaNetConfig",
+    "LightningConfig",
+    "Mamba2Config",
     "ModelConfig",
     "PosConfig",
     "RunConfig",

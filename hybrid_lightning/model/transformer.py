@@ -33,7 +33,7 @@ class Block(nn.Module):
         self.mixer_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mixer = MIXERS[spec.mixer][1](cfg, spec)
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_width)
+        self.mlp = SwiGLU(cfg.d_model, spec.mlp_hidden)
 
     def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
         x = x + self.mixer(self.mixer_norm(x), state)

@@ -15,8 +15,14 @@ from __future__ import annotations
 from torch import nn
 
 from hybrid_lightning.model.mixers.attention import Attention
+from hybrid_lightning.model.mixers.gated_deltanet import GatedDeltaNet
+from hybrid_lightning.model.mixers.lightning import LightningAttention
+from hybrid_lightning.model.mixers.mamba2 import Mamba2
 
 MIXERS: dict[str, tuple[str, type[nn.Module]]] = {
     "full": ("F", Attention),
     "swa": ("S", Attention),
+    "mamba2": ("M", Mamba2),
+    "gated_deltanet": ("G", GatedDeltaNet),
+    "lightning": ("L", LightningAttention),
 }

@@ -1,0 +1,59 @@
+"""Lightning Attention as a mixer (``L``): linear attention with a fixed exponential decay per head.
+
+Qin et al., *Lightning Attention-2: A Free Lunch for Handling Unlimited Sequence Lengths in Large
+Language Models*, arXiv 2401.04658 (the operator and its chunked form), in the layer of MiniMax-01,
+arXiv 2501.08313 (§2.2): q, k, v = SiLU(W x) per head, no softmax and no 1/√d scaling; head h of
+layer l decays by exp(-s_h (1 - l/(L-1))) per step with ALiBi's slopes s_h = 2^(-8(h+1)/H); the
+output is RMSNorm(o) · σ(W_g x), then projected.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid_lightning.model.ops import gated_linear_attention
+
+if TYPE_CHECKING:
+    from hybrid_lightning.config import ModelConfig
+    from hybrid_lightning.model.plan import LayerSpec
+
+
+def decay_rates(n_heads: int, layer: int, n_layers: int) -> torch.Tensor:
+    """(H,) per-step decay rates s_h · (1 - l/(L-1)); the 1e-5 terms (as in MiniMax-01) keep the
+    last layer's decay above zero and a one-layer model defined."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, n_heads + 1, dtype=torch.float64) / n_heads)
+    return (slopes * (1 - layer / (n_layers - 1 + 1e-5) + 1e-5)).float()
+
+
+class LightningAttention(nn.Module):
+    """Args (via ``cfg.lightning``): ``n_heads``, ``head_dim``; the decay follows from ``spec.index``."""
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.heads(cfg.lightning)
+        self.backend, self.chunk = cfg.recurrent_backend, cfg.recurrent_chunk
+        inner = self.n_heads * self.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=False)
+        self.gate = nn.Linear(cfg.d_model, inner, bias=False)
+        self.norm = nn.RMSNorm(inner, eps=cfg.norm_eps)
+        self.out_proj = nn.Linear(inner, cfg.d_model, bias=False)
+        self.out_proj.residual_out = True
+        self.register_buffer("log_decay", -decay_rates(self.n_heads, spec.index, cfg.n_layers), persistent=False)
+
+    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
+        """x: (B, T, D). ``state`` carries the linear-attention state (B, H, Dh, Dh)."""
+        B, T, _ = x.shape
+        H, Dh = self.n_heads, self.head_dim
+        q, k, v = F.silu(self.qkv(x)).view(B, T, H, 3 * Dh).split(Dh, dim=-1)  # (B, T, H, Dh) each
+        o, kv = gated_linear_attention(
+            q, k, v, self.log_decay.expand(B, T, H),
+            scale=1.0, state=None if state is None else state.get("kv"), backend=self.backend, chunk_size=self.chunk,
+        )
+        if state is not None:
+            state["kv"] = kv
+        o = self.norm(o.reshape(B, T, H * Dh)) * self.gate(x).sigmoid()
+        return self.out_proj(o)

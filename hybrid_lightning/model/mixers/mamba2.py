@@ -1,0 +1,73 @@
+"""Mamba-2 as a mixer (``M``): Dao & Gu, *Transformers are SSMs: Generalized Models and Efficient
+Algorithms Through Structured State Space Duality*, ICML 2024, arXiv 2405.21060.
+
+The layer of the paper's reference module (§7, Figure 6): one input projection to (z, x, B, C, Δ);
+a short causal depthwise convolution with SiLU over (x, B, C); the SSD recurrence per head with a
+data-dependent scalar decay exp(Δ·A); a skip D·x; the gated RMSNorm norm(y · SiLU(z)); an output
+projection. B and C are shared by all heads (one group).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybrid_lightning.model.ops import ShortConv, gated_linear_attention
+
+if TYPE_CHECKING:
+    from hybrid_lightning.config import ModelConfig
+    from hybrid_lightning.model.plan import LayerSpec
+
+# The reference module's initial ranges: A ~ U[1, 16]; Δ log-uniform in [1e-3, 0.1].
+A_INIT = (1.0, 16.0)
+DT_INIT = (1e-3, 0.1)
+
+
+def inverse_softplus_dt(n: int, low: float, high: float) -> torch.Tensor:
+    """(n,) biases whose softplus is log-uniform in [low, high] (the Δ bias of Mamba-2 and Gated DeltaNet)."""
+    dt = torch.exp(torch.rand(n) * (math.log(high) - math.log(low)) + math.log(low))
+    return dt + torch.log(-torch.expm1(-dt))  # softplus⁻¹(dt)
+
+
+class Mamba2(nn.Module):
+    """Args (via ``cfg.mamba2``): ``expand``, ``head_dim``, ``d_state``, ``conv_size``; see config.py."""
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+        super().__init__()
+        opts = cfg.mamba2
+        self.inner = opts.expand * cfg.d_model
+        self.head_dim, self.d_state = opts.head_dim, opts.d_state
+        self.n_heads = self.inner // self.head_dim
+        self.backend, self.chunk = cfg.recurrent_backend, cfg.recurrent_chunk
+        self.in_proj = nn.Linear(cfg.d_model, 2 * self.inner + 2 * self.d_state + self.n_heads, bias=False)
+        self.conv = ShortConv(self.inner + 2 * self.d_state, opts.conv_size, bias=True)
+        self.A_log = nn.Parameter(torch.empty(self.n_heads).uniform_(*A_INIT).log())  # A = -exp(A_log)
+        self.dt_bias = nn.Parameter(inverse_softplus_dt(self.n_heads, *DT_INIT))
+        self.D = nn.Parameter(torch.ones(self.n_heads))
+        self.norm = nn.RMSNorm(self.inner, eps=cfg.norm_eps)
+        self.out_proj = nn.Linear(self.inner, cfg.d_model, bias=False)
+        self.out_proj.residual_out = True
+
+    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
+        """x: (B, T, D). ``state`` carries the convolution's last inputs and the SSM state (B, H, N, P)."""
+        B, T, _ = x.shape
+        H, P, N = self.n_heads, self.head_dim, self.d_state
+        z, xbc, dt = self.in_proj(x).split([self.inner, self.inner + 2 * N, H], dim=-1)
+        xs, b, c = self.conv(xbc, state).split([self.inner, N, N], dim=-1)
+        dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
+        xs = xs.view(B, T, H, P)
+        y, ssm = gated_linear_attention(
+            c[:, :, None].expand(B, T, H, N),  # queries: C
+            b[:, :, None].expand(B, T, H, N),  # keys: B
+            xs * dt[..., None],  # values: Δ·x, (B, T, H, P)
+            dt * -self.A_log.exp(),  # log-decay Δ·A
+            scale=1.0, state=None if state is None else state.get("ssm"), backend=self.backend, chunk_size=self.chunk,
+        )
+        if state is not None:
+            state["ssm"] = ssm
+        y = y + xs * self.D[:, None]  # (B, T, H, P)
+        return self.out_proj(self.norm(y.reshape(B, T, self.inner) * F.silu(z)))

@@ -1,0 +1,18 @@
+"""Sequence operators of the recurrent mixers, each in three implementations behind one dispatch.
+
+- ``recurrent``: the step-by-step recurrence in plain torch, one token at a time; the ground truth.
+- ``chunked``: the same recurrence computed chunk by chunk in plain torch (quadratic inside a chunk,
+  recurrent across chunks); the training path on CPU.
+- ``fla``: the flash-linear-attention Triton kernel; CUDA only, needs the ``gpu`` extra.
+- ``auto``: ``fla`` for CUDA tensors when fla is importable, else ``chunked``.
+
+Every operator takes ``(B, T, H, *)`` tensors and an optional ``(B, H, K, V)`` state and returns the
+output and the final state, so that a sequence fed in pieces equals one full call.
+"""
+
+from hybrid_lightning.model.ops.common import BACKENDS, fla_available, resolve_backend
+from hybrid_lightning.model.ops.delta_rule import gated_delta_rule
+from hybrid_lightning.model.ops.gated_linear import gated_linear_attention
+from hybrid_lightning.model.ops.short_conv import ShortConv
+
+__all__ = ["BACKENDS", "ShortConv", "fla_available", "gated_delta_rule", "gated_linear_attention", "resolve_backend"]

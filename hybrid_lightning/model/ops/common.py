@@ -1,0 +1,80 @@
+"""Backend dispatch and the chunking helpers shared by the recurrent operators."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "chunked", "recurrent", "fla")
+
+
+@functools.cache
+def fla_available() -> bool:
+    """Whether flash-linear-attention's kernels import (they need triton, hence a CUDA build)."""
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+        import fla.ops.simple_gla  # noqa: F401
+    except Exception:  # ImportError, or triton failing to find a driver at import
+        return False
+    return True
+
+
+def resolve_backend(backend: str, x: torch.Tensor) -> str:
+    """The implementation to run for ``model.recurrent_backend`` on tensors like ``x``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"model.recurrent_backend: {backend!r} is not one of {list(BACKENDS)}")
+    if backend == "auto":
+        return "fla" if x.is_cuda and fla_available() else "chunked"
+    if backend == "fla" and not x.is_cuda:
+        raise ValueError(
+            f"model.recurrent_backend='fla' runs on CUDA only, but this forward runs on {x.device.type}; "
+            "use 'auto' or 'chunked'"
+        )
+    if backend == "fla" and not fla_available():
+        raise ValueError(
+            "model.recurrent_backend='fla' needs flash-linear-attention (pip install -e '.[gpu]'), "
+            "which is not importable here; use 'auto' or 'chunked'"
+        )
+    return backend
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The torch paths compute in at least fp32 (fp64 stays fp64), whatever the input precision."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def kernel_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a kernel should see: the autocast dtype when autocast is on, else ``x``'s."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, T, H, *F) -> (B, H, n, size, *F), zero-padded at the end to n * size steps.
+
+    Zero padding is neutral for both operators: a padded step has zero key, value and
+    log-decay (and zero beta), so it changes neither the real outputs nor the final state.
+    """
+    T = x.shape[1]
+    x = x.movedim(1, 2)  # (B, H, T, *F)
+    pad = -T % size
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+    return x.reshape(*x.shape[:2], -1, size, *x.shape[3:])
+
+
+def from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:
+    """(B, H, n, C, F) -> (B, T, H, F), dropping the padding."""
+    return x.flatten(2, 3)[:, :, :T].movedim(2, 1)
+
+
+def segment_decay(b: torch.Tensor) -> torch.Tensor:
+    """b: (..., C) cumulative log-decay inside a chunk -> (..., C, C): exp(b_i - b_j) for j <= i, else 0.
+
+    The upper triangle is masked before the exponential, where b_i - b_j > 0 could overflow.
+    """
+    C = b.shape[-1]
+    causal = torch.ones(C, C, dtype=torch.bool, device=b.device).tril()
+    return (b[..., :, None] - b[..., None, :]).masked_fill(~causal, float("-inf")).exp()

@@ -1,0 +1,102 @@
+"""The gated delta rule of Gated DeltaNet (Yang, Kautz & Hatamizadeh, ICLR 2025, arXiv 2412.06464).
+
+    S_t = exp(g_t) (I - β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ      (state S: K x V per head)
+    o_t = scale · S_tᵀ q_t
+
+with L2-normalised keys, β_t in (0, 1) and g_t <= 0. The chunked form is the paper's WY
+representation (§3.2; Yang et al. 2024, arXiv 2406.06484): writing the state inside a chunk
+as S_i = e^{b_i} S_0 + Σ_{j<=i} e^{b_i-b_j} k_j w_jᵀ, the pseudo-values w solve one unit
+lower-triangular system per chunk, (I + A) w = β v - β e^{b} K S_0 with
+A_ij = β_i e^{b_i-b_j} k_i·k_j (j < i), solved here by ``torch.linalg.solve_triangular``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid_lightning.model.ops.common import (
+    compute_dtype,
+    from_chunks,
+    kernel_dtype,
+    resolve_backend,
+    segment_decay,
+    to_chunks,
+)
+
+
+def gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, scale: float,
+    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule by the implementation ``backend`` selects (see ``ops``).
+
+    Args and returns as ``gated_linear_attention``'s, with q and k L2-normalised by the caller and
+        beta: (B, T, H) writing strength in (0, 1).
+    """
+    backend = resolve_backend(backend, q)
+    if backend == "chunked":
+        return chunked_delta_rule(q, k, v, g, beta, scale, state, chunk_size)
+    return {"recurrent": recurrent_delta_rule, "fla": fla_delta_rule}[backend](q, k, v, g, beta, scale, state)
+
+
+def recurrent_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):
+    """The recurrence itself, one step at a time: the reference the others are tested against."""
+    dtype = compute_dtype(v)
+    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
+    B, T, H, K = k.shape
+    S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state.to(dtype)  # (B, H, K, V)
+    out = []
+    for t in range(T):
+        S = g[:, t, :, None, None].exp() * S
+        kt = k[:, t]  # (B, H, K)
+        error = v[:, t] - torch.einsum("bhkv,bhk->bhv", S, kt)  # what the state predicts wrongly for k_t
+        S = S + beta[:, t, :, None, None] * kt[..., None] * error[..., None, :]
+        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+    return torch.stack(out, dim=1).to(v.dtype), S
+
+
+def chunked_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None, chunk_size: int = 64):
+    """Chunks of C steps in the WY form: one batched triangular solve for all chunks, then a loop over
+    chunks that carries the state with two small products each, then the outputs of all chunks at once.
+
+    Every exponential is of a difference b_i - b_j <= 0 inside one chunk, so nothing overflows.
+    """
+    dtype, out_dtype, T = compute_dtype(v), v.dtype, q.shape[1]
+    C = min(chunk_size, T)
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v = (to_chunks(t.to(dtype), C) for t in (q, k, v))  # (B, H, n, C, K|V)
+        b = to_chunks(g.to(dtype), C).cumsum(-1)  # (B, H, n, C): log-decay from chunk start
+        beta = to_chunks(beta.to(dtype), C)  # (B, H, n, C)
+        last = b[..., -1:]  # (B, H, n, 1)
+        decay = segment_decay(b)  # (B, H, n, C, C): e^{b_i - b_j}, j <= i
+        eye = torch.eye(C, dtype=dtype, device=q.device)
+        system = eye + (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)  # I + A
+        rhs = torch.cat([v * beta[..., None], k * (beta * b.exp())[..., None]], dim=-1)  # (B, H, n, C, V+K)
+        u, w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split(
+            [v.shape[-1], k.shape[-1]], dim=-1
+        )  # the pseudo-values of a chunk are u - w S_0, S_0 the state entering it
+        scores = (q @ k.transpose(-1, -2)) * decay  # (B, H, n, C, C)
+        k_decayed = (k * (last - b).exp()[..., None]).transpose(-1, -2)  # (B, H, n, K, C)
+        S = q.new_zeros(*k.shape[:2], k.shape[-1], v.shape[-1]) if state is None else state.to(dtype)
+        before, pseudo = [], []  # per chunk: the state entering it, its pseudo-values
+        # unbind, not indexing in the loop: each index's backward would write a full-size gradient.
+        for u_c, w_c, k_c, decay_c in zip(*(t.unbind(2) for t in (u, w, k_decayed, last.exp()[..., None]))):
+            before.append(S)
+            pseudo.append(u_c - w_c @ S)  # (B, H, C, V)
+            S = decay_c * S + k_c @ pseudo[-1]
+        o = (q * b.exp()[..., None]) @ torch.stack(before, dim=2) + scores @ torch.stack(pseudo, dim=2)
+        o = o * scale  # (B, H, n, C, V)
+        return from_chunks(o, T).to(out_dtype), S
+
+
+def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):
+    """flash-linear-attention's ``chunk_gated_delta_rule`` Triton kernel (CUDA)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    dtype = kernel_dtype(v)
+    q, k, v, beta = (t.to(dtype).contiguous() for t in (q, k, v, beta))
+    o, S = chunk_gated_delta_rule(
+        q, k, v, g.float().contiguous(), beta, scale=scale,
+        initial_state=None if state is None else state.float(), output_final_state=True,
+    )
+    return o, S

@@ -1,0 +1,99 @@
+"""Linear attention with a scalar, data-dependent decay per head and step.
+
+    S_t = exp(g_t) S_{t-1} + k_t v_tᵀ        (state S: K x V per head, g_t <= 0)
+    o_t = scale · S_tᵀ q_t
+
+This one operator is Mamba-2's SSD layer (Dao & Gu 2024, arXiv 2405.21060, §6: q = C, k = B,
+v = Δ·x, g = Δ·A) and Lightning Attention (Qin et al. 2024, arXiv 2401.04658: g a fixed
+per-head constant). The chunked form is the paper's block decomposition (SSD §6, Lightning
+Attention-2 §3): inside a chunk, a masked quadratic form; across chunks, the carried state.
+flash-linear-attention calls it ``simple_gla``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid_lightning.model.ops.common import (
+    compute_dtype,
+    from_chunks,
+    kernel_dtype,
+    resolve_backend,
+    segment_decay,
+    to_chunks,
+)
+
+
+def gated_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, scale: float,
+    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operator by the implementation ``backend`` selects (see ``ops``).
+
+    Args:
+        q, k: (B, T, H, K) queries and keys.
+        v: (B, T, H, V) values.
+        g: (B, T, H) log-decay per step, <= 0.
+        scale: multiplier on q·k.
+        state: (B, H, K, V) state before the first step; None = zeros.
+        backend: ``auto``, ``chunked``, ``recurrent`` or ``fla``.
+        chunk_size: steps per chunk of the chunked implementation.
+
+    Returns:
+        o (B, T, H, V) in v's dtype, and the final state (B, H, K, V) in fp32 (fp64 for fp64 input).
+    """
+    backend = resolve_backend(backend, q)
+    if backend == "chunked":
+        return chunked_gla(q, k, v, g, scale, state, chunk_size)
+    return {"recurrent": recurrent_gla, "fla": fla_gla}[backend](q, k, v, g, scale, state)
+
+
+def recurrent_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None):
+    """The recurrence itself, one step at a time: the reference the others are tested against."""
+    dtype = compute_dtype(v)
+    q, k, v, g = (t.to(dtype) for t in (q, k, v, g))
+    B, T, H, K = k.shape
+    S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state.to(dtype)  # (B, H, K, V)
+    out = []
+    for t in range(T):
+        S = g[:, t, :, None, None].exp() * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+    return torch.stack(out, dim=1).to(v.dtype), S
+
+
+def chunked_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None, chunk_size: int = 64):
+    """Chunks of C steps: o = (masked, decayed q kᵀ) v inside a chunk + decayed q · carried state.
+
+    Every exponential is of a difference b_i - b_j <= 0 of cumulative log-decays inside one chunk,
+    so nothing overflows however strong the decay. Cost O(T·C·(K+V) + T·K·V) per head.
+    """
+    dtype, out_dtype, T = compute_dtype(v), v.dtype, q.shape[1]
+    C = min(chunk_size, T)
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v = (to_chunks(t.to(dtype), C) for t in (q, k, v))  # (B, H, n, C, K|V)
+        b = to_chunks(g.to(dtype), C).cumsum(-1)  # (B, H, n, C): log-decay from chunk start
+        last = b[..., -1:]  # (B, H, n, 1): log-decay over the whole chunk
+        o = ((q @ k.transpose(-1, -2)) * segment_decay(b)) @ v  # (B, H, n, C, V): within the chunk
+        # What each chunk adds to the state, decayed to the chunk's end: (B, H, n, K, V).
+        added = (k * (last - b).exp()[..., None]).transpose(-1, -2) @ v
+        S = q.new_zeros(*added.shape[:2], *added.shape[3:]) if state is None else state.to(dtype)
+        before = []  # the state entering each chunk
+        # unbind, not indexing in the loop: each index's backward would write a full-size gradient.
+        for chunk_decay, chunk_added in zip(last.exp()[..., None].unbind(2), added.unbind(2)):
+            before.append(S)
+            S = chunk_decay * S + chunk_added
+        o = o + (q * b.exp()[..., None]) @ torch.stack(before, dim=2)  # from earlier chunks
+        return from_chunks(o * scale, T).to(out_dtype), S
+
+
+def fla_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None):
+    """flash-linear-attention's ``chunk_simple_gla`` Triton kernel (CUDA)."""
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    dtype = kernel_dtype(v)
+    q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
+    o, S = chunk_simple_gla(
+        q, k, v, g=g.float().contiguous(), scale=scale,
+        initial_state=None if state is None else state.float(), output_final_state=True,
+    )
+    return o, S

@@ -1,0 +1,186 @@
+"""Recurrent mixers (Mamba-2, Gated DeltaNet, Lightning Attention) and their sequence operators."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybrid_lightning import build_model
+from hybrid_lightning.config import validate_config
+from hybrid_lightning.model import resolve_model_config
+from hybrid_lightning.model.mixers import MIXERS
+from hybrid_lightning.model.mixers.lightning import decay_rates
+from hybrid_lightning.model.ops import gated_delta_rule, gated_linear_attention
+from hybrid_lightning.model.plan import layer_plan
+
+RECURRENT = ["mamba2", "gated_deltanet", "lightning"]
+VOCAB = 50
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def op_inputs(B, T, H, K, V, seed, dtype=torch.float32, decay=1.0):
+    """Random operator inputs with gradients: q, k (L2-normalised), v, g (log-decay), beta, state."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=g, dtype=dtype)
+    k = F.normalize(torch.randn(B, T, H, K, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(B, T, H, V, generator=g, dtype=dtype)
+    log_decay = F.logsigmoid(torch.randn(B, T, H, generator=g, dtype=dtype) + 2) * decay
+    beta = torch.rand(B, T, H, generator=g, dtype=dtype)
+    state = torch.randn(B, H, K, V, generator=g, dtype=dtype)
+    return [t.requires_grad_() for t in (q, k, v, log_decay, beta, state)]
+
+
+def run_op(op, inputs, backend, chunk):
+    q, k, v, g, beta, state = inputs
+    if op == "gla":
+        return gated_linear_attention(q, k, v, g, scale=q.shape[-1] ** -0.5, state=state, backend=backend, chunk_size=chunk)
+    return gated_delta_rule(q, k, v, g, beta, scale=q.shape[-1] ** -0.5, state=state, backend=backend, chunk_size=chunk)
+
+
+SHAPES = [  # B, T, H, K, V, chunk: T not a multiple of the chunk, T < chunk, T a multiple, one step
+    (2, 37, 3, 8, 6, 16),
+    (1, 5, 2, 16, 16, 16),
+    (3, 64, 4, 8, 12, 16),
+    (2, 100, 2, 32, 16, 32),
+    (2, 1, 2, 8, 8, 16),
+]
+
+
+@pytest.mark.parametrize("op", ["gla", "delta"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-T{}-H{}-K{}-V{}-C{}".format(*s))
+def test_chunked_matches_recurrent_outputs_and_gradients(op, shape):
+    """B1: the chunked operator equals the step-by-step reference in fp32, outputs, final state and
+    gradients of every input (the initial state included)."""
+    B, T, H, K, V, chunk = shape
+    inputs = op_inputs(B, T, H, K, V, seed=T)
+    results = {}
+    for backend in ("recurrent", "chunked"):
+        o, S = run_op(op, inputs, backend, chunk)
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(0))
+        loss = (o * w).sum() + (S * S).sum()
+        used = inputs if op == "delta" else [t for i, t in enumerate(inputs) if i != 4]  # gla has no beta
+        results[backend] = (o, S, torch.autograd.grad(loss, used))
+    (o_ref, s_ref, g_ref), (o, s, grads) = results["recurrent"], results["chunked"]
+    assert o.dtype == torch.float32 and o.shape == (B, T, H, V)
+    assert rel_err(o, o_ref) <= 1e-4 and rel_err(s, s_ref) <= 1e-4
+    for got, want in zip(grads, g_ref):
+        assert rel_err(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("op", ["gla", "delta"])
+def test_chunked_is_stable_under_strong_decay(op):
+    """Log-decays of -60 per step underflow exp(cumsum) over a chunk; the chunked form only takes
+    exponentials of differences, so outputs and gradients stay finite and exact."""
+    inputs = op_inputs(2, 40, 2, 8, 8, seed=3, decay=60.0)
+    outs = {b: run_op(op, inputs, b, 16)[0] for b in ("recurrent", "chunked")}
+    torch.autograd.backward(outs["chunked"].sum())
+    assert all(torch.isfinite(t.grad).all() for t in inputs if t.grad is not None)
+    assert rel_err(outs["chunked"], outs["recurrent"]) <= 1e-4
+
+
+@pytest.mark.parametrize("op", ["gla", "delta"])
+def test_operator_in_pieces_equals_one_call(op):
+    """B2 at the operator: feeding the sequence in pieces, carrying the final state, equals one call."""
+    q, k, v, g, beta, _ = (t.detach() for t in op_inputs(2, 50, 2, 8, 8, seed=4, dtype=torch.float64))
+    full, full_state = run_op(op, (q, k, v, g, beta, None), "chunked", 16)
+    state, outs, start = None, [], 0
+    for n in (1, 20, 3, 16, 10):
+        piece = [t[:, start : start + n] for t in (q, k, v, g, beta)]
+        o, state = run_op(op, (*piece, state), "chunked", 16)
+        outs.append(o)
+        start += n
+    assert torch.allclose(torch.cat(outs, dim=1), full, atol=1e-12)
+    assert torch.allclose(state, full_state, atol=1e-12)
+
+
+def mixer(name, seed=0, **model):
+    torch.manual_seed(seed)
+    cfg = resolve_model_config({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name,
+                                "mamba2": {"head_dim": 16, "d_state": 8}, **model}, vocab_size=VOCAB)
+    spec = layer_plan(cfg)[1]
+    return MIXERS[name][1](cfg, spec)
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_mixer_chunked_matches_recurrent_with_gradients(name):
+    """B1 through a whole mixer: outputs and every parameter's gradient, fp32, chunked vs step-by-step."""
+    x = torch.randn(2, 45, 32, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for backend in ("recurrent", "chunked"):
+        m = mixer(name, recurrent_backend=backend, recurrent_chunk=16)
+        y = m(x)
+        y.pow(2).sum().backward()
+        results[backend] = (y, {n: p.grad for n, p in m.named_parameters()})
+    (y_ref, g_ref), (y, grads) = results["recurrent"], results["chunked"]
+    assert rel_err(y, y_ref) <= 1e-4
+    assert g_ref.keys() == grads.keys() and all(g is not None for g in grads.values())
+    for n in grads:
+        assert rel_err(grads[n], g_ref[n]) <= 1e-4, n
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_mixer_state_across_chunks(name):
+    """B2 with several chunks per piece (the model-level tests use T below the chunk size)."""
+    m = mixer(name, recurrent_chunk=8).double()
+    x = torch.randn(2, 70, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    full = m(x)
+    for pieces in ([70], [1] * 9 + [61], [17, 8, 1, 44]):
+        state, outs, start = {}, [], 0
+        for n in pieces:
+            outs.append(m(x[:, start : start + n], state))
+            start += n
+        assert torch.allclose(torch.cat(outs, dim=1), full, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+def test_model_incremental_inference_across_chunks(name):
+    model = build_model({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name, "vocab_size": VOCAB,
+                         "recurrent_chunk": 8, "mamba2": {"head_dim": 16, "d_state": 8}}).double().eval()
+    x = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(6))
+    full = model(x)
+    states, outs = model.new_states(), []
+    for piece in x.split(13, dim=1):
+        outs.append(model(piece, states))
+    assert torch.allclose(torch.cat(outs, dim=1), full, atol=1e-10)
+
+
+def test_mixers_register_their_letters_and_no_positions():
+    assert {name: MIXERS[name][0] for name in RECURRENT} == {"mamba2": "M", "gated_deltanet": "G", "lightning": "L"}
+    cfg = resolve_model_config({"n_layers": 4, "pattern": "MGLF", "d_model": 64, "n_heads": 2})
+    assert [(s.mixer, s.pos) for s in layer_plan(cfg)] == [
+        ("mamba2", None), ("gated_deltanet", None), ("lightning", None), ("full", "rope")]
+    assert build_model(cfg)(torch.randint(0, 257, (1, 9))).shape == (1, 9, 257)
+
+
+def test_lightning_decay_follows_layer_depth():
+    """MiniMax-01's rates: ALiBi slopes 2^(-8(h+1)/H), scaled by 1 - l/(L-1) with depth."""
+    first, last = decay_rates(4, 0, 8), decay_rates(4, 7, 8)
+    assert torch.allclose(first, torch.tensor([2**-2, 2**-4, 2**-6, 2**-8]), rtol=1e-4)
+    assert (last > 0).all() and (last < 1e-4 * first).all()
+    assert torch.isfinite(decay_rates(2, 0, 1)).all()
+
+
+def test_fla_backend_without_cuda_is_a_clear_error():
+    m = mixer("gated_deltanet", recurrent_backend="fla")
+    with pytest.raises(ValueError, match="model.recurrent_backend"):
+        m(torch.randn(1, 4, 32))
+
+
+@pytest.mark.parametrize("model, field", [
+    ({"recurrent_backend": "triton"}, "model.recurrent_backend"),
+    ({"mixer": "mamba2", "d_model": 48, "n_heads": 2}, "model.mamba2.head_dim"),
+    ({"mixer": "gated_deltanet", "gated_deltanet": {"expand_v": 1.3}}, "model.gated_deltanet.expand_v"),
+    ({"mamba2": {"d_stat": 4}}, "model.mamba2.d_state"),
+    ({"recurrent_chunk": 0}, "model.recurrent_chunk"),
+])
+def test_bad_recurrent_options_name_the_field(model, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        validate_config({"model": model})
+
+
+def test_unused_mixer_options_are_not_checked():
+    """A Mamba-2 head width that does not fit this d_model is fine while no layer is Mamba-2."""
+    validate_config({"model": {"mixer": "swa", "d_model": 48, "n_heads": 2}})
+
