@@ -9,7 +9,7 @@ from hybrid_lightning.config import validate_config
 from hybrid_lightning.model import resolve_model_config
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.mixers.lightning import decay_rates
-from hybrid_lightning.model.ops import gated_delta_rule, gated_linear_attention
+from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
 from hybrid_lightning.model.plan import layer_plan
 
 RECURRENT = ["mamba2", "gated_deltanet", "lightning"]
@@ -184,3 +184,51 @@ def test_unused_mixer_options_are_not_checked():
     """A Mamba-2 head width that does not fit this d_model is fine while no layer is Mamba-2."""
     validate_config({"model": {"mixer": "swa", "d_model": 48, "n_heads": 2}})
 
+
+def test_gpu_check_script_logic_on_cpu():
+    """B6's comparison code, run here with the chunked path as the candidate and the step-by-step
+    reference in its place (on a GPU the candidate is fla and the reference the chunked path)."""
+    from hybrid_lightning.bench.gpu_recurrent import mixer_checks, op_checks
+
+    rows = op_checks("cpu", "chunked", "recurrent", torch.float32, [(2, 37, 2, 8, 8)])
+    rows += mixer_checks("cpu", "chunked", "recurrent", torch.float32, T=30, d_model=64)
+    assert len(rows) == 5 and all(r["ok"] for r in rows), rows
+    assert max(max(r["output"], r["grad"], r["state"]) for r in rows) < 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not fla_available(), reason="needs a CUDA device and fla")
+def test_fla_matches_torch_path_on_gpu():
+    from hybrid_lightning.bench.gpu_recurrent import main
+
+    assert main(["--quick"]) == 0
+
+
+def test_benchmark_section_runs_quick():
+    from hybrid_lightning.bench.recurrent import run
+
+    result = run(quick=True)
+    ops = {r["op"] for r in result["rows"]}
+    assert ops == {"gated_delta_rule", "gated_linear_attention"}
+    timed = [r for r in result["rows"] if "step-by-step / chunked" in r]
+    assert len(timed) == 2 and all(r["step-by-step / chunked"] > 1 for r in timed)
+    assert "agree with the step-by-step reference" in result["notes"]
+
+
+@pytest.mark.parametrize("op", ["gla", "delta"])
+def test_same_semantics_as_fla_reference(op):
+    """The fla backend hands our arguments to fla's kernels as they are; fla's own step-by-step
+    references (the kernels' ground truth in fla's tests) must then compute what ours do:
+    log-space decay, (K, V) state layout, scale, outputs in (B, T, H, V)."""
+    from hybrid_lightning.bench.recurrent import fla_naive
+
+    folder, name = ("simple_gla", "naive_recurrent_simple_gla") if op == "gla" else ("gated_delta_rule", "naive_recurrent_gated_delta_rule")
+    fla_fn, why = fla_naive(folder, name)
+    if fla_fn is None:
+        pytest.skip(why)
+    q, k, v, g, beta, state = (t.detach() for t in op_inputs(2, 30, 3, 8, 6, seed=7, dtype=torch.float64))
+    ours, ours_state = run_op(op, (q, k, v, g, beta, state), "chunked", 16)
+    if op == "gla":
+        theirs, theirs_state = fla_fn(q, k, v, g, scale=8**-0.5, initial_state=state, output_final_state=True)
+    else:  # fla's recurrent reference takes beta before g
+        theirs, theirs_state = fla_fn(q, k, v, beta, g, scale=8**-0.5, initial_state=state, output_final_state=True)
+    assert rel_err(ours, theirs.to(ours.dtype)) <= 1e-5 and rel_err(ours_state, theirs_state.to(ours.dtype)) <= 1e-5
