@@ -89,6 +89,7 @@ class SyntheticConfig(_Frozen):
     fraction: float = Field(0.5, ge=0, le=1, description="share of training sequences that are synthetic")
     value_chars: tuple[int, int] = Field((6, 24), description="min and max characters of a value")
     queries_per_fact: float = Field(3.0, ge=0, description="mean number of times a fact is queried")
+    repeat_template: float = Field(0.5, ge=0, le=1, description="share of queries in their fact's own template")
 
 
 class DataConfig(_Frozen):

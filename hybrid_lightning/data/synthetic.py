@@ -5,8 +5,10 @@ long-range retrieval.
 A sequence is a chain of pieces drawn with weights filler : fact : query = 1 : 1 : q
 (q = ``queries_per_fact``): filler is a span of real training text, a fact states a new
 key's value, a query restates an earlier fact (chosen uniformly, so distances spread over
-the whole sequence) in another template. The queried value tokens are the retrieval targets;
-``target_mask`` marks them.
+the whole sequence), with probability ``repeat_template`` in the template it was stated in
+(retrievable by matching the preceding text: induction), else in a question template (the
+key must be looked up). The queried value tokens are the retrieval targets; ``sample``
+returns their mask.
 
 The templates here are deliberately different from the evaluation probes (RULER's "special
 magic" needles and the pass-key prompt), which must stay out of training; the value kinds
@@ -66,7 +68,7 @@ class RetrievalSynth:
         """Returns (tokens, target_mask), both of length n_tokens; the mask is True on queried values."""
         pieces: list[np.ndarray] = []
         masks: list[np.ndarray] = []
-        facts: list[tuple[str, str, str]] = []
+        facts: list[tuple[tuple[str, str, str], str]] = []  # ((key, attr, value), template stated in)
         keys: set[str] = set()
         length = 0
         q = self.cfg.queries_per_fact
@@ -81,11 +83,14 @@ class RetrievalSynth:
                 key = self._new_key(rng, keys)
                 lo, hi = self.cfg.value_chars
                 fact = (key, ATTRS[rng.integers(len(ATTRS))], random_value(rng, int(rng.integers(lo, hi + 1))))
-                facts.append(fact)
-                ids, mask = self._render(FACT_TEMPLATES[rng.integers(len(FACT_TEMPLATES))], fact, target=False)
-            else:  # a query of an earlier fact
-                fact = facts[rng.integers(len(facts))]
-                ids, mask = self._render(QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))], fact, target=True)
+                template = FACT_TEMPLATES[rng.integers(len(FACT_TEMPLATES))]
+                facts.append((fact, template))
+                ids, mask = self._render(template, fact, target=False)
+            else:  # a query of an earlier fact: its own template again, or a question form
+                fact, template = facts[rng.integers(len(facts))]
+                if rng.random() >= self.cfg.repeat_template:
+                    template = QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))]
+                ids, mask = self._render(template, fact, target=True)
             pieces.append(ids)
             masks.append(mask)
             length += ids.size
