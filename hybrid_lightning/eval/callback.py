@@ -13,7 +13,7 @@ import torch
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
-from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -36,6 +36,7 @@ class LongContextEvaluation(L.Callback):
     """
 
     def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
+        check_lengths(cfg.eval, tokenizer)  # a bad eval.lengths fails before the run directory exists
         self.cfg, self.run_dir, self.tokenizer, self.on_time = cfg, Path(run_dir), tokenizer, on_time
         self._eval: LongContextEval | None = None
         self._last_step: int | None = None
@@ -46,7 +47,6 @@ class LongContextEvaluation(L.Callback):
         return self._eval
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._evaluator(trainer).check_lengths()  # a bad eval.lengths fails before training, not at the first eval
         self._last_step = trainer.global_step  # a resumed run has evaluated (or skipped) its resume step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:

@@ -20,7 +20,7 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
     from hybrid_lightning.data.datamodule import LMDataModule
     from hybrid_lightning.eval.callback import autocast_dtype
     from hybrid_lightning.eval.report import write_report
-    from hybrid_lightning.eval.runner import LongContextEval
+    from hybrid_lightning.eval.runner import LongContextEval, check_lengths
     from hybrid_lightning.model import build_model
     from hybrid_lightning.training.trainer import resolve_precision
 
@@ -44,8 +44,8 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
     model.to(device)
     data = LMDataModule(cfg)
     data.setup()
+    check_lengths(cfg.eval, data.tokenizer)
     ev = LongContextEval(cfg.eval, data.tokenizer, data.val_tokens)
-    ev.check_lengths()
     step = int(state["global_step"])
     report = ev.run(model, step=step - 1, tokens=int(state["tokens_seen"]), dtype=autocast_dtype(resolve_precision(cfg)))
     write_report(run_dir, report)

@@ -51,6 +51,14 @@ def model_window(model) -> int | None:
     return max((s.window for s in model.plan if s.window is not None), default=None)
 
 
+def check_lengths(cfg: EvalConfig, tokenizer) -> None:
+    """Raises ``ValueError`` (naming eval.lengths or eval.value_tokens) when a probe cannot be built,
+    e.g. a length too short for a task's fixed text; needs no held-out text."""
+    ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), cfg.value_tokens)
+    for task, length in itertools.product(cfg.tasks, cfg.lengths):
+        make_sample(task, ctx, length, 0.5, 0, cfg.seed)
+
+
 class LongContextEval:
     """The probes and held-out sequences of an ``eval:`` config, evaluated by ``run``.
 
@@ -68,12 +76,6 @@ class LongContextEval:
         starts = np.linspace(0, max(0, len(held_out) - T), n).astype(np.int64) if n else []
         self.sequences = [np.take(held_out, np.arange(s, s + T), mode="wrap").astype(np.int64) for s in starts]
         self.buckets = position_buckets(cfg.position_len)
-
-    def check_lengths(self) -> None:
-        """Raises ``ValueError`` (naming eval.lengths) when a length cannot hold a task's fixed text."""
-        ctx = GenContext(self.ctx.tok, self.ctx.tok.encode(NOISE * 8), self.cfg.value_tokens)
-        for task, length in itertools.product(self.cfg.tasks, self.cfg.lengths):
-            make_sample(task, ctx, length, 0.5, 0, self.cfg.seed)
 
     def _cell(self, task: str, length: int, depth: float, in_window: bool) -> int:
         c = self.cfg

@@ -77,10 +77,10 @@ def score_samples(model, samples: list[Sample], chunk: int, dtype: torch.dtype |
 
 def position_buckets(length: int) -> list[tuple[int, int]]:
     """Log-spaced buckets [lo, hi) of the predicted token's position p (= tokens of context it has),
-    p in 1 ... length: [1, 2), [2, 4), [4, 8), ..., the last one (at most twice as long) ends at length + 1."""
+    p in 1 ... length: [1, 2), [2, 4), [4, 8), ..., the last one ending at length + 1."""
     out, lo = [], 1
     while lo <= length:
-        hi = 2 * lo if 4 * lo <= length + 1 else length + 1
+        hi = 2 * lo if 3 * lo <= length + 1 else length + 1  # no last bucket shorter than half the one before
         out.append((lo, hi))
         lo = hi
     return out
