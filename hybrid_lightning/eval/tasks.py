@@ -237,16 +237,17 @@ class Niah:
         elif self.haystack == "essay":
             units = _essay_units(ctx, rng, budget)
         else:
-            units = self._distractors(ctx, rng)
+            units = self._distractors(ctx, rng, keys)
         prompt, placed = _assemble(head, units, budget, depth, [(depth, p) for p in needles], tail)
         value_spans = [placed[j]["value"] for _, j in answer_of]
         return _sample(task, length, depth, prompt, answer, placed, value_spans, sum(log_n for _, log_n in values))
 
-
-    def _distractors(self, ctx: GenContext, rng: np.random.Generator) -> Iterator[np.ndarray]:
-        """Endless needles with fresh keys and values (drawn as the haystack consumes them)."""
+    def _distractors(self, ctx: GenContext, rng: np.random.Generator, keys: list[str]) -> Iterator[np.ndarray]:
+        """Endless needles with fresh keys (none of ``keys``) and values, drawn as the haystack consumes them."""
         while True:
             k = long_value(self.key, rng, ctx.tok, None)[0]
+            if k in keys:
+                continue
             v = long_value(self.value, rng, ctx.tok, ctx.value_tokens, _units(self.value))[0]
             yield ctx.tok.encode(f"One of the special magic {self.value} for {k} is: {v}.\n")
 
