@@ -160,3 +160,17 @@ def test_ddp_split_and_sync_equal_one_process():
     one = _ddp_eval()
     assert two[0] == two[1]  # every rank holds the synced totals
     assert_reports_close(two[0], one)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 autocast evaluation)")
+def test_gpu_bf16_evaluation_matches_cpu_fp32():
+    torch.manual_seed(0)
+    model = build_model({"n_layers": 4, "d_model": 64, "n_heads": 2, "pattern": "EEEF", "window": 32})
+    cfg = eval_config(tasks=["passkey", "niah_single_2"], lengths=[2000], depths=[0.0, 1.0], samples=2,
+                      position_sequences=2, position_length=1500, chunk_tokens=512)
+    cpu = LongContextEval(cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)
+    gpu = LongContextEval(cfg, TOK, HELD_OUT).run(model.cuda(), step=0, tokens=0, dtype=torch.bfloat16)
+    for a, b in zip(cpu["records"], gpu["records"], strict=True):
+        assert a["answer_loss"] == pytest.approx(b["answer_loss"], rel=0.03)
+    for a, b in zip(cpu["position_loss"], gpu["position_loss"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=0.03)

@@ -51,7 +51,7 @@ class LongContextEvaluation(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         every = self.cfg.eval.every_n_steps
-        if every and trainer.global_step % every == 0:
+        if every and trainer.global_step % every == 0 and self._last_step != trainer.global_step:
             self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -64,7 +64,7 @@ class LongContextEval:
 
     Args:
         cfg: the ``eval:`` section.
-        tokenizer: the run's tokenizer (``encode``/``decode``/``eos_id``).
+        tokenizer: the run's tokenizer (``encode``/``decode``).
         held_out: held-out token stream (the validation split): essay haystacks and the
             per-position loss / LongPPL sequences come from it.
     """
@@ -93,12 +93,21 @@ class LongContextEval:
             dtype: autocast dtype, None = the model's precision.
             rank, world: this process's rank and the number of processes; each scores its share.
         """
-        c, device = self.cfg, next(model.parameters()).device
+        device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         window = model_window(model)
+        tables = self._probes(model, dtype, window, rank, world, device) + self._held_out(model, dtype, rank, world, device)
+        model.train(was_training)
+        # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
+        totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in tables]
+        return self.report(*totals, step, tokens, window)
+
+    def _probes(self, model, dtype, window, rank, world, device) -> tuple[SumTable]:
+        """Sums of ``STATS`` per (task, length, depth, in_window) cell over this rank's probes."""
+        c = self.cfg
         cells = SumTable(len(c.tasks) * len(c.lengths) * len(c.depths) * 2, len(STATS)).to(device)
-        for length in c.lengths:
+        for length in c.lengths:  # one length per batch: every probe of a length has exactly that many tokens
             mine = shard([s for s in self.specs if s[1] == length], rank, world)
             for i in range(0, len(mine), c.batch_size):
                 batch = mine[i : i + c.batch_size]
@@ -107,15 +116,19 @@ class LongContextEval:
                 index = torch.tensor([self._cell(*spec[:3], w) for (spec, _), w in zip(batch, in_window.tolist())])
                 weight = torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)
                 cells.update(index, stats * weight[:, None])
-        positions = SumTable(len(self.buckets), 2).to(device)  # per bucket: NLL sum, tokens
-        longppl = SumTable(1, 4).to(device)  # key NLL, key tokens, NLL and tokens with >= 2K context
+        return (cells,)
+
+    def _held_out(self, model, dtype, rank, world, device) -> tuple[SumTable, SumTable]:
+        """Per-position loss sums (per bucket: NLL, tokens) and LongPPL sums (key NLL, key tokens,
+        NLL and tokens of all tokens with at least 2K context) over this rank's held-out sequences."""
+        c = self.cfg
+        positions, longppl = SumTable(len(self.buckets), 2).to(device), SumTable(1, 4).to(device)
         mine = shard(self.sequences, rank, world)
         for i in range(0, len(mine), c.batch_size):
             batch = mine[i : i + c.batch_size]
             ids = torch.from_numpy(np.stack([s for s, _ in batch])).to(device)  # (B, T)
-            weight = torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)[:, None]
-            nll, _ = token_nll(model, ids, c.chunk_tokens, dtype)  # (B, T-1): column p-1 predicts position p
-            nll = nll.double() * weight
+            weight = torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)[:, None]  # (B, 1)
+            nll = token_nll(model, ids, c.chunk_tokens, dtype)[0].double() * weight  # (B, T-1): column p-1 predicts p
             sums = torch.stack([nll[:, lo - 1 : hi - 1].sum() for lo, hi in self.buckets])
             counts = torch.tensor([(hi - lo) * weight.sum().item() for lo, hi in self.buckets], dtype=torch.float64)
             positions.update(torch.arange(len(self.buckets)), torch.stack([sums, counts.to(device)], dim=1))
@@ -124,10 +137,7 @@ class LongContextEval:
             key = scored & (short - nll > c.longppl_alpha) & (-nll > c.longppl_beta)
             longppl.update(torch.zeros(1, dtype=torch.long), torch.stack([
                 nll[key].sum(), key.sum().double(), nll[scored].sum(), scored.sum().double()])[None])
-        model.train(was_training)
-        # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
-        totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in (cells, positions, longppl)]
-        return self.report(*totals, step, tokens, window)
+        return positions, longppl
 
     def report(self, cells: torch.Tensor, positions: torch.Tensor, longppl: torch.Tensor, step: int, tokens: int,
                window: int | None) -> dict:
