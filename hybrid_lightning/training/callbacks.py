@@ -30,6 +30,11 @@ class Throughput(L.Callback):
             pl_module.log("train/tokens_per_sec", tokens / elapsed, prog_bar=True)
             self._t0, self._steps = time.perf_counter(), 0
 
+    def exclude(self, seconds: float) -> None:
+        """Leaves ``seconds`` spent outside training (an evaluation callback) out of the current interval."""
+        if self._t0 is not None:
+            self._t0 += seconds
+
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause = time.perf_counter()
 

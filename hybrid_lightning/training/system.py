@@ -107,6 +107,7 @@ class LMSystem(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokens_seen"] = self.tokens_at(self.global_step)  # for evaluations of the checkpoint
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["rng"] = {  # plain types and tensors only, so weights-only loading accepts them
             "torch": torch.get_rng_state(),
