@@ -90,6 +90,7 @@ class SyntheticConfig(_Frozen):
     value_chars: tuple[int, int] = Field((6, 24), description="min and max characters of a value")
     queries_per_fact: float = Field(3.0, ge=0, description="mean number of times a fact is queried")
     repeat_template: float = Field(0.5, ge=0, le=1, description="share of queries in their fact's own template")
+    repeat_spans: float = Field(1.0, ge=0, description="weight of verbatim repeats of earlier spans (filler and facts weigh 1)")
 
 
 class DataConfig(_Frozen):
