@@ -11,5 +11,6 @@ from __future__ import annotations
 
 # section name -> what it measures; each is a module of this package with a run(quick) function
 SECTIONS: dict[str, str] = {
+    "eval": "cost of one long-context evaluation call at its defaults, in training steps",
     "recurrent": "chunked recurrent operators vs step-by-step and vs fla's pure-torch chunked reference (B4)",
 }
