@@ -26,6 +26,7 @@ def _train_falls(tmp_path, mixer, pos):
     assert loss[-1][0] == 199
     assert loss[-1][1] < 0.7 * loss[0][1], loss
     assert scalars(run_dir, "val/loss")
+    assert list((run_dir / "eval").glob("step_*.json"))  # long-context evaluation ran through the recurrent layers
 
 
 @pytest.mark.parametrize("mixer, pos", QUICK)
