@@ -40,7 +40,7 @@ class CopyOracle(nn.Module):
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the evaluator a device
         self.samples, self.window, self.vocab = samples, window, vocab
-        self.plan = [LayerSpec(0, "swa", window, "rope")] if window else []
+        self.plan = [LayerSpec(0, "swa", window, "rope", mlp_hidden=0)] if window else []
         alphabet = sorted({int(t) for s in samples for t in s.answer})
         self.guess = torch.full((vocab,), -30.0)
         self.guess[alphabet] = 0.0
