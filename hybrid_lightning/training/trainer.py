@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
@@ -31,7 +32,9 @@ def resolve_precision(cfg: RunConfig) -> str:
     return "bf16-mixed" if gpu else "32-true"
 
 
-def build_trainer(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> tuple[L.Trainer, LMSystem, LMDataModule]:
+def build_trainer(
+    cfg: RunConfig, run_dir: Path, resume_step: int = 0, extra_callbacks: Sequence[L.Callback] = ()
+) -> tuple[L.Trainer, LMSystem, LMDataModule]:
     t = cfg.train
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     logger = TensorBoardLogger(
@@ -45,7 +48,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> tuple[
         monitor="step", mode="max", save_on_train_epoch_end=False,
     )
     tokens_per_step = t.batch_size * t.seq_len
-    callbacks = [checkpoints, Throughput(tokens_per_step, t.log_every_n_steps)]
+    callbacks = [checkpoints, Throughput(tokens_per_step, t.log_every_n_steps), *extra_callbacks]
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
     plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []  # submitit owns requeue
