@@ -9,8 +9,9 @@
 #
 # Everything lives under DIR: config, munge key and socket, spool, state, logs; ports are picked
 # free, so several clusters can run side by side. The node is `localhost` with this machine's CPUs
-# and memory, one partition `debug`, and two fake GPUs (GRES gpu:2 backed by /dev/null-like
-# character devices): a job asking for GPUs sees CUDA_VISIBLE_DEVICES set, though no GPU exists.
+# (or LOCAL_CLUSTER_CPUS of them, to run more jobs at once than there are cores) and memory, one
+# partition `debug`, and two fake GPUs (GRES gpu:2 backed by /dev/null-like character devices):
+# a job asking for GPUs sees CUDA_VISIBLE_DEVICES set, though no GPU exists.
 set -euo pipefail
 
 die() { echo "local-cluster: $*" >&2; exit 1; }
@@ -48,8 +49,12 @@ up() {
 
   # The node as slurmd sees it (CPUs, sockets, cores, memory), renamed localhost: the machine's
   # hostname need not resolve. Memory is declared a little below the total so slurmd accepts it.
-  local hw mem
+  local hw mem overrides=""
   hw=$(slurmd -C | head -1 | sed -e 's/^NodeName=[^ ]* //' -e 's/ RealMemory=[0-9]*//')
+  if [ -n "${LOCAL_CLUSTER_CPUS:-}" ]; then
+    hw="CPUs=$LOCAL_CLUSTER_CPUS"
+    overrides="SlurmdParameters=config_overrides"  # slurmd takes the declared CPUs over the real ones
+  fi
   mem=$(( $(slurmd -C | head -1 | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p') * 9 / 10 ))
   cat > "$dir/slurm.conf" <<EOF
 ClusterName=local
@@ -82,6 +87,7 @@ SchedulerParameters=sched_interval=2
 # Jobs are killed 5 s after their SIGTERM (default 30 s): tests of time limits finish sooner.
 KillWait=5
 GresTypes=gpu
+$overrides
 NodeName=localhost NodeAddr=127.0.0.1 $hw RealMemory=$mem Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -15,7 +15,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import submitit
 import yaml
+from submitit.core.utils import FailedJobError
 
 from hybrid_lightning.config import TrainConfig, config_to_dict
 from hybrid_lightning.grid.job import CellJob
@@ -33,9 +35,8 @@ _FROM_CELL = {
 
 
 def _valid_keys() -> set[str]:
-    from submitit import AutoExecutor, SlurmExecutor
-
-    return set(AutoExecutor._valid_parameters()) | {f"slurm_{k}" for k in SlurmExecutor._valid_parameters()} | _CONSTRUCTOR_KEYS
+    slurm = {f"slurm_{k}" for k in submitit.SlurmExecutor._valid_parameters()}
+    return set(submitit.AutoExecutor._valid_parameters()) | slurm | _CONSTRUCTOR_KEYS
 
 
 def load_profile(path: str | Path | None) -> dict:
@@ -86,7 +87,6 @@ def cell_resources(train: TrainConfig, default_gpus: int) -> tuple[int, int, int
 
 
 def _executor(folder: Path, profile: dict, resources: tuple[int, int, int], name: str, where: Path | None = None):
-    import submitit
 
     nodes, tasks, gpus = resources
     params = {"name": name, "stderr_to_stdout": True}  # one log per task: the researcher reads one file
@@ -113,7 +113,9 @@ def submit_slurm(grid: Grid, cells: list[Cell], profile: dict, say: Callable[[st
         say: where progress lines go.
     """
     folder = grid.state_dir / "slurm"
-    grace_s = profile.get("slurm_signal_delay_s", 90) / 2
+    # slurmctld sends the signal at the first of its 30 s checks within `signal_delay_s` + 30 s of
+    # the limit, and kills at a later check: a stop gets at least 30 s.
+    grace_s = max(20.0, profile.get("slurm_signal_delay_s", 90) / 2)
     groups: dict[tuple[int, int, int], list[Cell]] = {}
     for cell in cells:
         groups.setdefault(cell_resources(cell.config.train, profile.get("gpus_per_node", 0)), []).append(cell)
@@ -122,8 +124,8 @@ def submit_slurm(grid: Grid, cells: list[Cell], profile: dict, say: Callable[[st
         try:
             with executor.batch():
                 jobs = [executor.submit(CellJob(c.name, str(c.run_dir), config_to_dict(c.config), grace_s)) for c in group]
-        except subprocess.CalledProcessError as e:
-            raise ValueError(f"sbatch refused the jobs of {len(group)} cell(s) (exit {e.returncode}; its message is above)") from None
+        except FailedJobError as e:  # sbatch's own message, e.g. an invalid partition or account
+            raise ValueError(f"sbatch refused the jobs of {len(group)} cell(s): {str(e).strip()}") from None
         add_records(grid, {
             cell.name: {
                 "executor": "slurm", "job_id": job.job_id, "log": str(job.paths.stdout),

@@ -149,7 +149,8 @@ def _last_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, tuple[int, 
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 1, "tensors": 1, "images": 1, "histograms": 1})
     acc.Reload()
     present = set(acc.Tags().get("scalars", []))
-    return {t: (acc.Scalars(t)[-1].step, acc.Scalars(t)[-1].value) for t in tags if t in present}
+    series = {t: acc.Scalars(t) for t in tags if t in present}
+    return {t: (events[-1].step, events[-1].value) for t, events in series.items() if events}  # a resume may purge all
 
 
 def _log_ending(log: str | None) -> tuple[str, str] | None:
@@ -159,8 +160,9 @@ def _log_ending(log: str | None) -> tuple[str, str] | None:
     with open(log, "rb") as f:
         f.seek(max(0, f.seek(0, os.SEEK_END) - 20000))
         tail = f.read().decode(errors="replace")
-    found = _KILLED.findall(tail)
-    return (found[-1][0], found[-1][1]) if found else None
+    # A requeue also kills the job step, but the job goes on: not an ending.
+    found = [(when, cause) for when, cause in _KILLED.findall(tail) if cause != "JOB REQUEUE"]
+    return found[-1] if found else None
 
 
 def _result_error(record: dict) -> str | None:
