@@ -64,6 +64,14 @@ def test_plan_lists_the_product_minus_exclusions_with_stable_names(tmp_path):
     assert [c.name for c in load_grid(path).cells] == expected  # and from this one
 
 
+def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
+    grid = load_grid(REPO / "ablations" / "window-nope.yaml", root=tmp_path)
+    assert len(grid.cells) == 10 and grid.cells[0].name == "size=s,window=64,pos.full=rope,seed=0"
+    assert grid.cells[-1].config.model.d_model == 256 and grid.cells[-1].config.model.window == 128
+    assert load_profile(REPO / "slurm" / "local.yaml")["slurm_partition"] == "debug"
+    assert load_profile(REPO / "slurm" / "example.yaml")["gpus_per_node"] == 8
+
+
 def test_presets_zip_and_long_names(tmp_path):
     path = write_grid(
         tmp_path,
@@ -123,8 +131,6 @@ def test_bad_grid_on_the_command_line_exits_2_and_submits_nothing(tmp_path):
 
 
 def test_profiles_are_checked_and_resources_follow_the_cell(tmp_path):
-    assert load_profile(REPO / "slurm" / "local.yaml")["slurm_partition"] == "debug"
-    assert load_profile(REPO / "slurm" / "example.yaml")["gpus_per_node"] == 8
     cases = [
         ({"slurm_partitoin": "debug"}, "unknown submitit parameter 'slurm_partitoin'; did you mean 'slurm_partition'"),
         ({"tasks_per_node": 2}, "'tasks_per_node' follows from each cell (train.devices)"),

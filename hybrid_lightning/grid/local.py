@@ -48,7 +48,7 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
     """Trains the queued ``cells``, ``parallel`` at a time; returns how many did not finish.
 
     A cell cancelled (``grid cancel``) meanwhile is skipped. On Ctrl-C or SIGTERM the running
-    cells are stopped; they resume on the next submit.
+    cells are stopped (SIGINT, then SIGKILL after 30 s); they resume on the next submit.
     """
     (grid.state_dir / "logs").mkdir(parents=True, exist_ok=True)
     waiting, running = list(cells), {}
@@ -81,8 +81,8 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
                 raise KeyboardInterrupt
     except KeyboardInterrupt:
         say(f"interrupted: stopping {len(running)} running cell(s); submit again to resume")
-        for _, proc, _ in running.values():
-            proc.send_signal(signal.SIGTERM)
+        for _, proc, _ in running.values():  # Ctrl-C reached them already; SIGTERM to us did not
+            proc.send_signal(signal.SIGINT)  # Lightning's graceful stop
         for _, proc, _ in running.values():
             try:
                 proc.wait(timeout=30)

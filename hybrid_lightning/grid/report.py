@@ -66,11 +66,11 @@ def plan_table(grid: Grid, rows: list[dict]) -> str:
     for row in rows:
         line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]), si(row["tokens"])]
         if "gpu_hours" in row:
-            line.append(f"{row['gpu_hours']:.1f}")
+            line.append(f"{row['gpu_hours']:.3g}")
         table.append(line)
     total = sum(r["tokens"] for r in rows)
     footer = f"{len(rows)} cells, {si(total)} tokens" + (
-        f", {sum(r['gpu_hours'] for r in rows):.1f} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
+        f", {sum(r['gpu_hours'] for r in rows):.3g} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
     )
     return f"{format_table(table)}\n{footer}; run directories in {grid.root}"
 

@@ -63,7 +63,8 @@ def load_profile(path: str | Path | None) -> dict:
     gpus = profile.get("gpus_per_node", 0)
     if not isinstance(gpus, int) or gpus < 0:
         raise ValueError(f"profile {path}: gpus_per_node must be a whole number >= 0, got {gpus!r}")
-    _executor(path.parent, profile, (1, 1, gpus), "check", path)  # submitit checks names and types
+    # submitit checks the names and types; its local flavour does so without SLURM on this machine.
+    _executor(path.parent, profile, (1, 1, gpus), "check", path, cluster="local")
     return profile
 
 
@@ -86,14 +87,16 @@ def cell_resources(train: TrainConfig, default_gpus: int) -> tuple[int, int, int
     return train.num_nodes, gpus or devices or 1, gpus
 
 
-def _executor(folder: Path, profile: dict, resources: tuple[int, int, int], name: str, where: Path | None = None):
-
+def _executor(
+    folder: Path, profile: dict, resources: tuple[int, int, int], name: str, where: Path | None = None, cluster: str = "slurm"
+) -> submitit.AutoExecutor:
     nodes, tasks, gpus = resources
     params = {"name": name, "stderr_to_stdout": True}  # one log per task: the researcher reads one file
     params.update({k: v for k, v in profile.items() if k not in _CONSTRUCTOR_KEYS and k != "gpus_per_node"})
     params.update(nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus or None)
     try:
-        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", **{k: profile[k] for k in _CONSTRUCTOR_KEYS & set(profile)})
+        constructor = {k: profile[k] for k in _CONSTRUCTOR_KEYS & set(profile)}
+        executor = submitit.AutoExecutor(folder=folder, cluster=cluster, **constructor)
         executor.update_parameters(**params)
     except (NameError, AssertionError, TypeError, ValueError) as e:
         raise ValueError(f"profile {where or ''}: {e}") from None

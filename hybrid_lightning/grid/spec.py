@@ -18,7 +18,7 @@ import hashlib
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ class Grid:
     path: Path
     root: Path
     cells: list[Cell]
-    axes: dict[str, list[Any]] = field(default_factory=dict)  # label -> values, in file order
+    axes: dict[str, list[Any]]  # axis label -> its values, in file order
 
     @property
     def state_dir(self) -> Path:
