@@ -36,6 +36,8 @@ up() {
   mkdir -p "$dir"/{munge,spool,state,log,gpu}
   dir=$(cd "$dir" && pwd)
   chmod 700 "$dir" "$dir/munge"
+  # On any failure below, the daemons started so far are stopped; DIR stays for its logs.
+  trap "stop_daemons '$dir'" EXIT
 
   # munge: our own key, socket, pid and log, so a system munged (if any) is left alone.
   dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
@@ -107,9 +109,10 @@ EOF
   done
   case "$state" in
     idle|mix|alloc) ;;
-    *) down "$dir" >/dev/null 2>&1 || true
-       die "the node did not become idle (state '${state:-none}'); logs were in $dir/log" ;;
+    *) tail -n 5 "$dir"/log/*.log >&2 || true
+       die "the node did not become idle (state '${state:-none}'); logs in $dir/log" ;;
   esac
+  trap - EXIT
   echo "export SLURM_CONF=$SLURM_CONF"
 }
 
@@ -122,14 +125,19 @@ stop_pidfile() {
   kill -9 "$pid" 2>/dev/null || true
 }
 
-down() {
-  local dir=${1:?usage: $0 down DIR}
-  [ -f "$dir/slurm.conf" ] || die "$dir is not a local cluster folder (no slurm.conf)"
+stop_daemons() {
+  local dir=$1
   # Jobs still running are cancelled first, so no training process outlives the cluster.
-  SLURM_CONF="$dir/slurm.conf" scancel --quiet --full --user="$(id -un)" 2>/dev/null || true
+  [ -f "$dir/slurmctld.pid" ] && SLURM_CONF="$dir/slurm.conf" timeout 30 scancel --quiet --full --user="$(id -un)" 2>/dev/null
   stop_pidfile "$dir/slurmd.pid"
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/munge/munged.pid"
+}
+
+down() {
+  local dir=${1:?usage: $0 down DIR}
+  [ -f "$dir/slurm.conf" ] || die "$dir is not a local cluster folder (no slurm.conf)"
+  stop_daemons "$dir"
   rm -rf "$dir"
 }
 

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hybrid_lightning.config import TrainConfig, validate_config
 from hybrid_lightning.grid import cell_states, load_grid
+from hybrid_lightning.grid.report import status_table
 from hybrid_lightning.grid.slurm import cell_resources, load_profile
 from hybrid_lightning.grid.spec import MAX_NAME, cell_name_for
 from hybrid_lightning.rundir import checkpoint_is_valid, read_status
@@ -156,6 +157,28 @@ def test_profiles_are_checked_and_resources_follow_the_cell(tmp_path):
     assert res(8, accelerator="cpu") == (1, 1, 0)
 
 
+def test_status_reads_the_last_loss_and_a_long_context_score_when_present(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    grid = load_grid(write_grid(tmp_path, axes={"seed": [0, 1]}))
+    with_score, without = grid.cells
+    writer = SummaryWriter(str(with_score.run_dir))
+    for step in range(5):
+        writer.add_scalar("train/loss", 3.0 - step / 4, step)
+    writer.add_scalar("longctx/score", 0.375, 4)
+    writer.close()
+    writer = SummaryWriter(str(without.run_dir))
+    writer.add_scalar("train/loss", 2.5, 0)
+    writer.close()
+    rows = cell_states(grid)
+    assert (rows[0].step, rows[0].loss, rows[0].longctx) == (5, 2.0, 0.375)
+    assert (rows[1].step, rows[1].loss, rows[1].longctx) == (1, 2.5, None)
+    table = status_table(rows).splitlines()
+    assert table[0].split() == ["cell", "state", "step", "loss", "longctx", "job", "log"]
+    assert table[1].split()[:6] == ["seed=0", "not", "submitted", "5/20", "2.000", "0.375"]
+    assert table[2].split()[4:6] == ["2.500", "-"] and table[3] == "2 cells: 2 not submitted"
+
+
 def test_stop_on_request_saves_and_resumes_without_a_gap(tmp_path):
     """The requeue path without SLURM: asked to stop, training ends at the step boundary with
     last.ckpt; the next start resumes there and TensorBoard holds every step once."""
@@ -203,13 +226,14 @@ def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
     status = run_cli("grid", "status", str(path), timeout=300)
     assert "failed run=nan: NonFiniteLossError: non-finite gradient of model.embed.weight at step 3" in status.stdout
 
-    # Train 10 steps more, after damaging the two newest checkpoints of the finished cell.
-    longer = write_grid(tmp_path, base={**base, "train": {**base["train"], "max_steps": 30}}, axes=axes)
+    # Train the finished cell 10 steps more, after damaging its two newest checkpoints.
+    longer = write_grid(tmp_path, base={**base, "train": {**base["train"], "max_steps": 30}}, axes=axes, exclude=[{"run": "nan"}])
     (ok.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"truncated")
     step20 = ok.run_dir / "checkpoints" / "step_0000020.ckpt"
     step20.write_bytes(step20.read_bytes()[: step20.stat().st_size // 2])
-    assert "incomplete" in run_cli("grid", "status", str(longer), timeout=300).stdout
+    assert [r.state for r in cell_states(load_grid(longer))] == ["incomplete"]
     again = run_cli("grid", "submit", str(longer), "--executor", "local", timeout=600)
+    assert again.returncode == 0 and "1 to submit" in again.stdout, again.stdout + again.stderr
     log = (grid.state_dir / "logs" / f"{ok.name}.log").read_text()
     assert f"skipping damaged checkpoint {ok.run_dir / 'checkpoints' / 'last.ckpt'}" in log
     assert f"skipping damaged checkpoint {step20}" in log

@@ -7,7 +7,7 @@ its log. States:
 
     not submitted   no job and no run directory
     pending         queued, never started
-    running         a job is training it
+    running         a job is training it (other SLURM states of a live job show as they are, e.g. completing)
     requeued        queued again after a timeout or preemption; it will resume
     done            reached train.max_steps
     failed          the job ended early (the reason is shown)
@@ -34,21 +34,21 @@ from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.rundir import read_status, write_atomic
 
 JOBS_FILE = "jobs.json"
-LIVE = ("pending", "running", "requeued")
 # slurmstepd's last words in a job's log when it is killed: "*** JOB 12 ON node CANCELLED AT <time> [DUE TO ...] ***"
 _KILLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
 _SLURM_LIVE_STATES = {
-    "RUNNING": "running", "COMPLETING": "running", "CONFIGURING": "running", "STAGE_OUT": "running",
-    "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued", "REQUEUE_FED": "requeued", "RESIZING": "running",
+    "RUNNING": "running", "CONFIGURING": "running", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued",
+    "REQUEUE_FED": "requeued",
 }
 
 
 @dataclass
 class CellState:
-    """One row of ``grid status``."""
+    """One row of ``grid status``; ``live`` when a job or process is on it (submit skips it)."""
 
     name: str
     state: str
+    live: bool
     step: int | None
     max_steps: int
     loss: float | None
@@ -206,7 +206,7 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
     if "train/loss" in scalars:
         step = max(step or 0, scalars["train/loss"][0] + 1)  # the loss of step s is logged at index s
     row = CellState(
-        cell.name, "not submitted", step, max_steps, scalars.get("train/loss", (0, None))[1],
+        cell.name, "not submitted", False, step, max_steps, scalars.get("train/loss", (0, None))[1],
         scalars.get("longctx/score", (0, None))[1], None, None, None, str(cell.run_dir),
     )
     if record is not None:
@@ -215,9 +215,9 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
     if status.get("state") == "done" and status.get("step", 0) >= max_steps:
         row.state, row.step = "done", status["step"]
         return row
-    live = _live_state(record, slurm_jobs, status)
+    live = _live_state(record, slurm_jobs)
     if live is not None:
-        row.state = live
+        row.state, row.live = live, True
         return row
     if status.get("state") == "done":  # done at fewer steps than the grid now asks
         row.state, row.reason = "incomplete", f"trained {status.get('step')} steps; train.max_steps is now {max_steps}"
@@ -244,9 +244,10 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
     return row
 
 
-def _live_state(record: dict | None, slurm_jobs: dict, status: dict) -> str | None:
-    """pending / running / requeued while the record's job is alive, else None."""
-    if record is None or record.get("cancelled"):
+def _live_state(record: dict | None, slurm_jobs: dict) -> str | None:
+    """pending / running / requeued (or another SLURM state) while the record's job is alive, else
+    None. A cancelled job stays live until it is gone: its process may still write."""
+    if record is None:
         return None
     if record.get("executor") == "slurm":
         found = slurm_jobs.get(record.get("job_id"))
@@ -260,4 +261,6 @@ def _live_state(record: dict | None, slurm_jobs: dict, status: dict) -> str | No
         return None  # another machine's processes cannot be checked from here
     if record.get("pid"):
         return "running" if process_alive(record["pid"], record.get("pid_start")) else None
+    if record.get("cancelled"):
+        return None
     return "pending" if process_alive(record.get("submitter"), record.get("submitter_start")) else None

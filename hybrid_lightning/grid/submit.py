@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.grid.spec import Grid
-from hybrid_lightning.grid.state import LIVE, add_records, cell_states, check_slurm, lock, read_jobs, write_jobs
+from hybrid_lightning.grid.state import add_records, cell_states, check_slurm, lock, read_jobs, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.training.run import check_same_run
 
@@ -53,7 +53,7 @@ def submit_grid(
 
     with lock(grid):
         rows = cell_states(grid)
-        todo = [c for c, r in zip(grid.cells, rows) if r.state != "done" and r.state not in LIVE]
+        todo = [c for c, r in zip(grid.cells, rows) if r.state != "done" and not r.live]
         counts = Counter(r.state for r in rows)
         summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         say(f"grid {grid.name}: {len(rows)} cells ({summary}); {len(todo)} to submit; run directories in {grid.root}")
@@ -80,7 +80,7 @@ def cancel_grid(grid: Grid, names: list[str] | tuple[str, ...] = (), say: Callab
     cells = grid.select(names)
     with lock(grid):
         jobs = read_jobs(grid)
-        live = [r for r in cell_states(grid, cells) if r.state in LIVE]
+        live = [r for r in cell_states(grid, cells) if r.live and not jobs[r.name][-1].get("cancelled")]
         slurm_ids = []
         for row in live:
             record = jobs[row.name][-1]
