@@ -119,8 +119,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     _status(trainer, run_dir, "running", resume[1] if resume else 0, cfg)
     try:
         fit(trainer, module, datamodule, resume[0] if resume else None)
-    except BaseException as e:
-        _status(trainer, run_dir, "failed", trainer.global_step, cfg, error=f"{type(e).__name__}: {e}")
+    except BaseException as e:  # an error fails the run; Ctrl-C, SIGTERM or an exit interrupt it
+        state = "failed" if isinstance(e, Exception) else "interrupted"
+        _status(trainer, run_dir, state, trainer.global_step, cfg, error=f"{type(e).__name__}: {e}")
         raise
     if trainer.interrupted or trainer.global_step < cfg.train.max_steps:
         _status(trainer, run_dir, "interrupted", trainer.global_step, cfg)
