@@ -12,7 +12,7 @@ its log. States:
     done            reached train.max_steps
     failed          the job ended early (the reason is shown)
     cancelled       cancelled (``grid cancel`` or ``scancel``)
-    incomplete      a partial run directory and no job (e.g. max_steps was raised)
+    incomplete      a partial run and no job: stopped (e.g. a local submit interrupted), or max_steps raised
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import getpass
 import json
+import logging
 import os
 import re
 import shutil
@@ -147,7 +148,13 @@ def _last_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, tuple[int, 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 1, "tensors": 1, "images": 1, "histograms": 1})
-    acc.Reload()
+    tb_log = logging.getLogger("tensorboard")
+    level = tb_log.level
+    tb_log.setLevel(logging.ERROR)  # a resumed run's purge is expected, not worth a warning here
+    try:
+        acc.Reload()
+    finally:
+        tb_log.setLevel(level)
     present = set(acc.Tags().get("scalars", []))
     series = {t: acc.Scalars(t) for t in tags if t in present}
     return {t: (events[-1].step, events[-1].value) for t, events in series.items() if events}  # a resume may purge all
@@ -209,8 +216,8 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
         cell.name, "not submitted", False, step, max_steps, scalars.get("train/loss", (0, None))[1],
         scalars.get("longctx/score", (0, None))[1], None, None, None, str(cell.run_dir),
     )
-    if record is not None:
-        row.job_id = record.get("job_id") or (str(record["pid"]) if record.get("pid") else None)
+    if record is not None and (record.get("executor") == "slurm" or record.get("pid")):
+        row.job_id = record.get("job_id") or str(record["pid"])
         row.log = record.get("log")
     if status.get("state") == "done" and status.get("step", 0) >= max_steps:
         row.state, row.step = "done", status["step"]
@@ -219,6 +226,8 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
     if live is not None:
         row.state, row.live = live, True
         return row
+    if record is not None and record.get("executor") == "local" and not record.get("pid") and not record.get("cancelled"):
+        record = None  # queued by a local submit that ended before starting it
     if status.get("state") == "done":  # done at fewer steps than the grid now asks
         row.state, row.reason = "incomplete", f"trained {status.get('step')} steps; train.max_steps is now {max_steps}"
         return row
@@ -230,14 +239,15 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
     ending = _log_ending(record.get("log"))
     if record.get("cancelled") or (ending is not None and ending[1] == ""):
         row.state, row.reason = "cancelled", f"cancelled at {ending[0]}" if ending else "cancelled"
-        return row
-    row.state = "failed"
-    if status.get("error"):
-        row.reason = status["error"]
+    elif status.get("state") == "failed":
+        row.state, row.reason = "failed", status.get("error")
     elif ending is not None:
-        row.reason = f"killed: {ending[1].lower()} (at step {step or 0}/{max_steps})"
+        row.state, row.reason = "failed", f"killed: {ending[1].lower()} (at step {step or 0}/{max_steps})"
+    elif status.get("state") == "interrupted":  # e.g. the local executor stopped by Ctrl-C
+        row.state, row.reason = "incomplete", f"stopped at step {status.get('step')}" + (f" ({status['error']})" if status.get("error") else "")
     else:
         exit_code = record.get("exit")
+        row.state = "failed"
         row.reason = _result_error(record) or (
             f"exit code {exit_code}; see the log" if exit_code not in (None, 0) else f"the job ended at step {step or 0}/{max_steps}; see the log"
         )

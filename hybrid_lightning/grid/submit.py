@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections import Counter
@@ -20,8 +21,8 @@ def submit_grid(
     grid: Grid, executor: str, profile: str | Path | None = None, parallel: int = 1, say: Callable[[str], None] = print
 ) -> int:
     """Submits every cell that is neither done nor live (pending, running, requeued); failed,
-    cancelled and partial cells resume from their checkpoints. Returns the exit code: 0, or for
-    the local executor the number of cells that did not finish.
+    cancelled and partial cells resume from their checkpoints. Returns the exit code: 0, or 1
+    when a cell run by the local executor did not finish.
 
     Everything is checked before anything is submitted: the grid's cells (by ``load_grid``), the
     profile, SLURM, and that no cell's run directory holds a run with another config. A lock
@@ -63,7 +64,7 @@ def submit_grid(
             from hybrid_lightning.grid.local import queue_local
 
             add_records(grid, queue_local(grid, todo))
-    write_hparams(grid)
+        write_hparams(grid)
     if executor == "local" and todo:
         from hybrid_lightning.grid.local import run_local
 
@@ -87,10 +88,8 @@ def cancel_grid(grid: Grid, names: list[str] | tuple[str, ...] = (), say: Callab
             if record.get("executor") == "slurm":
                 slurm_ids.append(record["job_id"])
             elif record.get("pid"):
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(record["pid"], signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
             record["cancelled"] = True
         if slurm_ids:
             from hybrid_lightning.grid.slurm import cancel_slurm

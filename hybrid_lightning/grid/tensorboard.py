@@ -39,7 +39,7 @@ def _write(folder: Path, summaries: list) -> None:
 
 def write_hparams(grid: Grid) -> None:
     """(Re)writes the experiment summary at the grid's root and a session in each cell's run
-    directory that has none yet."""
+    directory that has none yet (call under the grid's lock)."""
     from torch.utils.tensorboard.summary import hparams
 
     domains = {axis: _hparam_values(values) for axis, values in grid.axes.items()}
