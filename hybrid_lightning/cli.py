@@ -48,6 +48,21 @@ def cmd_params(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from hybrid_lightning.eval.command import evaluate_checkpoint
+    from hybrid_lightning.eval.report import report_path, table
+
+    overrides = list(args.overrides)
+    for key, values in (("tasks", args.tasks), ("lengths", args.lengths)):
+        if values:
+            overrides.append(f"eval.{key}=[{','.join(values)}]")
+    report = evaluate_checkpoint(args.run_dir, args.ckpt, overrides)
+    print(table(report))
+    print(f"written to {report_path(args.run_dir, report['step'])}")
+    return 0
+
+
+
 def cmd_grid_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -117,6 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: runs/<name>)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
+    p.add_argument("--lengths", nargs="+", metavar="N", help="probe lengths in tokens (default: the run's eval.lengths)")
+    p.add_argument("--tasks", nargs="+", metavar="TASK", help="probe tasks (default: the run's eval.tasks)")
+    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
+                   help="override an eval.* setting, e.g. --set eval.samples=4 (repeatable)")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("params", help="per-layer parameter table and totals")
     _add_config_args(p)

@@ -90,6 +90,8 @@ class SyntheticConfig(_Frozen):
     fraction: float = Field(0.5, ge=0, le=1, description="share of training sequences that are synthetic")
     value_chars: tuple[int, int] = Field((6, 24), description="min and max characters of a value")
     queries_per_fact: float = Field(3.0, ge=0, description="mean number of times a fact is queried")
+    repeat_template: float = Field(0.5, ge=0, le=1, description="share of queries in their fact's own template")
+    repeat_spans: float = Field(1.0, ge=0, description="weight of verbatim repeats of earlier spans (filler and facts weigh 1)")
 
 
 class DataConfig(_Frozen):
@@ -151,7 +153,42 @@ class TrainConfig(_Frozen):
 
 
 class EvalConfig(_Frozen):
-    """The ``eval:`` section: long-context evaluation during training."""
+    """The ``eval:`` section: long-context evaluation during training and by ``hybrid-lightning eval``."""
+
+    every_n_steps: int = Field(100, ge=0, description="evaluate every N optimizer steps; 0 = not at intervals")
+    at_end: bool = Field(True, description="evaluate when training ends (unless the last step was just evaluated)")
+    tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks (hybrid_lightning/eval/tasks.py)")
+    lengths: tuple[int, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer")
+    depths: tuple[float, ...] = Field((0.0, 0.5, 1.0), description="needle depths, 0 = start of the haystack, 1 = its end")
+    samples: int = Field(1, ge=1, description="samples per (task, length, depth)")
+    seed: int = Field(0, description="seed of the probes (the same for every run, whatever its own seed)")
+    value_tokens: int | None = Field(None, ge=1, description="lengthen needle values to at least this many tokens")
+    batch_size: int = Field(8, ge=1, description="sequences per evaluation forward")
+    chunk_tokens: int = Field(2048, ge=1, description="tokens per forward call; longer inputs go in pieces with states")
+    position_sequences: int = Field(2, ge=0, description="held-out sequences for per-position loss and LongPPL; 0 = off")
+    position_length: int | None = Field(None, ge=2, description="their length; None = the largest of eval.lengths")
+    longppl_context: int = Field(128, ge=1, description="LongPPL short context K: tokens see K to 2K-1 tokens")
+    longppl_alpha: float = Field(2.0, description="LongPPL: key if NLL(short) - NLL(long) > alpha (nats)")
+    longppl_beta: float = Field(-2.0, description="LongPPL: key if log p(long) > beta")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        from hybrid_lightning.eval.tasks import TASKS
+
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"eval.tasks: {unknown} not among the accepted tasks {sorted(TASKS)}")
+        if len(set(self.tasks)) != len(self.tasks) or len(set(self.lengths)) != len(self.lengths):
+            raise ValueError("eval.tasks and eval.lengths must not repeat an entry")
+        if any(n < 2 for n in self.lengths):
+            raise ValueError(f"eval.lengths must be at least 2 tokens each, got {list(self.lengths)}")
+        if any(not 0 <= d <= 1 for d in self.depths) or not self.depths:
+            raise ValueError(f"eval.depths must be between 0 and 1 (and not empty), got {list(self.depths)}")
+        return self
+
+    @property
+    def position_len(self) -> int:
+        return self.position_length or max(self.lengths, default=1024)
 
 
 class RunConfig(_Frozen):

@@ -89,4 +89,7 @@ def test_embedded_default_has_train_and_val():
     dm.setup()
     assert dm.train_tokens.size == 500_000 and dm.val_tokens.size > 2_000
     real, synth = dm.val_dataloader()
-    assert next(iter(real)).shape == (16, 129) and next(iter(synth)).shape == (16, 129)
+    assert next(iter(real)).shape == (16, 129)
+    tokens, targets = next(iter(synth))
+    assert tokens.shape == targets.shape == (16, 129) and targets.dtype == torch.bool
+    assert 0.05 < targets.float().mean() < 0.4

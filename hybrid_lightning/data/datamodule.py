@@ -100,7 +100,8 @@ class LMDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> list[DataLoader]:
-        """Fixed sets: held-out real text (val/loss) and, when mixed in, synthetic retrieval sequences."""
+        """Fixed sets: held-out real text (val/loss) and, when mixed in, synthetic retrieval sequences
+        with the mask of their queried-value tokens."""
         B, n, T = self.cfg.train.batch_size, self.cfg.train.val_batches * self.cfg.train.batch_size, self.cfg.train.seq_len
         n_windows = (self.val_tokens.size - 1) // T
         starts = np.linspace(0, n_windows - 1, min(n, n_windows)).astype(int) * T
@@ -109,7 +110,8 @@ class LMDataModule(L.LightningDataModule):
         syn = self.cfg.data.synthetic
         if syn.fraction > 0:
             synth = RetrievalSynth(self.tokenizer, self.val_tokens, syn)
-            rngs = (np.random.default_rng([self.cfg.seed, VAL_STREAM, 1, i]) for i in range(n))
-            seqs = torch.stack([torch.from_numpy(synth.sample(rng, T + 1)[0]) for rng in rngs])
-            loaders.append(DataLoader(seqs, batch_size=B))
+            samples = [synth.sample(np.random.default_rng([self.cfg.seed, VAL_STREAM, 1, i]), T + 1) for i in range(n)]
+            seqs = torch.stack([torch.from_numpy(ids) for ids, _ in samples])  # (n, T+1)
+            targets = torch.stack([torch.from_numpy(mask) for _, mask in samples])  # (n, T+1) queried values
+            loaders.append(DataLoader(torch.utils.data.TensorDataset(seqs, targets), batch_size=B))
         return loaders

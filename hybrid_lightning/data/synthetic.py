@@ -2,11 +2,15 @@
 queried again later in the same sequence, so that predicting the queried value needs
 long-range retrieval.
 
-A sequence is a chain of pieces drawn with weights filler : fact : query = 1 : 1 : q
-(q = ``queries_per_fact``): filler is a span of real training text, a fact states a new
-key's value, a query restates an earlier fact (chosen uniformly, so distances spread over
-the whole sequence) in another template. The queried value tokens are the retrieval targets;
-``target_mask`` marks them.
+A sequence is a chain of pieces drawn with weights filler : fact : repeat : query =
+1 : 1 : r : q (r = ``repeat_spans``, q = ``queries_per_fact``): filler is a span of real
+training text, a fact states a new key's value, a repeat copies an earlier span of the
+sequence verbatim (the plainest long-range signal, from which induction heads form), a
+query restates an earlier fact (chosen uniformly, so distances spread over the whole
+sequence), with probability ``repeat_template`` in the template it was stated in
+(retrievable by matching the preceding text: induction), else in a question template (the
+key must be looked up). The queried value tokens are the retrieval targets; ``sample``
+returns their mask.
 
 The templates here are deliberately different from the evaluation probes (RULER's "special
 magic" needles and the pass-key prompt), which must stay out of training; the value kinds
@@ -33,7 +37,8 @@ QUERY_TEMPLATES = (
     "{key} ({attr}): {value}\n",
 )
 _CONS, _VOW = "bdfgklmnprstvz", "aeiou"
-FILLER_TOKENS = (16, 96)  # min, max tokens of a filler span
+FILLER_TOKENS = (16, 96)  # min, max tokens of a filler span or a repeated span
+PIECES = ("filler", "fact", "repeat", "query")
 
 
 def pseudo_word(rng: np.random.Generator, syllables: int) -> str:
@@ -66,26 +71,37 @@ class RetrievalSynth:
         """Returns (tokens, target_mask), both of length n_tokens; the mask is True on queried values."""
         pieces: list[np.ndarray] = []
         masks: list[np.ndarray] = []
-        facts: list[tuple[str, str, str]] = []
+        facts: list[tuple[tuple[str, str, str], str]] = []  # ((key, attr, value), template stated in)
         keys: set[str] = set()
         length = 0
-        q = self.cfg.queries_per_fact
         while length < n_tokens:
-            r = rng.random() * (2 + (q if facts else 0))
-            if r < 1:  # filler
+            weights = np.array([
+                1.0,  # filler
+                1.0,  # a new fact
+                self.cfg.repeat_spans if length >= FILLER_TOKENS[0] else 0.0,
+                self.cfg.queries_per_fact if facts else 0.0,
+            ])
+            kind = rng.choice(PIECES, p=weights / weights.sum())
+            if kind == "filler":
                 n = int(rng.integers(FILLER_TOKENS[0], FILLER_TOKENS[1] + 1))
                 start = int(rng.integers(0, self.filler.size - n))
-                ids = np.asarray(self.filler[start : start + n], dtype=np.int64)
-                mask = np.zeros(n, bool)
-            elif r < 2:  # a new fact
+                ids, mask = np.asarray(self.filler[start : start + n], dtype=np.int64), np.zeros(n, bool)
+            elif kind == "fact":
                 key = self._new_key(rng, keys)
                 lo, hi = self.cfg.value_chars
                 fact = (key, ATTRS[rng.integers(len(ATTRS))], random_value(rng, int(rng.integers(lo, hi + 1))))
-                facts.append(fact)
-                ids, mask = self._render(FACT_TEMPLATES[rng.integers(len(FACT_TEMPLATES))], fact, target=False)
-            else:  # a query of an earlier fact
-                fact = facts[rng.integers(len(facts))]
-                ids, mask = self._render(QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))], fact, target=True)
+                template = FACT_TEMPLATES[rng.integers(len(FACT_TEMPLATES))]
+                facts.append((fact, template))
+                ids, mask = self._render(template, fact, target=False)
+            elif kind == "repeat":  # a verbatim copy of an earlier span of this sequence
+                n = int(rng.integers(FILLER_TOKENS[0], min(FILLER_TOKENS[1], length) + 1))
+                start = int(rng.integers(0, length - n + 1))
+                ids, mask = np.concatenate(pieces)[start : start + n], np.zeros(n, bool)
+            else:  # a query of an earlier fact: its own template again, or a question form
+                fact, template = facts[rng.integers(len(facts))]
+                if rng.random() >= self.cfg.repeat_template:
+                    template = QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))]
+                ids, mask = self._render(template, fact, target=True)
             pieces.append(ids)
             masks.append(mask)
             length += ids.size

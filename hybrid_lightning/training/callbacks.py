@@ -16,6 +16,7 @@ class Throughput(L.Callback):
     """Logs ``train/tokens_per_sec`` (all ranks) averaged over each logging interval."""
 
     def __init__(self, tokens_per_step: int, every: int):
+        """tokens_per_step: tokens one rank consumes per optimizer step."""
         self.tokens_per_step, self.every = tokens_per_step, every
         self._t0: float | None = None
         self._steps = 0
@@ -28,8 +29,14 @@ class Throughput(L.Callback):
         self._steps += 1
         if self._steps >= self.every:
             elapsed = time.perf_counter() - self._t0
-            pl_module.log("train/tokens_per_sec", self._steps * self.tokens_per_step / elapsed, prog_bar=True)
+            tokens = self._steps * self.tokens_per_step * trainer.world_size
+            pl_module.log("train/tokens_per_sec", tokens / elapsed, prog_bar=True)
             self._t0, self._steps = time.perf_counter(), 0
+
+    def exclude(self, seconds: float) -> None:
+        """Leaves ``seconds`` spent outside training (an evaluation callback) out of the current interval."""
+        if self._t0 is not None:
+            self._t0 += seconds
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pause = time.perf_counter()

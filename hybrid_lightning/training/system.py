@@ -9,6 +9,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torchmetrics import MeanMetric
 
 from hybrid_lightning.config import RunConfig, TrainConfig, validate_config
 from hybrid_lightning.model import build_model
@@ -41,14 +42,21 @@ class LMSystem(L.LightningModule):
         self.save_hyperparameters()  # the resolved run config, as plain data
         self.cfg: RunConfig = validate_config(config)
         self.model = build_model(self.cfg.model)
+        # Loss and argmax accuracy on the queried values of synthetic validation sequences,
+        # pooled over tokens (weighted means; synced across ranks by torchmetrics).
+        self.retrieval_loss = MeanMetric()
+        self.retrieval_acc = MeanMetric()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
 
+    def _logits(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, T, V) in fp32 for inputs batch[:, :-1] and the targets batch[:, 1:] (B, T)."""
+        return self.model(batch[:, :-1]).float(), batch[:, 1:]
+
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
-        x, y = batch[:, :-1], batch[:, 1:]  # (B, T)
-        logits = self.model(x)  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        logits, y = self._logits(batch)
+        return F.cross_entropy(logits.transpose(1, 2), y)
 
     def tokens_at(self, step: int) -> int:
         """Training tokens consumed by all ranks after ``step`` optimizer steps."""
@@ -64,17 +72,29 @@ class LMSystem(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        for name, p in self.named_parameters():
-            if p.grad is not None and not torch.isfinite(p.grad).all():
-                raise NonFiniteLossError(f"non-finite gradient of {name} at step {self.global_step}")
+        named = [(name, p.grad) for name, p in self.named_parameters() if p.grad is not None]
+        norms = torch.stack(torch._foreach_norm([g for _, g in named]))  # one device sync per step
+        if not torch.isfinite(norms).all():
+            name = next(name for (name, _), norm in zip(named, norms) if not torch.isfinite(norm))
+            raise NonFiniteLossError(f"non-finite gradient of {name} at step {self.global_step}")
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
-        loss = self._loss(batch)
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx == 0:
+            loss = self._loss(batch)
             self.log("val/loss", loss, add_dataloader_idx=False, sync_dist=True)
             self.log("val/ppl", loss.exp(), add_dataloader_idx=False, sync_dist=True)
-        else:
-            self.log("val/synthetic_loss", loss, add_dataloader_idx=False, sync_dist=True)
+            return
+        tokens, targets = batch
+        logits, y = self._logits(tokens)
+        losses = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (B, T)
+        target = targets[:, 1:]  # (B, T): predicting a queried value needs retrieval
+        n = target.sum()
+        self.retrieval_loss.update((losses * target).sum() / n.clamp(min=1), weight=n)
+        self.retrieval_acc.update(((logits.argmax(-1) == y) & target).sum() / n.clamp(min=1), weight=n)
+        log = {"add_dataloader_idx": False, "sync_dist": True}
+        self.log("val/synthetic_loss", losses.mean(), **log)
+        self.log("val/retrieval_loss", self.retrieval_loss, add_dataloader_idx=False)
+        self.log("val/retrieval_acc", self.retrieval_acc, add_dataloader_idx=False)
 
     def configure_optimizers(self):
         cfg = self.cfg.train
@@ -87,6 +107,7 @@ class LMSystem(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokens_seen"] = self.tokens_at(self.global_step)  # for evaluations of the checkpoint
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["rng"] = {  # plain types and tensors only, so weights-only loading accepts them
             "torch": torch.get_rng_state(),

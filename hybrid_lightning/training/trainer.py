@@ -14,6 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
+from hybrid_lightning.eval.callback import LongContextEvaluation
 from hybrid_lightning.rundir import CKPT_DIR
 from hybrid_lightning.training.callbacks import StepProgressBar, Throughput
 from hybrid_lightning.training.system import LMSystem
@@ -48,7 +49,11 @@ def build_trainer(
         monitor="step", mode="max", save_on_train_epoch_end=False,
     )
     tokens_per_step = t.batch_size * t.seq_len
-    callbacks = [checkpoints, Throughput(tokens_per_step, t.log_every_n_steps), *extra_callbacks]
+    throughput = Throughput(tokens_per_step, t.log_every_n_steps)
+    datamodule = LMDataModule(cfg)
+    callbacks = [checkpoints, throughput, *extra_callbacks]
+    if cfg.eval.every_n_steps or cfg.eval.at_end:
+        callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
     plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []  # submitit owns requeue
@@ -73,7 +78,7 @@ def build_trainer(
         enable_model_summary=False,
         use_distributed_sampler=False,  # the step sampler slices batches per rank itself
     )
-    return trainer, LMSystem(config_to_dict(cfg)), LMDataModule(cfg)
+    return trainer, LMSystem(config_to_dict(cfg)), datamodule
 
 
 def fit(trainer: L.Trainer, module: LMSystem, datamodule: LMDataModule, ckpt_path: Path | None) -> None:

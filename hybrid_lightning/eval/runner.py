@@ -1,0 +1,170 @@
+"""One long-context evaluation of one model at one step: the probes (tasks.py), the per-position
+loss and LongPPL on held-out text, summed through torchmetrics (samples split across ranks, sums
+synced) into a report that the callback and ``hybrid-lightning eval`` log and write alike.
+
+LongPPL (Fang et al. 2024, arXiv 2410.23771): perplexity over the *key tokens* of held-out text,
+those whose loss drops markedly given the long context: NLL(short) - NLL(long) > alpha (2 nats)
+and log p(long) > beta (-2), as in the paper. The model itself judges (no evaluator model), with
+a short context of K = ``eval.longppl_context`` to 2K-1 tokens (``scoring.short_context_nll``);
+only tokens with at least 2K tokens of context can be key tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import torch
+from torchmetrics import Metric
+
+from hybrid_lightning.config import EvalConfig
+from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, short_context_nll, token_nll
+from hybrid_lightning.eval.tasks import NOISE, GenContext, make_sample
+
+
+class SumTable(Metric):
+    """A (rows, cols) table of float64 sums; under DDP ``compute()`` all-reduces it across ranks."""
+
+    full_state_update = False
+
+    def __init__(self, rows: int, cols: int):
+        super().__init__()
+        self.add_state("total", torch.zeros(rows, cols, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, index: torch.Tensor, values: torch.Tensor) -> None:
+        self.total.index_add_(0, index.to(self.total.device), values.to(self.total))
+
+    def compute(self) -> torch.Tensor:
+        return self.total
+
+
+def shard(items: list, rank: int, world: int) -> list[tuple[object, float]]:
+    """This rank's share of ``items`` as (item, weight): every rank gets ceil(n / world) entries,
+    padded with weight-0 repeats, so all ranks make the same forward calls (DDP and FSDP need that)."""
+    mine = [(x, 1.0) for x in items[rank::world]]
+    return mine + [(items[0], 0.0)] * (-(-len(items) // world) - len(mine)) if items else []
+
+
+def model_window(model) -> int | None:
+    """The largest sliding window of the model's layers (None if it has no windowed layer)."""
+    return max((s.window for s in model.plan if s.window is not None), default=None)
+
+
+def check_lengths(cfg: EvalConfig, tokenizer) -> None:
+    """Raises ``ValueError`` (naming eval.lengths or eval.value_tokens) when a probe cannot be built,
+    e.g. a length too short for a task's fixed text; needs no held-out text."""
+    ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), cfg.value_tokens)
+    for task, length in itertools.product(cfg.tasks, cfg.lengths):
+        make_sample(task, ctx, length, 0.5, 0, cfg.seed)
+
+
+class LongContextEval:
+    """The probes and held-out sequences of an ``eval:`` config, evaluated by ``run``.
+
+    Args:
+        cfg: the ``eval:`` section.
+        tokenizer: the run's tokenizer (``encode``/``decode``).
+        held_out: held-out token stream (the validation split): essay haystacks and the
+            per-position loss / LongPPL sequences come from it.
+    """
+
+    def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
+        self.cfg, self.ctx = cfg, GenContext(tokenizer, held_out, cfg.value_tokens)
+        self.specs = [(t, L, d, i) for L in cfg.lengths for t in cfg.tasks for d in cfg.depths for i in range(cfg.samples)]
+        n, T = cfg.position_sequences, cfg.position_len + 1
+        starts = np.linspace(0, max(0, len(held_out) - T), n).astype(np.int64) if n else []
+        self.sequences = [np.take(held_out, np.arange(s, s + T), mode="wrap").astype(np.int64) for s in starts]
+        self.buckets = position_buckets(cfg.position_len)
+
+    def _cell(self, task: str, length: int, depth: float, in_window: bool) -> int:
+        c = self.cfg
+        t, n, d = c.tasks.index(task), c.lengths.index(length), c.depths.index(depth)
+        return ((t * len(c.lengths) + n) * len(c.depths) + d) * 2 + int(in_window)
+
+    @torch.no_grad()
+    def run(self, model, *, step: int, tokens: int, dtype: torch.dtype | None = None, rank: int = 0,
+            world: int = 1) -> dict:
+        """Evaluates ``model`` (a ``HybridLM``) and returns the report (see ``report``).
+
+        Args:
+            step: index of the last training batch (as TensorBoard steps).
+            tokens: training tokens seen.
+            dtype: autocast dtype, None = the model's precision.
+            rank, world: this process's rank and the number of processes; each scores its share.
+        """
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        window = model_window(model)
+        tables = self._probes(model, dtype, window, rank, world, device) + self._held_out(model, dtype, rank, world, device)
+        model.train(was_training)
+        # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
+        totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in tables]
+        return self.report(*totals, step, tokens, window)
+
+    def _probes(self, model, dtype, window, rank, world, device) -> tuple[SumTable]:
+        """Sums of ``STATS`` per (task, length, depth, in_window) cell over this rank's probes."""
+        c = self.cfg
+        cells = SumTable(len(c.tasks) * len(c.lengths) * len(c.depths) * 2, len(STATS)).to(device)
+        for length in c.lengths:  # one length per batch: every probe of a length has exactly that many tokens
+            mine = shard([s for s in self.specs if s[1] == length], rank, world)
+            for i in range(0, len(mine), c.batch_size):
+                batch = mine[i : i + c.batch_size]
+                samples = [make_sample(t, self.ctx, n, d, k, c.seed) for (t, n, d, k), _ in batch]
+                stats, in_window = score_samples(model, samples, c.chunk_tokens, dtype, window, device)
+                index = torch.tensor([self._cell(*spec[:3], w) for (spec, _), w in zip(batch, in_window.tolist())])
+                weight = torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)
+                cells.update(index, stats * weight[:, None])
+        return (cells,)
+
+    def _held_out(self, model, dtype, rank, world, device) -> tuple[SumTable, SumTable]:
+        """Per-position loss sums (per bucket: NLL, tokens) and LongPPL sums (key NLL, key tokens,
+        NLL and tokens of all tokens with at least 2K context) over this rank's held-out sequences."""
+        c = self.cfg
+        positions, longppl = SumTable(len(self.buckets), 2).to(device), SumTable(1, 4).to(device)
+        mine = shard(self.sequences, rank, world)
+        for i in range(0, len(mine), c.batch_size):
+            batch = mine[i : i + c.batch_size]
+            ids = torch.from_numpy(np.stack([s for s, _ in batch])).to(device)  # (B, T)
+            weight = torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)[:, None]  # (B, 1)
+            nll = token_nll(model, ids, c.chunk_tokens, dtype)[0].double() * weight  # (B, T-1): column p-1 predicts p
+            sums = torch.stack([nll[:, lo - 1 : hi - 1].sum() for lo, hi in self.buckets])
+            counts = torch.tensor([(hi - lo) * weight.sum().item() for lo, hi in self.buckets], dtype=torch.float64)
+            positions.update(torch.arange(len(self.buckets)), torch.stack([sums, counts.to(device)], dim=1))
+            short = short_context_nll(model, ids, c.longppl_context, c.chunk_tokens, dtype, c.batch_size).double() * weight
+            scored = ~short.isnan() & (weight > 0)
+            key = scored & (short - nll > c.longppl_alpha) & (-nll > c.longppl_beta)
+            longppl.update(torch.zeros(1, dtype=torch.long), torch.stack([
+                nll[key].sum(), key.sum().double(), nll[scored].sum(), scored.sum().double()])[None])
+        return positions, longppl
+
+    def report(self, cells: torch.Tensor, positions: torch.Tensor, longppl: torch.Tensor, step: int, tokens: int,
+               window: int | None) -> dict:
+        """The tidy report: one record per (task, length, depth, in_window) cell holding samples, one
+        row per position bucket, one LongPPL row. ``in_window`` is None for models without windows."""
+        c, records = self.cfg, []
+        for task, length, depth, w in itertools.product(c.tasks, c.lengths, c.depths, (False, True)):
+            s = dict(zip(STATS, cells[self._cell(task, length, depth, w)].tolist()))
+            if s["n"] == 0:
+                continue
+            records.append({
+                "step": step, "tokens": tokens, "task": task, "length": length, "depth": depth,
+                "in_window": w if window is not None else None, "n": int(s["n"]), "accuracy": s["exact"] / s["n"],
+                "answer_tokens": int(s["tokens"]), "token_accuracy": s["correct"] / s["tokens"],
+                "answer_loss": s["nll"] / s["tokens"], "chance_token_accuracy": math.exp(-s["chance_nll"] / s["tokens"]),
+                "chance_loss": s["chance_nll"] / s["tokens"], "distance": s["distance"] / s["n"],
+            })
+        position_rows = [
+            {"step": step, "tokens": tokens, "length": c.position_len, "position_lo": lo, "position_hi": hi,
+             "loss": nll / n, "n": int(n)}
+            for (lo, hi), (nll, n) in zip(self.buckets, positions.tolist()) if n > 0
+        ]
+        key_nll, n_key, nll, n = longppl[0].tolist()
+        longppl_rows = [] if n == 0 else [{
+            "step": step, "tokens": tokens, "length": c.position_len, "context": c.longppl_context,
+            "alpha": c.longppl_alpha, "beta": c.longppl_beta, "longppl": math.exp(key_nll / n_key) if n_key else None,
+            "key_tokens": int(n_key), "scored_tokens": int(n), "ppl": math.exp(nll / n),
+        }]
+        return {"step": step, "tokens": tokens, "window": window, "records": records,
+                "position_loss": position_rows, "longppl": longppl_rows}

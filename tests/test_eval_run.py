@@ -1,0 +1,93 @@
+"""C3 and C4: a tiny CPU run logs the long-context scalars and heatmap to TensorBoard and writes
+eval/step_<k>.json; resuming continues the series with no duplicates and no gaps; the eval
+command gives the callback's numbers on the same checkpoint."""
+
+import io
+import json
+
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import TINY, run_cli
+
+EVAL = ["--set", "eval.every_n_steps=10", "--set", "eval.tasks=[passkey,niah_single_2]", "--set", "eval.lengths=[512]",
+        "--set", "eval.depths=[0.0,1.0]", "--set", "eval.position_sequences=1", "--set", "eval.position_length=400",
+        "--set", "eval.longppl_context=64", "--set", "train.checkpoint_every_n_steps=20"]
+
+
+def events(run_dir):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def json_steps(run_dir):
+    return sorted(int(p.stem.removeprefix("step_")) for p in (run_dir / "eval").glob("step_*.json"))
+
+
+def train(run_dir, max_steps):
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *EVAL, "--set", f"train.max_steps={max_steps}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
+    run_dir = tmp_path / "run"
+    train(run_dir, 35)  # evaluations after steps 10, 20, 30 and at the end (35)
+    acc = events(run_dir)
+    steps = [9, 19, 29, 34]  # the step of the last training batch, as TensorBoard shows train/loss
+    for tag in ("longctx/passkey/len_512", "longctx/niah_single_2/len_512", "longctx/score",
+                "longctx/passkey/token_acc_out_window", "longctx/passkey/answer_loss_out_window",
+                "longctx/passkey/chance_loss", "longctx/position_loss/000256-000400", "longctx/ppl_long"):
+        assert [e.step for e in acc.Scalars(tag)] == steps, tag
+    images = acc.Images("longctx/heatmap")
+    assert [e.step for e in images] == steps
+    png = Image.open(io.BytesIO(images[-1].encoded_image_string))
+    assert png.size[0] > 200 and png.size[1] > 100
+    assert json_steps(run_dir) == steps
+    first = json.loads((run_dir / "eval" / "step_29.json").read_text())
+    assert first["tokens"] == 30 * 8 * 128 and first["window"] == 32
+    rec = first["records"][0]
+    assert {"step", "tokens", "task", "length", "depth", "in_window", "n", "accuracy", "token_accuracy",
+            "answer_loss", "chance_token_accuracy", "chance_loss", "answer_tokens", "distance"} <= rec.keys()
+    assert {(r["task"], r["depth"]) for r in first["records"]} == {(t, d) for t in ("passkey", "niah_single_2") for d in (0.0, 1.0)}
+
+    # a crash after the evaluation at step 30 but before any later checkpoint: resume from step 20
+    (run_dir / "checkpoints" / "last.ckpt").unlink()
+    assert "resuming from step_0000020.ckpt at step 20" in train(run_dir, 35).stdout
+    acc = events(run_dir)
+    assert [e.step for e in acc.Scalars("longctx/score")] == steps  # no duplicates
+    assert [e.step for e in acc.Images("longctx/heatmap")] == steps
+    again = json.loads((run_dir / "eval" / "step_29.json").read_text())
+    assert again["records"] == first["records"]  # the exact resume re-evaluates the same weights
+
+    # training further continues the series
+    train(run_dir, 45)
+    steps += [39, 44]
+    assert [e.step for e in events(run_dir).Scalars("longctx/score")] == steps
+    assert json_steps(run_dir) == steps
+
+    # the eval command on the final checkpoint: the callback's numbers, printed and written again
+    callback = json.loads((run_dir / "eval" / "step_44.json").read_text())
+    r = run_cli("eval", str(run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "passkey" in r.stdout and "LongPPL" in r.stdout and "step_44.json" in r.stdout
+    offline = json.loads((run_dir / "eval" / "step_44.json").read_text())
+    assert offline == callback
+
+    # another length, offline: added to the step's file, the callback's rows kept
+    r = run_cli("eval", str(run_dir), "--lengths", "700", "--tasks", "passkey", "--set", "eval.position_sequences=0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    merged = json.loads((run_dir / "eval" / "step_44.json").read_text())
+    assert {(x["task"], x["length"]) for x in merged["records"]} == {("passkey", 512), ("niah_single_2", 512), ("passkey", 700)}
+    assert [x for x in merged["records"] if x["length"] == 512] == callback["records"]
+
+
+def test_eval_command_user_errors(tmp_path):
+    r = run_cli("eval", str(tmp_path))
+    assert r.returncode == 2 and "no config.yaml" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("train", "--run-dir", str(tmp_path / "x"), *TINY, "--set", "eval.tasks=[needle]")
+    assert r.returncode == 2 and "eval.tasks" in r.stderr and "niah_single_1" in r.stderr
+    r = run_cli("train", "--run-dir", str(tmp_path / "y"), *TINY, "--set", "eval.lengths=[100]", "--set", "train.max_steps=2",
+                "--set", "train.warmup_steps=1")
+    assert r.returncode == 2 and "eval.lengths: 100 tokens is too short for task 'passkey'" in r.stderr, r.stderr[-2000:]
