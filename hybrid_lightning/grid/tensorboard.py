@@ -4,8 +4,8 @@ dashboard compares cells by their axes.
 The grid's root gets the experiment summary (each axis with its values, and the metrics to
 compare); each cell's run directory gets a session naming its axis values. The HParams plugin
 reads a session's metrics from the newest value of those scalars in the cell's run, so the
-table holds each cell's final ``train/loss``, validation losses and, when a long-context
-evaluation logs it, ``longctx/score`` (absent values stay empty).
+table holds each cell's final ``train/loss``, validation metrics and, when the long-context
+evaluation ran, ``longctx/score`` and ``longctx/longppl`` (absent values stay empty).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from hybrid_lightning.grid.spec import Grid, format_value
 
-METRICS = ("train/loss", "val/loss", "val/ppl", "val/synthetic_loss", "longctx/score")
+METRICS = ("train/loss", "val/loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score", "longctx/longppl")
 SUFFIX = ".hparams"  # the event files this module writes, told apart from the training logs
 
 
