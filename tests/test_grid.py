@@ -224,8 +224,8 @@ def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
     assert rows[nan.name].reason == "NonFiniteLossError: non-finite gradient of model.embed.weight at step 3"
     assert checkpoint_is_valid(nan.run_dir / "checkpoints" / "last.ckpt")  # the good checkpoint (step 2) is kept
     assert torch.load(nan.run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
-    status = run_cli("grid", "status", str(path), timeout=300)
-    assert "failed run=nan: NonFiniteLossError: non-finite gradient of model.embed.weight at step 3" in status.stdout
+    table = status_table(cell_states(grid))
+    assert "failed run=nan: NonFiniteLossError: non-finite gradient of model.embed.weight at step 3" in table
 
     # Train the finished cell 10 steps more, after damaging its two newest checkpoints.
     longer = write_grid(tmp_path, base={**base, "train": {**base["train"], "max_steps": 30}}, axes=axes, exclude=[{"run": "nan"}])
