@@ -71,6 +71,66 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def cmd_grid_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from hybrid_lightning.grid import load_grid
+    from hybrid_lightning.grid.report import plan_rows, plan_table
+
+    grid = load_grid(args.grid, args.root)
+    rows = plan_rows(grid, args.throughput)
+    print(json.dumps(rows, indent=1) if args.json else plan_table(grid, rows))
+    return 0
+
+
+def cmd_grid_submit(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid import load_grid, submit_grid
+
+    return submit_grid(load_grid(args.grid, args.root), args.executor, args.profile, args.parallel)
+
+
+def cmd_grid_status(args: argparse.Namespace) -> int:
+    import json
+
+    from hybrid_lightning.grid import cell_states, load_grid
+    from hybrid_lightning.grid.report import status_table
+
+    rows = cell_states(load_grid(args.grid, args.root))
+    print(json.dumps([r.as_dict() for r in rows], indent=1) if args.json else status_table(rows))
+    return 0
+
+
+def cmd_grid_cancel(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid import cancel_grid, load_grid
+
+    return cancel_grid(load_grid(args.grid, args.root), args.cells)
+
+
+def _add_grid_parser(sub) -> None:
+    grid = sub.add_parser("grid", help="ablation grids: plan, submit (SLURM or local), status, cancel")
+    actions = grid.add_subparsers(dest="grid_command", required=True, metavar="ACTION")
+
+    def action(name: str, help: str, func) -> argparse.ArgumentParser:
+        p = actions.add_parser(name, help=help)
+        p.add_argument("grid", help="grid file (YAML: base, axes, zip, exclude)")
+        p.add_argument("--root", help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
+        p.set_defaults(func=func)
+        return p
+
+    p = action("plan", "validate every cell and print them", cmd_grid_plan)
+    p.add_argument("--json", action="store_true", help="the cells as a JSON list")
+    p.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
+    p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
+    p.add_argument("--executor", choices=["slurm", "local"], required=True, help="SLURM job arrays, or this machine")
+    p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
+    p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
+    p.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    p = action("cancel", "cancel the live jobs of the grid (or of the cells named)", cmd_grid_cancel)
+    p.add_argument("cells", nargs="*", help="cell names (default: every cell)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
@@ -94,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("params", help="per-layer parameter table and totals")
     _add_config_args(p)
     p.set_defaults(func=cmd_params)
+
+    _add_grid_parser(sub)
     return parser
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -272,6 +273,57 @@ class RunConfig(_Frozen):
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
+class GridConfig(_Frozen):
+    """A grid file (``ablations/*.yaml``): one base run config and the settings that vary.
+
+    The cells are the cartesian product of the ``axes`` (each a list of values, or a mapping of
+    named presets, each a set of config values) and the ``zip`` groups (keys whose value lists
+    vary together), minus the cells that match an ``exclude`` entry.
+    """
+
+    name: str | None = Field(None, description="grid name; default: the grid file's stem")
+    base: str | dict[str, Any] = Field(
+        default_factory=dict, description="a run config file (relative to the grid file) or an inline run config"
+    )
+    root: str | None = Field(None, description="folder holding the cells' run directories; default runs/<name>")
+    axes: dict[str, Any] = Field(
+        default_factory=dict,
+        description="dotted config key -> list of values, or axis name -> {preset name: {dotted key: value}}",
+    )
+    zip: tuple[dict[str, list[Any]], ...] = Field((), description="groups of dotted keys whose value lists vary together")
+    exclude: tuple[dict[str, Any], ...] = Field((), description="partial assignments (axis: value) whose cells are dropped")
+
+    @model_validator(mode="after")
+    def _check(self) -> GridConfig:
+        for key, values in self.axes.items():
+            if isinstance(values, dict):
+                if not values:
+                    raise ValueError(f"axes.{key}: empty preset axis (it needs at least one named preset)")
+                for preset, settings in values.items():
+                    if not isinstance(settings, dict) or not settings:
+                        raise ValueError(
+                            f"axes.{key}.{preset}: a preset is a non-empty mapping of config keys to values, got {settings!r}"
+                        )
+            elif not isinstance(values, list):
+                raise ValueError(f"axes.{key}: an axis is a list of values or a mapping of named presets, got {values!r}")
+            elif not values:
+                raise ValueError(f"axes.{key}: empty axis (it needs at least one value)")
+        for i, group in enumerate(self.zip):
+            lengths = {key: len(values) for key, values in group.items()}
+            if not group or 0 in lengths.values():
+                raise ValueError(f"zip[{i}]: a zip group needs at least one key with at least one value")
+            if len(set(lengths.values())) > 1:
+                raise ValueError(f"zip[{i}]: the lists of a zip group vary together and need equal lengths, got {lengths}")
+        keys = [*self.axes, *(key for group in self.zip for key in group)]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(f"axes and zip: {repeated} varied more than once")
+        for i, entry in enumerate(self.exclude):
+            if not entry:
+                raise ValueError(f"exclude[{i}]: an empty entry would drop every cell")
+        return self
+
+
 # ---- loading, overriding, validating -------------------------------------------------------------
 
 
@@ -285,16 +337,25 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Returns a copy of ``raw`` with each ``dotted.key=value`` set (unknown keys are caught later)."""
-    out = _deep_copy(raw)
+    assignments = {}
     for item in overrides:
         path, value = parse_override(item)
+        assignments[".".join(path)] = value
+    return apply_assignments(raw, assignments)
+
+
+def apply_assignments(raw: dict, assignments: Mapping[str, Any]) -> dict:
+    """Returns a copy of ``raw`` with each dotted key set to its value, e.g. ``{"model.window": 128}``."""
+    out = _deep_copy(raw)
+    for key, value in assignments.items():
+        path = key.split(".")
         node = out
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ValueError(f"--set {item}: {'.'.join(path[: i + 1])} is not a section")
+                raise ValueError(f"{key}: {'.'.join(path[: i + 1])} is not a section")
             node = child
         node[path[-1]] = value
     return out
@@ -306,14 +367,23 @@ def _deep_copy(d: dict) -> dict:
 
 def validate_config(raw: dict | None) -> RunConfig:
     """Builds a ``RunConfig`` from plain data; every problem becomes one ``ValueError``."""
+    return _validate(RunConfig, raw, "a run config", "config")
+
+
+def validate_grid_config(raw: dict | None) -> GridConfig:
+    """Builds a ``GridConfig`` from a grid file's plain data; every problem becomes one ``ValueError``."""
+    return _validate(GridConfig, raw, "a grid file", "grid")
+
+
+def _validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
     raw = raw or {}
     if not isinstance(raw, dict):
-        raise ValueError(f"a run config must be a mapping, got {type(raw).__name__}")
-    _check_keys(raw, RunConfig, "")
+        raise ValueError(f"{what} must be a mapping, got {type(raw).__name__}")
+    _check_keys(raw, model, "", noun)
     try:
-        return RunConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
-        raise ValueError(_describe(e)) from None
+        raise ValueError(f"invalid {noun}: {_describe(e)}") from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -331,13 +401,14 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: a run config must be a YAML mapping")
         raw.pop(PROVENANCE_KEY, None)  # written by train next to the config; not an input
-        raw = _resolve_paths(raw, path.parent)
+        raw = resolve_paths(raw, path.parent)
         raw.setdefault("name", path.stem)
-    raw = _resolve_paths(apply_overrides(raw, overrides), Path.cwd())
+    raw = resolve_paths(apply_overrides(raw, overrides), Path.cwd())
     return validate_config(raw)
 
 
-def _resolve_paths(raw: dict, base: Path) -> dict:
+def resolve_paths(raw: dict, base: Path) -> dict:
+    """Makes relative ``data.files`` and ``data.tokenizer`` paths absolute against ``base``."""
     data = raw.get("data")
     if not isinstance(data, dict):
         return raw
@@ -353,7 +424,7 @@ def _resolve_paths(raw: dict, base: Path) -> dict:
     return {**raw, "data": data}
 
 
-def _check_keys(raw: dict, model: type[BaseModel], prefix: str) -> None:
+def _check_keys(raw: dict, model: type[BaseModel], prefix: str, noun: str) -> None:
     """Rejects unknown keys with the closest valid key, recursing into sections."""
     fields = model.model_fields
     for key, value in raw.items():
@@ -361,10 +432,10 @@ def _check_keys(raw: dict, model: type[BaseModel], prefix: str) -> None:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
-            raise ValueError(f"unknown config key '{where}'{hint} Valid keys here: {sorted(fields)}")
+            raise ValueError(f"unknown {noun} key '{where}'{hint} Valid keys here: {sorted(fields)}")
         sub = _section_type(fields[key].annotation)
         if sub is not None and isinstance(value, dict):
-            _check_keys(value, sub, where + ".")
+            _check_keys(value, sub, where + ".", noun)
 
 
 def _section_type(annotation: Any) -> type[BaseModel] | None:
@@ -386,7 +457,7 @@ def _describe(e: ValidationError) -> str:
         elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
             msg = f"{msg} (got {err['input']!r})"
         lines.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid config: " + "; ".join(lines)
+    return "; ".join(lines)
 
 
 def config_to_dict(cfg: RunConfig) -> dict:
@@ -405,6 +476,7 @@ __all__ = [
     "DataConfig",
     "EvalConfig",
     "GatedDeltaNetConfig",
+    "GridConfig",
     "LightningConfig",
     "Mamba2Config",
     "ModelConfig",
@@ -412,9 +484,12 @@ __all__ = [
     "RunConfig",
     "SyntheticConfig",
     "TrainConfig",
+    "apply_assignments",
     "apply_overrides",
     "config_to_dict",
     "dump_config",
     "load_config",
+    "resolve_paths",
     "validate_config",
+    "validate_grid_config",
 ]

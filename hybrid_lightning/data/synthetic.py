@@ -29,12 +29,16 @@ FACT_TEMPLATES = (
     "The {attr} of {key} is {value}.\n",
     "{key} ({attr}): {value}\n",
     "Note that {key} has {attr} {value}.\n",
+    "One of the hidden {attr}s for {key} is: {value}.\n",
+    "The {attr} of {key} is {value}. Keep it in mind. {value} is the {attr} of {key}.\n",
 )
 QUERY_TEMPLATES = (
     "{key} = {value}\n",
     "What is the {attr} of {key}? {value}\n",
     "Recall: the {attr} of {key} is {value}.\n",
     "{key} ({attr}): {value}\n",
+    "What is the hidden {attr} for {key} mentioned above? The hidden {attr} for {key} mentioned above is {value}.\n",
+    "What is the {attr} of {key}? The {attr} of {key} is {value}.\n",
 )
 _CONS, _VOW = "bdfgklmnprstvz", "aeiou"
 FILLER_TOKENS = (16, 96)  # min, max tokens of a filler span or a repeated span
@@ -115,8 +119,16 @@ class RetrievalSynth:
                 return key
 
     def _render(self, template: str, fact: tuple[str, str, str], target: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of a filled template, encoded piece by piece (text, value, text, ...), and the mask
+        of its value tokens when it is a query (``target``)."""
         key, attr, value = fact
-        head, tail = template.split("{value}")
-        parts = [self.tok.encode(head.format(key=key, attr=attr)), self.tok.encode(value), self.tok.encode(tail)]
-        mask = np.concatenate([np.zeros(parts[0].size, bool), np.full(parts[1].size, target), np.zeros(parts[2].size, bool)])
-        return np.concatenate(parts), mask
+        value_ids = self.tok.encode(value)
+        ids, mask = [], []
+        for i, text in enumerate(template.split("{value}")):
+            if i:
+                ids.append(value_ids)
+                mask.append(np.full(value_ids.size, target))
+            text_ids = self.tok.encode(text.format(key=key, attr=attr))
+            ids.append(text_ids)
+            mask.append(np.zeros(text_ids.size, bool))
+        return np.concatenate(ids), np.concatenate(mask)

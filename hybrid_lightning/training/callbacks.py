@@ -1,8 +1,11 @@
-"""Small training callbacks: throughput logging and a progress bar that knows max_steps."""
+"""Small training callbacks: throughput logging, a progress bar that knows max_steps, and a
+stop at the next step boundary when asked (a requeue signal)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -58,3 +61,23 @@ class StepProgressBar(TQDMProgressBar):
         if self._should_update(n, trainer.max_steps):
             _update_n(self.train_progress_bar, n)
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+
+class StopOnRequest(L.Callback):
+    """Stops training cleanly once ``request`` is set (e.g. by a SLURM timeout signal): at the end of
+    the current optimizer step it writes ``checkpoint`` and ends ``fit``, so a resumed run loses no
+    step and TensorBoard no series point.
+
+    Args:
+        request: set from a signal handler or another thread; read at every step end.
+        checkpoint: where the stopping checkpoint goes (the run's ``last.ckpt``).
+    """
+
+    def __init__(self, request: threading.Event, checkpoint: Path):
+        self.request, self.checkpoint = request, checkpoint
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        # Every rank must stop at the same step, so the decision is "any rank was asked".
+        if trainer.strategy.reduce_boolean_decision(self.request.is_set(), all=False):
+            trainer.save_checkpoint(self.checkpoint)
+            trainer.should_stop = True

@@ -7,7 +7,9 @@ import os
 import socket
 import subprocess
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hybrid_lightning import __version__
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config
@@ -22,6 +24,9 @@ from hybrid_lightning.rundir import (
     write_atomic,
     write_status,
 )
+
+if TYPE_CHECKING:
+    import lightning as L
 
 # Keys that may change when a run directory is trained again (they do not change the result).
 RESUMABLE_CHANGES = {
@@ -80,10 +85,12 @@ def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
         raise ValueError(f"{run_dir} holds a run with another config ({diffs}); use another --run-dir")
 
 
-def train(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
+def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence[L.Callback] = ()) -> Path:
     """Trains (or resumes) the run in ``run_dir``; returns the run directory.
 
     Everything that can be wrong with the config is checked before the directory is created.
+    ``callbacks`` are added to the Trainer's own; one that stops training before
+    ``train.max_steps`` leaves the run ``interrupted``, to be resumed.
     """
     cfg = resolve_config(cfg)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
@@ -96,7 +103,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
     # Imported here: Lightning is slow to import and not needed to validate.
     from hybrid_lightning.training.trainer import build_trainer, fit
 
-    trainer, module, datamodule = build_trainer(cfg, run_dir, resume_step=resume[1] if resume else 0)
+    trainer, module, datamodule = build_trainer(cfg, run_dir, resume[1] if resume else 0, callbacks)
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         provenance = {
@@ -112,10 +119,11 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None) -> Path:
     _status(trainer, run_dir, "running", resume[1] if resume else 0, cfg)
     try:
         fit(trainer, module, datamodule, resume[0] if resume else None)
-    except BaseException as e:
-        _status(trainer, run_dir, "failed", trainer.global_step, cfg, error=f"{type(e).__name__}: {e}")
+    except BaseException as e:  # an error fails the run; Ctrl-C, SIGTERM or an exit interrupt it
+        state = "failed" if isinstance(e, Exception) else "interrupted"
+        _status(trainer, run_dir, state, trainer.global_step, cfg, error=f"{type(e).__name__}: {e}")
         raise
-    if trainer.interrupted:
+    if trainer.interrupted or trainer.global_step < cfg.train.max_steps:
         _status(trainer, run_dir, "interrupted", trainer.global_step, cfg)
         return run_dir
     if trainer.global_step % cfg.train.checkpoint_every_n_steps:  # the periodic save missed the last step

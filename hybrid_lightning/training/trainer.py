@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
@@ -32,7 +33,9 @@ def resolve_precision(cfg: RunConfig) -> str:
     return "bf16-mixed" if gpu else "32-true"
 
 
-def build_trainer(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> tuple[L.Trainer, LMSystem, LMDataModule]:
+def build_trainer(
+    cfg: RunConfig, run_dir: Path, resume_step: int = 0, extra_callbacks: Sequence[L.Callback] = ()
+) -> tuple[L.Trainer, LMSystem, LMDataModule]:
     t = cfg.train
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     logger = TensorBoardLogger(
@@ -48,7 +51,7 @@ def build_trainer(cfg: RunConfig, run_dir: Path, resume_step: int = 0) -> tuple[
     tokens_per_step = t.batch_size * t.seq_len
     throughput = Throughput(tokens_per_step, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
-    callbacks = [checkpoints, throughput]
+    callbacks = [checkpoints, throughput, *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:

@@ -1,0 +1,132 @@
+"""Running cells on this machine without SLURM: the same cells and run directories, N at a time.
+
+Each cell is one ``hybrid-lightning train <cell config> --run-dir <run dir>`` process whose output
+goes to ``<root>/.grid/logs/<cell>.log``; the submitting process waits for all of them and prints
+one line per start and end (and, every minute, where the running cells are).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hybrid_lightning.config import dump_config
+from hybrid_lightning.grid.spec import Cell, Grid
+from hybrid_lightning.grid.state import cell_states, lock, now, process_start, read_jobs, write_jobs
+
+PROGRESS_EVERY_S = 60.0
+POLL_S = 0.5
+
+
+def _mine(record: dict | None) -> bool:
+    return bool(record) and record.get("host") == socket.gethostname() and record.get("submitter") == os.getpid()
+
+
+def queue_local(grid: Grid, cells: list[Cell]) -> dict[str, dict]:
+    """Job records that claim ``cells`` for this process (called under the grid lock), and their config files."""
+    configs = grid.state_dir / "cells"
+    configs.mkdir(parents=True, exist_ok=True)
+    records = {}
+    for cell in cells:
+        path = configs / f"{cell.name}.yaml"
+        path.write_text(dump_config(cell.config))
+        records[cell.name] = {
+            "executor": "local", "host": socket.gethostname(), "submitter": os.getpid(),
+            "submitter_start": process_start(os.getpid()), "pid": None, "config": str(path),
+            "log": str(grid.state_dir / "logs" / f"{cell.name}.log"), "submitted": now(),
+        }
+    return records
+
+
+def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str], None]) -> int:
+    """Trains the queued ``cells``, ``parallel`` at a time; returns how many did not finish.
+
+    A cell cancelled (``grid cancel``) meanwhile is skipped. On Ctrl-C or SIGTERM the running
+    cells are stopped (SIGINT, then SIGKILL after 30 s); they resume on the next submit.
+    """
+    (grid.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    waiting, running = list(cells), {}
+    failed, total = 0, len(cells)
+    threads = max(1, (os.cpu_count() or 1) // parallel)  # parallel cells share the cores
+    last_progress = time.monotonic()
+    sigterm = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: sigterm.append(True))
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                cell = waiting.pop(0)
+                proc = _start(grid, cell, threads)
+                stamp = time.strftime("%H:%M:%S")
+                if proc is None:
+                    say(f"[{stamp}] skip   {cell.name} (cancelled)")
+                    continue
+                running[cell.name] = (cell, proc, time.monotonic())
+                say(f"[{stamp}] start  {cell.name}  ({total - len(waiting)}/{total})")
+            time.sleep(POLL_S)
+            for name, (cell, proc, t0) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[name]
+                    failed += _finish(grid, cell, proc.returncode, time.monotonic() - t0, say)
+            if running and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                last_progress = time.monotonic()
+                rows = cell_states(grid, [c for c, _, _ in running.values()])
+                say(f"[{time.strftime('%H:%M:%S')}] running: " + "; ".join(f"{r.name} {r.step or 0}/{r.max_steps}" for r in rows))
+            if sigterm:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        say(f"interrupted: stopping {len(running)} running cell(s); submit again to resume")
+        for _, proc, _ in running.values():  # Ctrl-C reached them already; SIGTERM to us did not
+            proc.send_signal(signal.SIGINT)  # Lightning's graceful stop
+        for _, proc, _ in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return failed + len(waiting) + len(running)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return failed
+
+
+def _start(grid: Grid, cell: Cell, threads: int) -> subprocess.Popen | None:
+    with lock(grid):
+        jobs = read_jobs(grid)
+        record = (jobs.get(cell.name) or [None])[-1]
+        if not _mine(record) or record.get("cancelled"):
+            return None
+        with open(record["log"], "a") as log:
+            log.write(f"==== {now()} grid {grid.name}: cell {cell.name} on {socket.gethostname()}\n")
+            log.flush()
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            env.setdefault("OMP_NUM_THREADS", str(threads))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hybrid_lightning", "train", record["config"], "--run-dir", str(cell.run_dir)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            )
+        record.update(pid=proc.pid, pid_start=process_start(proc.pid), started=now())
+        write_jobs(grid, jobs)
+    return proc
+
+
+def _finish(grid: Grid, cell: Cell, code: int, seconds: float, say: Callable[[str], None]) -> int:
+    with lock(grid):
+        jobs = read_jobs(grid)
+        record = (jobs.get(cell.name) or [None])[-1]
+        if _mine(record):
+            record.update(exit=code, ended=now())
+            write_jobs(grid, jobs)
+    row = cell_states(grid, [cell])[0]
+    took = f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    stamp = time.strftime("%H:%M:%S")
+    if row.state == "done":
+        loss = f", loss {row.loss:.3f}" if row.loss is not None else ""
+        say(f"[{stamp}] done   {cell.name}  ({row.step}/{row.max_steps} steps{loss}, {took})")
+        return 0
+    say(f"[{stamp}] {row.state.upper()} {cell.name}: {row.reason or f'exit code {code}'} (log: {Path(row.log or '')})")
+    return 1

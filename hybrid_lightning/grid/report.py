@@ -1,0 +1,88 @@
+"""The tables ``grid plan`` and ``grid status`` print, and their JSON forms."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hybrid_lightning.grid.spec import Cell, Grid, format_value
+from hybrid_lightning.grid.state import CellState
+
+
+def cell_tokens(cell: Cell) -> int:
+    """Training tokens of a cell: steps x batch per device x sequence length x devices (``auto`` = 1) x nodes."""
+    t = cell.config.train
+    devices = 1 if t.devices == "auto" else t.devices
+    return t.max_steps * t.batch_size * t.seq_len * devices * t.num_nodes
+
+
+def non_embedding_params(cell: Cell) -> int:
+    import torch
+
+    from hybrid_lightning.model import build_model, count_params
+
+    with torch.device("meta"):  # counts without allocating weights
+        return count_params(build_model(cell.config.model))["non_embedding"]
+
+
+def plan_rows(grid: Grid, throughput: float | None = None) -> list[dict]:
+    """One dict per cell: name, axis labels, overrides, run directory, parameters, tokens, GPU-hours.
+
+    Args:
+        grid: the expanded grid.
+        throughput: training tokens per second per GPU, for the GPU-hour estimate.
+    """
+    rows = []
+    for cell in grid.cells:
+        tokens = cell_tokens(cell)
+        row = {
+            "name": cell.name, "axes": cell.labels, "overrides": cell.overrides, "run_dir": str(cell.run_dir),
+            "non_embedding_params": non_embedding_params(cell), "tokens": tokens,
+        }
+        if throughput:
+            row["gpu_hours"] = tokens / throughput / 3600
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
+    """Columns padded to their widest cell; the columns in ``left`` left-aligned, the others right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows
+    )
+
+
+def si(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def plan_table(grid: Grid, rows: list[dict]) -> str:
+    axes = list(grid.axes)
+    header = ["cell", *axes, "non-emb params", "tokens"] + (["GPU-h"] if rows and "gpu_hours" in rows[0] else [])
+    table = [header]
+    for row in rows:
+        line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]), si(row["tokens"])]
+        if "gpu_hours" in row:
+            line.append(f"{row['gpu_hours']:.3g}")
+        table.append(line)
+    total = sum(r["tokens"] for r in rows)
+    footer = f"{len(rows)} cells, {si(total)} tokens" + (
+        f", {sum(r['gpu_hours'] for r in rows):.3g} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
+    )
+    return f"{format_table(table)}\n{footer}; run directories in {grid.root}"
+
+
+def status_table(rows: list[CellState]) -> str:
+    table = [["cell", "state", "step", "loss", "longctx", "job", "log"]]
+    for r in rows:
+        table.append([
+            r.name, r.state, f"{r.step or 0}/{r.max_steps}", "-" if r.loss is None else f"{r.loss:.3f}",
+            "-" if r.longctx is None else f"{r.longctx:.3f}", r.job_id or "-", r.log or "-",
+        ])
+    counts = Counter(r.state for r in rows)
+    lines = [format_table(table, left=(0, 1, 5, 6)), f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    lines += [f"{r.state} {r.name}: {r.reason}" for r in rows if r.reason and r.state in ("failed", "cancelled", "incomplete")]
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""Grid files expanded into cells: one validated run config per cell, named after its values.
+
+A cell's name is its axis values in the grid file's order, ``key=value`` joined by commas, with
+the config section dropped from keys when that stays unambiguous (``model.window`` ->
+``window``, ``model.pos.full`` -> ``pos.full``)::
+
+    window=128,pos.full=nope,seed=0
+
+A name that would be long or hold characters unsafe in a path is cut and suffixed with a hash
+of the cell's values, so it is still unique and the same on every machine. Resubmitting a grid
+therefore finds each cell's run directory again and resumes it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hybrid_lightning.config import (
+    GridConfig,
+    RunConfig,
+    apply_assignments,
+    config_to_dict,
+    load_config,
+    resolve_paths,
+    validate_config,
+    validate_grid_config,
+)
+from hybrid_lightning.training.run import resolve_config
+
+MAX_NAME = 80  # characters; longer names keep a readable prefix and end in a hash
+_SAFE = re.compile(r"^[A-Za-z0-9._+=,\-]+$")
+STATE_DIR = ".grid"  # under the grid's root: job records, lock, logs, cell configs
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid.
+
+    Args:
+        name: the directory name under the grid's root, from ``labels``.
+        labels: axis -> value as written in the grid file (a preset's name for a preset axis).
+        overrides: dotted config key -> value applied to the base config.
+        config: the validated, resolved run config (``name`` = the cell's name).
+        run_dir: ``<root>/<name>``.
+    """
+
+    name: str
+    labels: dict[str, Any]
+    overrides: dict[str, Any]
+    config: RunConfig
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An expanded grid: its cells in a fixed order and the values each axis takes."""
+
+    name: str
+    path: Path
+    root: Path
+    cells: list[Cell]
+    axes: dict[str, list[Any]]  # axis label -> its values, in file order
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    def select(self, names: list[str] | tuple[str, ...]) -> list[Cell]:
+        """The cells named (all when none), or a ``ValueError`` naming an unknown one."""
+        if not names:
+            return list(self.cells)
+        by_name = {c.name: c for c in self.cells}
+        for name in names:
+            if name not in by_name:
+                close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.5)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"grid {self.name}: no cell named {name!r}{hint}")
+        return [by_name[n] for n in names]
+
+
+@dataclass(frozen=True)
+class _Option:
+    labels: dict[str, Any]  # what the cell name shows
+    assignment: dict[str, Any]  # what it sets in the config
+
+
+def load_grid(path: str | Path, root: str | Path | None = None) -> Grid:
+    """Reads a grid file and validates every cell; the first problem is one ``ValueError``
+    naming the grid file and, where it applies, the cell and the config key.
+
+    Args:
+        path: the grid YAML file.
+        root: folder of the cells' run directories; default the file's ``root:``, else ``runs/<name>``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"grid file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+        spec = validate_grid_config(raw)
+    except (ValueError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    name = spec.name or path.stem
+    root = Path(root or spec.root or Path("runs") / name).absolute()
+    base = _base_config(spec, path)
+    axes = [_axis_options(key, values) for key, values in spec.axes.items()]
+    axes += [_zip_options(group) for group in spec.zip]
+    label_values = {label: [] for options in axes for label in options[0].labels}
+    for options in axes:
+        for option in options:
+            for label, value in option.labels.items():
+                label_values[label].append(value)
+    _check_excludes(spec, label_values, path)
+    short = _short_keys(list(label_values))
+
+    cells: list[Cell] = []
+    matched = [False] * len(spec.exclude)
+    for combo in itertools.product(*axes) if axes else [()]:
+        labels = {k: v for option in combo for k, v in option.labels.items()}
+        hits = [i for i, entry in enumerate(spec.exclude) if all(_same(labels[k], v) for k, v in entry.items())]
+        for i in hits:
+            matched[i] = True
+        if hits:
+            continue
+        overrides = _merge([option.assignment for option in combo], path)
+        cell_name = cell_name_for(labels, short)
+        cells.append(Cell(cell_name, labels, overrides, _cell_config(base, overrides, cell_name, path), root / cell_name))
+    for i, hit in enumerate(matched):
+        if not hit:
+            raise ValueError(f"{path}: exclude[{i}] {dict(spec.exclude[i])} matches no cell")
+    names = [c.name for c in cells]
+    for n in names:
+        if names.count(n) > 1:
+            raise ValueError(f"{path}: two cells are both named {n!r}; make the axis values distinct")
+    if not cells:
+        raise ValueError(f"{path}: the exclusions leave no cell")
+    return Grid(name, path, root, cells, label_values)
+
+
+def cell_name_for(labels: dict[str, Any], short: dict[str, str] | None = None) -> str:
+    """``key=value`` pairs joined by commas; long or unsafe names end in a hash of the values."""
+    short = short or {}
+    name = ",".join(f"{short.get(k, k)}={format_value(v)}" for k, v in labels.items())
+    if _SAFE.match(name) and len(name) <= MAX_NAME:
+        return name or "base"
+    digest = hashlib.sha256(json.dumps(list(labels.items()), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    readable = re.sub(r"[^A-Za-z0-9._+=,\-]", "_", name)[: MAX_NAME - len(digest) - 1]
+    return f"{readable}-{digest}"
+
+
+def format_value(value: Any) -> str:
+    """A value as a name shows it: YAML spelling for scalars (true, null, 0.0003), JSON for lists."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # 1, 1.0 and true are different values in a grid file even though Python calls them equal.
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _base_config(spec: GridConfig, grid_path: Path) -> dict:
+    """The base run config as plain data with every default filled and data paths absolute."""
+    if isinstance(spec.base, str):
+        base_path = grid_path.parent / spec.base
+        try:
+            cfg = load_config(base_path)
+        except ValueError as e:
+            raise ValueError(f"{grid_path}: base: {e}") from None
+    else:
+        try:
+            cfg = validate_config(resolve_paths(dict(spec.base), grid_path.parent))
+        except ValueError as e:
+            raise ValueError(f"{grid_path}: base: {e}") from None
+    return config_to_dict(cfg)
+
+
+def _axis_options(key: str, values: list | dict) -> list[_Option]:
+    if isinstance(values, dict):  # named presets: the name shows, the settings apply
+        return [_Option({key: preset}, _flatten(settings)) for preset, settings in values.items()]
+    return [_Option({key: v}, {key: v}) for v in values]
+
+
+def _zip_options(group: dict[str, list]) -> list[_Option]:
+    n = len(next(iter(group.values())))
+    return [_Option({k: group[k][i] for k in group}, {k: group[k][i] for k in group}) for i in range(n)]
+
+
+def _flatten(settings: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in settings.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _merge(assignments: list[dict[str, Any]], grid_path: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for assignment in assignments:
+        for key, value in assignment.items():
+            if key in out:
+                raise ValueError(f"{grid_path}: {key} is set by two axes; give it to one")
+            out[key] = value
+    return out
+
+
+def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Path) -> RunConfig:
+    if "name" in overrides:
+        raise ValueError(f"{grid_path}: 'name' cannot be set by an axis; each cell is named after its values")
+    try:
+        raw = resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent)
+        return resolve_config(validate_config(raw))
+    except ValueError as e:
+        raise ValueError(f"{grid_path}: cell {name}: {e}") from None
+
+
+def _check_excludes(spec: GridConfig, label_values: dict[str, list], grid_path: Path) -> None:
+    for i, entry in enumerate(spec.exclude):
+        for key, value in entry.items():
+            if key not in label_values:
+                close = difflib.get_close_matches(str(key), list(label_values), n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ValueError(f"{grid_path}: exclude[{i}]: '{key}' is not an axis{hint} Axes: {list(label_values)}")
+            if not any(_same(value, v) for v in label_values[key]):
+                raise ValueError(
+                    f"{grid_path}: exclude[{i}]: {key}={format_value(value)} is not a value of that axis "
+                    f"(values: {[format_value(v) for v in label_values[key]]})"
+                )
+
+
+def _short_keys(labels: list[str]) -> dict[str, str]:
+    """``model.window`` -> ``window`` when no other label would read the same."""
+    short = {k: k.split(".", 1)[1] if "." in k else k for k in labels}
+    taken = list(short.values())
+    return {k: s if taken.count(s) == 1 and (s == k or s not in labels) else k for k, s in short.items()}
