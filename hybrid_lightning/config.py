@@ -52,7 +52,7 @@ class ModelConfig(_Frozen):
     tie_embeddings: bool = False
     norm_eps: float = Field(1e-5, gt=0)
     init_std: float = Field(0.02, gt=0)
-    attn_backend: Literal["auto", "reference", "sdpa", "blocked"] = "auto"
+    attn_backend: Literal["auto", "reference", "sdpa", "blocked", "flash", "flex"] = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
