@@ -41,6 +41,8 @@ class LMSystem(L.LightningModule):
         self.save_hyperparameters()  # the resolved run config, as plain data
         self.cfg: RunConfig = validate_config(config)
         self.model = build_model(self.cfg.model)
+        if self.cfg.train.compile:
+            self.model.compile()  # in place: parameter names, and so checkpoints, stay those of the eager model
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
