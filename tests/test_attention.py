@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from hybrid_lightning.bench.gpu import CASES, TOLERANCE, backend_errors
 from hybrid_lightning.config import ModelConfig, validate_config
 from hybrid_lightning.model.attention import BACKENDS, HAS_FLASH_ATTN, attend, auto_backend
 
@@ -75,6 +76,11 @@ def test_blocked_float64_matches_reference():
     assert max((a - b).abs().max() for a, b in zip(g_out, g_ref)) <= 1e-12
 
 
+def test_blocked_bf16_close_to_reference():
+    errors = backend_errors("blocked", 300, 64, 20, 4, 2, torch.device("cpu"))
+    assert max(errors.values()) <= TOLERANCE, errors
+
+
 def test_auto_backend_on_cpu():
     q = torch.zeros(1, 2, 8, 4)
     assert auto_backend(q, None) == "sdpa"
@@ -132,6 +138,19 @@ def test_compiled_flex_on_cpu_matches_reference():
     with torch.no_grad():
         out = attend(q, k, v, window=64, backend="flex")
     assert (out - attend(q, k, v, window=64, backend="reference")).abs().max() <= 1e-5
+
+
+CUDA_BACKENDS = ["sdpa", "flex", "flash"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 kernels of flash-attn, FlexAttention, SDPA)")
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_backends_match_reference_in_bf16(backend, case):
+    if backend == "flash" and not HAS_FLASH_ATTN:
+        pytest.skip("flash-attn is not installed (pip install 'hybrid-lightning[gpu]')")
+    errors = backend_errors(backend, *case, torch.device("cuda"))
+    assert max(errors.values()) <= TOLERANCE, errors
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

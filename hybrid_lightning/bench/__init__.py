@@ -10,4 +10,7 @@ section and a markdown table of all of them.
 from __future__ import annotations
 
 # section name -> what it measures; each is a module of this package with a run(quick) function
-SECTIONS: dict[str, str] = {}
+SECTIONS: dict[str, str] = {
+    "attention": "(a) sliding-window vs full causal attention: time and peak memory, forward + backward",
+    "training": "(c) training tokens/s of the seven architectures; Lightning vs a plain PyTorch loop",
+}
