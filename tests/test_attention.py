@@ -67,6 +67,14 @@ def test_blocked_over_many_blocks_matches_reference(T, W, past):
     _check("blocked", T, W, past=past)
 
 
+@pytest.mark.parametrize("chunk", [1, 150])
+def test_blocked_backward_in_chunks_matches_reference(monkeypatch, chunk):
+    """Backward calls of one block, or of a few, including a last chunk cut short."""
+    monkeypatch.setattr("hybrid_lightning.model.blocked.CHUNK_QUERIES", chunk)
+    _check("blocked", 700, 300, past=299)
+    _check("blocked", 1000, 70, past=5)
+
+
 def test_blocked_float64_matches_reference():
     q, k, v = (t.detach().double().requires_grad_() for t in _qkv(2, 4, 2, 150, 160, 16))
     ref = attend(q, k, v, window=33, backend="reference")

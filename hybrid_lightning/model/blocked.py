@@ -19,6 +19,9 @@ then summed). ``block_size`` is the compromise measured on a 2-core CPU (see ``h
 The kernel's op returns the softmax log-sum-exp that the public SDPA hides; a custom autograd
 Function keeps it and calls the kernel's own backward, which makes the gradients exact to fp32
 rounding without the zero-filled gradient buffers and copies of slicing and padding under autograd.
+The backward runs over chunks of blocks, so the windows' K/S-fold key gradients never exist for
+the whole sequence at once (measured at T=16384, W=512: 40% less peak memory, 10-25% less time
+than one call).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import torch.nn.functional as F
 # The CPU flash-attention kernel behind F.scaled_dot_product_attention, with its log-sum-exp.
 _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+CHUNK_QUERIES = 2048  # queries per backward call: bounds the windows' gradient buffers
 
 
 def block_size(window: int) -> int:
@@ -59,15 +64,24 @@ class _Layout:
         self.rest = T - self.head  # queries after the head
         self.n = -(-self.rest // self.S)  # blocks
         self.pad = self.n * self.S - self.rest  # padding rows after the last query
+        self.chunk = max(1, CHUNK_QUERIES // self.S)  # blocks per backward call
 
     def head_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
         """None when the head is plainly causal (no cached keys), else its (head_q, head) mask."""
         return None if self.past == 0 else band_bias(self.head_q, self.head, self.past, self.window, dtype)
 
-    def windows(self, keys: torch.Tensor) -> torch.Tensor:
-        """(BH, P + nS, Dh) padded keys -> (BH, n, K, Dh) overlapping key windows, a view."""
-        BH, L, Dh = keys.shape
-        return keys.as_strided((BH, self.n, self.P + self.S, Dh), (L * Dh, self.S * Dh, Dh, 1))
+    def head_inputs(self, qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Padded (BH, L, Dh) inputs -> the head's (BH, 1, head_q, Dh) queries and (BH, 1, head, Dh) keys, values."""
+        return qp[:, None, : self.head_q], kp[:, None, : self.head], vp[:, None, : self.head]
+
+    def block_inputs(self, qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Padded (BH, L, Dh) inputs -> (BH, n, S, Dh) query blocks and (BH, n, K, Dh) overlapping key and
+        value windows, all views: window j starts at key position head - P + jS."""
+        BH, L, Dh = kp.shape
+        size, stride = (BH, self.n, self.P + self.S, Dh), (L * Dh, self.S * Dh, Dh, 1)
+        offset = (self.head - self.P) * Dh
+        return (qp[:, self.head_q :].view(BH, self.n, self.S, Dh), kp.as_strided(size, stride, offset),
+                vp.as_strided(size, stride, offset))
 
 
 class _BlockedSWA(torch.autograd.Function):
@@ -75,23 +89,18 @@ class _BlockedSWA(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
         B, H, Tq, Dh = q.shape
         lay = _Layout(Tq, k.shape[2], window)
-        q3, k3, v3 = q.reshape(B * H, Tq, Dh), k.reshape(B * H, lay.T, Dh), v.reshape(B * H, lay.T, Dh)
-        head_bias = lay.head_bias(q.dtype)
-        # Head: (BH, 1, head_q, Dh) queries against the first `head` keys.
-        out_h, lse_h = _flash_cpu(
-            q3[:, None, : lay.head_q], k3[:, None, : lay.head], v3[:, None, : lay.head], 0.0, head_bias is None,
-            attn_mask=head_bias,
-        )
-        ctx.lay, ctx.head_bias, ctx.shape = lay, head_bias, q.shape
+        # One padded copy of each input serves the head and the blocks, forward and backward.
+        qp = F.pad(q.reshape(B * H, Tq, Dh), (0, 0, 0, lay.pad))  # (BH, Tq + pad, Dh)
+        kp = F.pad(k.reshape(B * H, lay.T, Dh), (0, 0, 0, lay.pad))  # (BH, T + pad, Dh)
+        vp = F.pad(v.reshape(B * H, lay.T, Dh), (0, 0, 0, lay.pad))
+        ctx.lay, ctx.shape, ctx.head_bias = lay, q.shape, lay.head_bias(q.dtype)
+        out_h, lse_h = _flash_cpu(*lay.head_inputs(qp, kp, vp), 0.0, ctx.head_bias is None, attn_mask=ctx.head_bias)
         if lay.n == 0:
-            ctx.save_for_backward(q3, k3, v3, out_h, lse_h)
+            ctx.save_for_backward(qp, kp, vp, out_h, lse_h)
             return out_h.view(B, H, Tq, Dh)
-        qb = F.pad(q3[:, lay.head_q :], (0, 0, 0, lay.pad)).view(B * H, lay.n, lay.S, Dh)  # (BH, n, S, Dh)
-        kp = F.pad(k3[:, lay.head - lay.P :], (0, 0, 0, lay.pad))  # (BH, P + nS, Dh)
-        vp = F.pad(v3[:, lay.head - lay.P :], (0, 0, 0, lay.pad))
         ctx.band_bias = band_bias(lay.S, lay.P + lay.S, lay.P, window, q.dtype)  # (S, K)
-        out_b, lse_b = _flash_cpu(qb, lay.windows(kp), lay.windows(vp), 0.0, False, attn_mask=ctx.band_bias)
-        ctx.save_for_backward(q3, k3, v3, out_h, lse_h, qb, kp, vp, out_b, lse_b)
+        out_b, lse_b = _flash_cpu(*lay.block_inputs(qp, kp, vp), 0.0, False, attn_mask=ctx.band_bias)
+        ctx.save_for_backward(qp, kp, vp, out_h, lse_h, out_b, lse_b)
         out = torch.cat([out_h.view(B * H, lay.head_q, Dh), out_b.view(B * H, -1, Dh)[:, : lay.rest]], dim=1)
         return out.view(B, H, Tq, Dh)
 
@@ -99,32 +108,40 @@ class _BlockedSWA(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         lay: _Layout = ctx.lay
         B, H, Tq, Dh = ctx.shape
-        q3, k3, v3, out_h, lse_h = ctx.saved_tensors[:5]
-        g3 = grad.reshape(B * H, Tq, Dh)
+        qp, kp, vp, out_h, lse_h = ctx.saved_tensors[:5]
+        gp = F.pad(grad.reshape(B * H, Tq, Dh), (0, 0, 0, lay.pad))  # (BH, Tq + pad, Dh)
         dq_h, dk_h, dv_h = _flash_cpu_backward(
-            g3[:, None, : lay.head_q].contiguous(), q3[:, None, : lay.head_q], k3[:, None, : lay.head],
-            v3[:, None, : lay.head], out_h, lse_h, 0.0, ctx.head_bias is None, attn_mask=ctx.head_bias,
+            gp[:, None, : lay.head_q], *lay.head_inputs(qp, kp, vp), out_h, lse_h, 0.0, ctx.head_bias is None,
+            attn_mask=ctx.head_bias,
         )  # (BH, 1, head_q | head, Dh)
         if lay.n == 0:
             return dq_h.reshape(B, H, Tq, Dh), dk_h.reshape(B, H, lay.T, Dh), dv_h.reshape(B, H, lay.T, Dh), None
-        qb, kp, vp, out_b, lse_b = ctx.saved_tensors[5:]
-        gb = F.pad(g3[:, lay.head_q :], (0, 0, 0, lay.pad)).view(qb.shape)
-        dq_b, dk_w, dv_w = _flash_cpu_backward(
-            gb, qb, lay.windows(kp), lay.windows(vp), out_b, lse_b, 0.0, False, attn_mask=ctx.band_bias
-        )  # (BH, n, S | K, Dh)
-        dq = torch.cat([dq_h.reshape(B * H, lay.head_q, Dh), dq_b.reshape(B * H, -1, Dh)[:, : lay.rest]], dim=1)
-        dk, dv = _fold(dk_h, dk_w, kp, lay), _fold(dv_h, dv_w, vp, lay)
+        out_b, lse_b = ctx.saved_tensors[5:]
+        qb, kw, vw = lay.block_inputs(qp, kp, vp)
+        gb = gp[:, lay.head_q :].view(qb.shape)
+        dq = torch.empty(B * H, Tq, Dh, dtype=qp.dtype)
+        dq[:, : lay.head_q] = dq_h[:, 0]
+        dk, dv = (torch.zeros(B * H, lay.T, Dh, dtype=kp.dtype) for _ in range(2))
+        dk[:, : lay.head], dv[:, : lay.head] = dk_h[:, 0], dv_h[:, 0]
+        # In chunks of blocks: the windows' key gradients are K/S times the keys they cover.
+        for j0 in range(0, lay.n, lay.chunk):
+            j = slice(j0, min(lay.n, j0 + lay.chunk))
+            dq_c, dk_c, dv_c = _flash_cpu_backward(
+                gb[:, j], qb[:, j], kw[:, j], vw[:, j], out_b[:, j], lse_b[:, j], 0.0, False, attn_mask=ctx.band_bias
+            )  # (BH, c, S | K, Dh)
+            c = dq_c.shape[1]
+            first_q = lay.head_q + j0 * lay.S
+            n_q = min(c * lay.S, Tq - first_q)  # the last block's padding rows are dropped
+            dq[:, first_q : first_q + n_q] = dq_c.reshape(B * H, c * lay.S, Dh)[:, :n_q]
+            first_k = lay.head - lay.P + j0 * lay.S  # the chunk's windows cover P + cS keys from here
+            n_k = min(lay.P + c * lay.S, lay.T - first_k)
+            for d_all, d_c in ((dk, dk_c), (dv, dv_c)):
+                # unfold_backward sums overlapping windows, given as unfold makes them: (BH, c, Dh, K).
+                summed = torch.ops.aten.unfold_backward(
+                    d_c.transpose(-1, -2), (B * H, lay.P + c * lay.S, Dh), 1, lay.P + lay.S, lay.S
+                )
+                d_all[:, first_k : first_k + n_k] += summed[:, :n_k]
         return dq.view(B, H, Tq, Dh), dk.view(B, H, lay.T, Dh), dv.view(B, H, lay.T, Dh), None
-
-
-def _fold(d_head: torch.Tensor, d_windows: torch.Tensor, padded: torch.Tensor, lay: _Layout) -> torch.Tensor:
-    """Sums the head's and the overlapping windows' key gradients into one (B, H, T, Dh) gradient."""
-    BH, L, Dh = padded.shape
-    # unfold_backward sums overlapping windows; it takes them as unfold makes them: (BH, n, Dh, K).
-    d_pad = torch.ops.aten.unfold_backward(d_windows.transpose(-1, -2), (BH, L, Dh), 1, lay.P + lay.S, lay.S)
-    start = lay.head - lay.P  # key position of padded row 0
-    d_pad[:, : lay.P] += d_head[:, 0, start:]  # the keys that both the head and the first block see
-    return torch.cat([d_head[:, 0, :start], d_pad[:, : lay.T - start]], dim=1)  # (BH, T, Dh)
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
