@@ -1,4 +1,4 @@
-"""The GPU check: ``python -m hybrid_lightning.bench.gpu [--out DIR] [--peak-tflops X]``, ~10 minutes on one H200.
+"""The GPU check, sized for ~10 minutes on one H200: ``python -m hybrid_lightning.bench.gpu [--out DIR]``.
 
 1. Correctness in bf16: the attention backends that run on CUDA (flash-attn when installed, FlexAttention,
    SDPA) against the fp32 reference on the same bf16 inputs, outputs and gradients, full attention and

@@ -5,22 +5,32 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Median wall-clock seconds of each function over ``reps`` calls, made round-robin (a, b, c, a, b, c, ...)
-    so that a change in the machine's load falls on all of them alike. Call each once before, to warm up."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+class Timing(NamedTuple):
+    wall: float  # seconds of wall-clock time
+    cpu: float  # seconds of CPU time of this process (all its threads), which other processes do not inflate
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, Timing]:
+    """Median wall-clock and CPU seconds of each function over ``reps`` calls, made round-robin (a, b, c,
+    a, b, c, ...) so that a change in the machine's load falls on all of them alike. Call each once
+    before, to warm up."""
+    times: dict[str, list[Timing]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
             sync()
-            t0 = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             fn()
             sync()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+            times[name].append(Timing(time.perf_counter() - wall, time.process_time() - cpu))
+    return {
+        name: Timing(statistics.median(t.wall for t in ts), statistics.median(t.cpu for t in ts))
+        for name, ts in times.items()
+    }
 
 
 def sync() -> None:
