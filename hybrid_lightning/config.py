@@ -80,7 +80,7 @@ class ModelConfig(_Frozen):
     tie_embeddings: bool = False
     norm_eps: float = Field(1e-5, gt=0)
     init_std: float = Field(0.02, gt=0)
-    attn_backend: Literal["auto", "reference", "sdpa", "blocked"] = "auto"
+    attn_backend: Literal["auto", "reference", "sdpa", "blocked", "flash", "flex"] = "auto"
     recurrent_backend: Literal["auto", "chunked", "recurrent", "fla"] = Field(
         "auto", description="recurrent mixers: auto = fla on CUDA when installed, else chunked"
     )
@@ -205,6 +205,7 @@ class TrainConfig(_Frozen):
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float | None = Field(1.0, gt=0)
     precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU, 32 on CPU")
+    compile: bool = Field(False, description="torch.compile the model (inductor); minutes of warm-up on a CPU")
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     devices: int | Literal["auto"] = "auto"
     num_nodes: int = Field(1, ge=1)

@@ -1,9 +1,13 @@
 import random
+import typing
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 
-from hybrid_lightning.model.attention import attend
+from hybrid_lightning.bench.gpu import CASES, TOLERANCE, backend_errors
+from hybrid_lightning.config import ModelConfig, validate_config
+from hybrid_lightning.model.attention import BACKENDS, HAS_FLASH_ATTN, attend, auto_backend
 
 
 def _qkv(B, H, Hkv, Tq, Tk, D, dtype=torch.float32):
@@ -55,3 +59,110 @@ def test_unknown_backend_is_rejected():
     q, k, v = _qkv(1, 1, 1, 4, 4, 8)
     with pytest.raises(ValueError, match="backend"):
         attend(q, k, v, window=None, backend="magic")
+
+
+@pytest.mark.parametrize("T, W, past", [(700, 300, 0), (700, 300, 299), (1000, 70, 5), (129, 64, 0), (130, 64, 63), (400, 2, 1)])
+def test_blocked_over_many_blocks_matches_reference(T, W, past):
+    """Shapes with several query blocks, a last block cut short, and cached keys before the queries."""
+    _check("blocked", T, W, past=past)
+
+
+@pytest.mark.parametrize("chunk", [1, 150])
+def test_blocked_backward_in_chunks_matches_reference(monkeypatch, chunk):
+    """Backward calls of one block, or of a few, including a last chunk cut short."""
+    monkeypatch.setattr("hybrid_lightning.model.blocked.CHUNK_QUERIES", chunk)
+    _check("blocked", 700, 300, past=299)
+    _check("blocked", 1000, 70, past=5)
+
+
+def test_blocked_float64_matches_reference():
+    q, k, v = (t.detach().double().requires_grad_() for t in _qkv(2, 4, 2, 150, 160, 16))
+    ref = attend(q, k, v, window=33, backend="reference")
+    out = attend(q, k, v, window=33, backend="blocked")
+    assert (out - ref).abs().max() <= 1e-12
+    g_ref, g_out = (torch.autograd.grad(o, (q, k, v), torch.ones_like(o)) for o in (ref, out))
+    assert max((a - b).abs().max() for a, b in zip(g_out, g_ref)) <= 1e-12
+
+
+def test_blocked_bf16_close_to_reference():
+    errors = backend_errors("blocked", 300, 64, 20, 4, 2, torch.device("cpu"))
+    assert max(errors.values()) <= TOLERANCE, errors
+
+
+def test_auto_backend_on_cpu():
+    q = torch.zeros(1, 2, 8, 4)
+    assert auto_backend(q, None) == "sdpa"
+    assert auto_backend(q, 4) == "blocked"
+
+
+@pytest.mark.skipif(HAS_FLASH_ATTN, reason="flash-attn is installed here")
+def test_flash_without_flash_attn_is_a_value_error():
+    q, k, v = _qkv(1, 2, 2, 8, 8, 8)
+    with pytest.raises(ValueError, match="model.attn_backend='flash' needs the flash-attn package"):
+        attend(q, k, v, window=4, backend="flash")
+
+
+def test_blocked_off_cpu_is_a_value_error():
+    q = torch.zeros(1, 2, 8, 4, device="meta")
+    with pytest.raises(ValueError, match="model.attn_backend='blocked' is the CPU"):
+        attend(q, q, q, window=4, backend="blocked")
+
+
+def test_config_accepts_exactly_the_dispatch_backends():
+    assert typing.get_args(ModelConfig.model_fields["attn_backend"].annotation) == BACKENDS
+    with pytest.raises(ValueError, match="model.attn_backend"):
+        validate_config({"model": {"attn_backend": "flashy"}})
+
+
+EAGER_FLEX_WARNING = "ignore:flex_attention called without torch.compile"
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """FlexAttention without torch.compile (minutes on a CPU): the same masks and semantics, unfused."""
+    monkeypatch.setattr("hybrid_lightning.model.attention._compiled_flex", lambda: flex_attention)
+
+
+@pytest.mark.filterwarnings(EAGER_FLEX_WARNING)
+@pytest.mark.parametrize("T, W, past", [(64, None, 0), (100, 17, 0), (77, 9, 30), (50, None, 13)])
+def test_flex_on_cpu_forward_matches_reference(eager_flex, T, W, past):
+    q, k, v = (t.detach() for t in _qkv(2, 4, 2, T, T + past, 16))
+    with torch.no_grad():
+        out = attend(q, k, v, window=W, backend="flex")
+    assert (out - attend(q, k, v, window=W, backend="reference")).abs().max() <= 1e-5
+
+
+@pytest.mark.filterwarnings(EAGER_FLEX_WARNING)
+def test_flex_on_cpu_refuses_gradients(eager_flex):
+    q, k, v = _qkv(1, 2, 2, 16, 16, 8)
+    with pytest.raises(ValueError, match="forward-only on CPU"):
+        attend(q, k, v, window=4, backend="flex")
+
+
+@pytest.mark.slow
+def test_compiled_flex_on_cpu_matches_reference():
+    """The production flex path on CPU, compiled (about a minute of warm-up on 2 cores)."""
+    q, k, v = (t.detach() for t in _qkv(1, 4, 2, 300, 310, 16))
+    with torch.no_grad():
+        out = attend(q, k, v, window=64, backend="flex")
+    assert (out - attend(q, k, v, window=64, backend="reference")).abs().max() <= 1e-5
+
+
+CUDA_BACKENDS = ["sdpa", "flex", "flash"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 kernels of flash-attn, FlexAttention, SDPA)")
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_backends_match_reference_in_bf16(backend, case):
+    if backend == "flash" and not HAS_FLASH_ATTN:
+        pytest.skip("flash-attn is not installed (pip install 'hybrid-lightning[gpu]')")
+    errors = backend_errors(backend, *case, torch.device("cuda"))
+    assert max(errors.values()) <= TOLERANCE, errors
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_backend_on_cuda():
+    q = torch.zeros(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
+    assert auto_backend(q, 4) == ("flash" if HAS_FLASH_ATTN else "flex")
+    assert auto_backend(q.float(), None) == "sdpa"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 # section name -> what it measures; each is a module of this package with a run(quick) function
 SECTIONS: dict[str, str] = {
-    "eval": "cost of one long-context evaluation call at its defaults, in training steps",
-    "recurrent": "chunked recurrent operators vs step-by-step and vs fla's pure-torch chunked reference (B4)",
+    "attention": "(a) sliding-window vs full causal attention: time and peak memory, forward + backward",
+    "recurrent": "(b) chunked recurrent operators vs step-by-step and vs fla's pure-torch chunked reference",
+    "training": "(c) training tokens/s of the seven architectures; Lightning vs a plain PyTorch loop",
+    "eval": "(d) cost of one long-context evaluation call at its defaults, in training steps",
 }

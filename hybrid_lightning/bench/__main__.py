@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import sys
 import time
@@ -31,20 +32,29 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def describe_machine() -> str:
+    machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    if hasattr(os, "getloadavg"):  # other processes distort timings on a shared machine: say how busy it was
+        machine += f", load average {os.getloadavg()[0]:.1f} at the start"
+    return machine
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hybrid_lightning.bench", description=__doc__)
     p.add_argument("sections", nargs="*", help=f"sections to run (default: all): {sorted(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, one per core)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     unknown = [s for s in args.sections if s not in SECTIONS]
     if unknown:
         p.error(f"unknown section(s) {unknown}; choose from {sorted(SECTIONS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
     for name in args.sections or list(SECTIONS):
         print(f"[bench] {name}: {SECTIONS[name]}", file=sys.stderr)
-        t0 = time.perf_counter()
+        t0, machine = time.perf_counter(), describe_machine()
         result = importlib.import_module(f"hybrid_lightning.bench.{name}").run(quick=args.quick)
         result["machine"], result["seconds"] = machine, round(time.perf_counter() - t0, 1)
         (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))

@@ -8,24 +8,35 @@ Queries are aligned to the end of the keys (so a KV cache of past keys may prece
 them): with ``Tq`` queries and ``Tk >= Tq`` keys, query ``i`` sits at key position
 ``Tk - Tq + i``.
 
-Backends:
+Backends (``model.attn_backend``):
 - ``reference``: explicit scores and a (Tq, Tk) mask; the ground truth the others are tested against.
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; causal without a mask when it can,
   else a dense (Tq, Tk) mask (fine for short sequences, slow and memory-hungry for long windowed ones).
-- ``blocked``: sliding-window attention in blocks of S >= W-1 queries, each attending to its own and
-  the previous key block: O(T * S) time and memory, never a T x T mask.
-- ``auto``: full attention (or a window covering every key) -> ``sdpa``; a sliding window -> ``blocked``.
+- ``blocked``: sliding-window attention on CPU in time and memory linear in T (``blocked.py``);
+  full attention falls back to ``sdpa``.
+- ``flash``: flash-attn's ``flash_attn_func`` (Dao 2023, arXiv 2307.08691); CUDA, fp16/bf16 only.
+- ``flex``: FlexAttention (Dong et al. 2024, arXiv 2412.05496), compiled, with a block-sparse mask;
+  on CUDA for training, on CPU forward-only (evaluation under ``torch.no_grad``).
+- ``auto``: on CUDA ``flash`` when flash-attn is installed and the inputs are fp16/bf16, else ``sdpa``
+  for full attention and ``flex`` for windows; on CPU ``sdpa`` for full attention, ``blocked`` for windows.
+
+Asking for a backend that cannot run here (``flash`` without flash-attn or CUDA, ``blocked`` off CPU,
+``flex`` with gradients on CPU) is a ``ValueError`` naming ``model.attn_backend``.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "reference", "sdpa", "blocked")
-MIN_BLOCK = 16  # smallest query block of the blocked backend; tiny windows still get useful matmuls
+from hybrid_lightning.model.blocked import blocked_attention
+
+BACKENDS = ("auto", "reference", "sdpa", "blocked", "flash", "flex")
+HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None  # imported on first use only
 
 
 def attend(
@@ -38,11 +49,16 @@ def attend(
     assert Tq <= Tk, (Tq, Tk)
     if window is not None and window >= Tk:
         window = None  # the window covers every key: full causal attention
+    if backend == "auto":
+        backend = auto_backend(q, window)
+    check_backend(backend, q, k, v)
+    if backend == "flash":
+        return flash_attention(q, k, v, window)
+    if backend == "flex":
+        return flex(q, k, v, window)
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    if backend == "auto":
-        backend = "sdpa" if window is None else "blocked"
     if backend == "reference":
         return reference_attention(q, k, v, window)
     if backend == "blocked" and window is not None:
@@ -50,6 +66,32 @@ def attend(
     if window is None and Tq == Tk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, window, q.device))
+
+
+def auto_backend(q: torch.Tensor, window: int | None) -> str:
+    """The backend ``auto`` picks for queries like ``q`` (see the module docstring)."""
+    if q.is_cuda:
+        if HAS_FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
+            return "flash"
+        return "sdpa" if window is None else "flex"
+    return "sdpa" if window is None else "blocked"
+
+
+def check_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raises ``ValueError`` when ``backend`` cannot run on these inputs, saying what would."""
+    where = f"model.attn_backend={backend!r}"
+    if backend == "flash":
+        if not HAS_FLASH_ATTN:
+            raise ValueError(f"{where} needs the flash-attn package (pip install 'hybrid-lightning[gpu]' on a CUDA "
+                             "machine); use 'auto', 'flex' or 'sdpa'")
+        if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"{where} needs CUDA tensors in fp16 or bf16 (train.precision=bf16-mixed on a GPU); "
+                             f"got {q.dtype} on {q.device.type}")
+    elif backend == "blocked" and q.device.type != "cpu":
+        raise ValueError(f"{where} is the CPU sliding-window path; on {q.device.type} use 'auto', 'flash' or 'flex'")
+    elif backend == "flex" and not q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError(f"{where} runs forward-only on CPU (evaluation under torch.no_grad); "
+                         "for training on CPU use 'auto' or 'blocked'")
 
 
 def causal_mask(Tq: int, Tk: int, window: int | None, device: torch.device | None = None) -> torch.Tensor:
@@ -70,30 +112,40 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windo
     return (scores.softmax(dim=-1) @ v.to(dtype)).to(q.dtype)
 
 
-def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
-    """Sliding-window attention in blocks; q, k, v: (B, H, T*, Dh) with equal heads.
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    """flash-attn with its native GQA; it aligns a causal window to the end of the keys as ``attend`` does."""
+    from flash_attn import flash_attn_func
 
-    Query block i covers positions [iS, iS+S) and needs keys [iS-W+1, iS+S), which lie in key
-    blocks i-1 and i because S >= W-1. Each block is one batched SDPA call with a (S, 2S) band mask.
-    """
-    B, H, Tq, Dh = q.shape
-    # Only the last W-1 keys before the first query matter; drop older ones.
-    past = min(k.shape[2] - Tq, window - 1)
-    k, v = k[:, :, k.shape[2] - Tq - past :], v[:, :, v.shape[2] - Tq - past :]
-    T = k.shape[2]
-    S = max(window - 1, MIN_BLOCK)
-    n = -(-T // S)
-    # Queries padded in front to line up with the keys, then everything padded to n*S.
-    q = F.pad(q, (0, 0, past, n * S - T))  # (B, H, nS, Dh)
-    k = F.pad(k, (0, 0, S, n * S - T))  # (B, H, (n+1)S, Dh): one zero block in front
-    v = F.pad(v, (0, 0, S, n * S - T))
-    qb = q.view(B, H, n, S, Dh)
-    kb = k.unfold(2, 2 * S, S).transpose(-1, -2)  # (B, H, n, 2S, Dh): blocks i-1 and i
-    vb = v.unfold(2, 2 * S, S).transpose(-1, -2)
-    r = torch.arange(S, device=q.device)[:, None]  # query offset in its block
-    c = torch.arange(2 * S, device=q.device)[None, :]  # key offset from the start of block i-1
-    band = (c - S <= r) & (r - (c - S) < window)  # (S, 2S)
-    mask = band.expand(n, S, 2 * S).clone()
-    mask[0, :, :S] = False  # block -1 is padding
-    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)  # (B, H, n, S, Dh)
-    return out.reshape(B, H, n * S, Dh)[:, :, past : past + Tq]
+    window_size = (-1, -1) if window is None else (window - 1, 0)
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window_size=window_size)
+    return out.transpose(1, 2)  # (B, Tq, H, Dh) -> (B, H, Tq, Dh)
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Compiled FlexAttention with the block mask of (Tq, Tk, window), cached per shape."""
+    mask = flex_block_mask(q.shape[2], k.shape[2], window, str(q.device))
+    return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+@functools.lru_cache(maxsize=64)
+def flex_block_mask(Tq: int, Tk: int, window: int | None, device: str):
+    """FlexAttention block mask: query i (at key position Tk-Tq+i) sees key j iff 0 <= pos - j < window.
+
+    Blocks of the (Tq, Tk) grid the mask leaves empty are skipped, so a window costs O(T W)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = Tk - Tq
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        qpos = q_idx + offset
+        visible = qpos >= kv_idx
+        return visible if window is None else visible & (qpos - kv_idx < window)
+
+    return create_block_mask(mask_mod, None, None, Tq, Tk, device=device)

@@ -1,0 +1,99 @@
+"""The performance suite's own correctness: fair comparisons, FLOP counts, the GPU script's refusal,
+and the ``attention`` section end to end."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hybrid_lightning import build_model
+from hybrid_lightning.bench import gpu
+from hybrid_lightning.bench.training import PlainStep, architectures
+from hybrid_lightning.config import config_to_dict, validate_config
+from hybrid_lightning.model.plan import mixer_names
+
+from conftest import REPO
+
+
+def test_architectures_are_the_papers_seven_over_the_registered_mixers():
+    archs = architectures((128, 512, 2048))
+    recurrent = [m for m in mixer_names(efficient_only=True) if m != "swa"]
+    assert list(archs)[:4] == ["full", "SWA-128", "SWA-512", "SWA-2048"]
+    assert len(archs) == 4 + len(recurrent)
+    for name, arch in archs.items():
+        model = build_model({"n_layers": 4, "d_model": 128, "n_heads": 2, "vocab_size": 20, **arch})
+        letters = "".join(spec.letter for spec in model.plan)
+        assert letters == ("FFFF" if name == "full" else letters[0] * 3 + "F"), (name, letters)
+
+
+def test_plain_step_is_the_lightning_training_step(tmp_path):
+    """The two sides of the Lightning-vs-plain comparison do the same work: same weights after 3 steps."""
+    from hybrid_lightning.data.datamodule import LMDataModule
+    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.training.system import LMSystem
+    from hybrid_lightning.training.trainer import build_trainer, fit
+
+    train = {"max_steps": 3, "warmup_steps": 1, "batch_size": 2, "seq_len": 32, "progress_bar": False}
+    model = {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 8}
+    cfg = resolve_config(validate_config({"model": model, "train": train, "data": {"max_tokens": 200_000}}))
+    trainer, module, datamodule = build_trainer(cfg, tmp_path / "run")
+    fit(trainer, module, datamodule, None)
+
+    torch.manual_seed(cfg.seed)
+    system = LMSystem(config_to_dict(cfg))
+    opt = system.configure_optimizers()
+    step = PlainStep(system.model, opt["optimizer"], opt["lr_scheduler"]["scheduler"], cfg.train.grad_clip)
+    data = LMDataModule(cfg)
+    data.setup("fit")
+    for _, batch in zip(range(3), data.train_dataloader()):
+        step(batch)
+    lightning, plain = module.model.state_dict(), system.model.state_dict()
+    # float reordering leaves ~1e-6; a different step (data, lr, clipping) moves weights by ~lr = 1e-3
+    assert max((lightning[k] - plain[k]).abs().max().item() for k in plain) <= 1e-5
+
+
+def test_model_flops_per_token_counts_matmuls_and_visible_keys():
+    model = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "SF", "window": 3, "vocab_size": 20})
+    T, d = 5, 32
+    weights = 2 * (4 * d * d + 3 * d * model.cfg.mlp_width) + 20 * d
+    keys_full, keys_window = (1 + 2 + 3 + 4 + 5) / T, (1 + 2 + 3 + 3 + 3) / T
+    assert math.isclose(gpu.model_flops_per_token(model, T), 6 * weights + 12 * d * (keys_full + keys_window))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the script would run")
+def test_gpu_script_without_cuda_says_so_and_exits_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_attention_section_writes_json_and_table(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench", "attention", "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=REPO, env=os.environ.copy())
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads((tmp_path / "attention.json").read_text())
+    rows = {(row["T"], row["attention"]): row for row in result["rows"]}
+    assert set(rows) == {(T, a) for T in (256, 512, 1024) for a in ("full", "SWA-32", "SWA-64")}
+    assert all(row["wall s"] > 0 and row["CPU s"] > 0 and row["peak MiB"] > 0 for row in rows.values())
+    assert rows[(512, "SWA-32")]["vs T/2"] == pytest.approx(rows[(512, "SWA-32")]["wall s"] / rows[(256, "SWA-32")]["wall s"])
+    # SDPA's flash kernel and the blocked kernel keep memory linear in T (2 = linear)
+    assert 1.5 < rows[(1024, "SWA-32")]["memory vs T/2"] < 2.5
+    assert "(a) Sliding-window vs full causal attention" in (tmp_path / "README.md").read_text()
+
+
+def test_training_section_quick_reports_every_architecture_and_both_paths():
+    from hybrid_lightning.bench import training
+
+    result = training.run(quick=True)
+    settings = [row["setting"] for row in result["rows"]]
+    assert settings[: len(architectures((32, 64, 128)))] == list(architectures((32, 64, 128)))
+    lightning, plain = result["rows"][-2:]
+    assert lightning["setting"].startswith("Lightning") and plain["setting"].startswith("plain loop")
+    assert lightning["Lightning / plain"] == pytest.approx(lightning["tokens/s"] / plain["tokens/s"])
+    assert all(row["tokens/s"] > 0 for row in result["rows"])
+    assert "G2: the Lightning path reaches" in result["notes"]
