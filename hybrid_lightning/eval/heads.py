@@ -29,10 +29,11 @@ averaged over samples (they keep samples answered with ROUGE-1 recall > 0.5); a 
   steps (``min_in_span``).
 
 Only attention mixers (full and sliding-window) are scored; other layers are reported as not
-applicable. Attention rows are computed only for the answer steps: forward pre-hooks keep each
-attention layer's mixer inputs (all positions for full attention, the last W-1 before the answer
-for a window of W) while the model runs in pieces, then q of the answer rows meets the keys
-(B x H x answer x T scores, never T x T). Memory: one (B, T, D) input per full-attention layer.
+applicable. Attention rows are computed only for the answer steps: while the model runs in pieces,
+forward pre-hooks keep each attention layer's keys (all positions for full attention, the last W-1
+before the answer for a window of W) and its queries at the answer rows; then those queries meet
+the keys (B x H x answer x T scores, never T x T). Memory: a second copy of the full-attention KV
+cache's keys.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import torch
 
 from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
-from hybrid_lightning.eval.scoring import STATS, autocast, score_samples
+from hybrid_lightning.eval.scoring import STATS, score_samples
 from hybrid_lightning.eval.tasks import GenContext, Sample
 from hybrid_lightning.model.attention import causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
@@ -73,20 +74,29 @@ def attention_layers(model) -> list[tuple[int, Attention]]:
 
 
 class _Capture:
-    """Forward pre-hook on a mixer: keeps its inputs at positions >= ``lo`` over the pieces of a forward."""
+    """Forward pre-hook on an attention mixer: while the model runs in pieces, projects the mixer's
+    inputs as the mixer does (positions, QK-norm, autocast) and keeps the keys at positions >= ``lo``
+    and the queries at positions >= ``qlo``. Projecting inside the forward also works where weights
+    are only whole during it (FSDP)."""
 
-    def __init__(self, lo: int):
-        self.lo, self.parts = lo, []
+    def __init__(self, lo: int, qlo: int):
+        self.lo, self.qlo, self.q, self.k = lo, qlo, [], []
 
-    def __call__(self, module, args) -> None:
+    def __call__(self, module: Attention, args) -> None:
         x, state = args[0], args[1] if len(args) > 1 else None
         start = state.get("pos", 0) if state is not None else 0
         skip = max(0, self.lo - start)
-        if skip < x.shape[1]:
-            self.parts.append(x[:, skip:])
+        if skip >= x.shape[1]:
+            return
+        q, k, _ = module.project(x[:, skip:], start + skip)  # (B, H, t, Dh), (B, Hkv, t, Dh)
+        self.k.append(k)
+        self.q.append(q[:, :, max(0, self.qlo - start - skip) :])
 
-    def inputs(self) -> torch.Tensor:
-        return torch.cat(self.parts, dim=1)  # (B, T - lo, D)
+    def keys(self) -> torch.Tensor:
+        return torch.cat(self.k, dim=2)  # (B, Hkv, T - lo, Dh)
+
+    def queries(self) -> torch.Tensor:
+        return torch.cat(self.q, dim=2)  # (B, H, T - qlo, Dh)
 
 
 def answer_targets(s: Sample, qlo: int, nq: int, n: int) -> tuple[np.ndarray, ...]:
@@ -144,16 +154,13 @@ def head_stats(probs: torch.Tensor, valid: torch.Tensor, source: torch.Tensor, s
     return torch.stack([hits / n, token_hits / n, in_span / n, span_mass / n, source_mass / n, hits, in_span], dim=-1)
 
 
-def answer_attention(mixer: Attention, x: torch.Tensor, lo: int, qlo: int, device: torch.device,
-                     dtype: torch.dtype | None) -> torch.Tensor:
-    """Attention weights (B, H, nq, nk) fp32 of the rows at positions qlo ... (last) over the keys at
-    lo ... (last), recomputed from the mixer inputs ``x`` (B, nk, D) at positions lo ..."""
-    with autocast(device, dtype):
-        q, k, _ = mixer.project(x, lo)  # (B, H, nk, Dh), (B, Hkv, nk, Dh)
-    q = q[:, :, qlo - lo :].float()  # (B, H, nq, Dh)
-    k = k.float().repeat_interleave(mixer.n_heads // mixer.n_kv, dim=1)  # (B, H, nk, Dh)
+def answer_attention(q: torch.Tensor, k: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Attention weights (B, H, nq, nk) fp32 of the queries q (B, H, nq, Dh) at the last nq of the
+    key positions of k (B, Hkv, nk, Dh), causal and within ``window``."""
+    q = q.float()
+    k = k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, nk, Dh)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, nq, nk)
-    scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], mixer.window, device), float("-inf"))
+    scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], window, q.device), float("-inf"))
     return scores.softmax(dim=-1)
 
 
@@ -190,13 +197,13 @@ class RetrievalHeads:
 
     def _score(self, model, probes: list[Sample], weight: torch.Tensor, dtype, device, heads: SumTable,
                samples: SumTable) -> None:
-        """One batch of equal-length probes: one teacher-forced forward with the attention inputs
+        """One batch of equal-length probes: one teacher-forced forward with the attention queries and keys
         captured, then the answer rows of every attention layer."""
         L = len(probes[0].prompt) + len(probes[0].answer)
         qlo = min(len(s.prompt) for s in probes) - 1  # the first row that predicts an answer token
         nq = L - 1 - qlo
         layers = attention_layers(model)
-        captures = [_Capture(0 if m.window is None else max(0, qlo - m.window + 1)) for _, m in layers]
+        captures = [_Capture(0 if m.window is None else max(0, qlo - m.window + 1), qlo) for _, m in layers]
         hooks = [m.register_forward_pre_hook(c) for (_, m), c in zip(layers, captures)]
         try:
             stats, _ = score_samples(model, probes, self.cfg.chunk_tokens, dtype, None, device)  # (B, len(STATS))
@@ -213,7 +220,7 @@ class RetrievalHeads:
         valid, source, span, token = (torch.from_numpy(np.stack(t)).to(device) for t in zip(*targets))
         H = model.cfg.n_heads
         for (index, mixer), capture in zip(layers, captures):
-            probs = answer_attention(mixer, capture.inputs(), capture.lo, qlo, device, dtype)
+            probs = answer_attention(capture.queries(), capture.keys(), mixer.window)
             per = head_stats(probs, valid, source[..., capture.lo :], span[..., capture.lo :], token[..., capture.lo :])
             heads.update(index * H + torch.arange(H), (per * (weight * kept)[:, None, None]).sum(dim=0))
 
