@@ -11,5 +11,5 @@ from __future__ import annotations
 
 # section name -> what it measures; each is a module of this package with a run(quick) function
 SECTIONS: dict[str, str] = {
-    "eval": "cost of one long-context evaluation call at its defaults, in training steps",
+    "eval": "cost of one call of each evaluation callback (long-context, retrieval heads) at its defaults, in training steps",
 }

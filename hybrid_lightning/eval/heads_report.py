@@ -66,7 +66,7 @@ def score_image(report: dict):
         for (i, j), v in np.ndenumerate(grid):
             mark = {"copy": "C", "locator": "L"}.get(roles.get((i, j)), "")
             text = "n/a" if np.isnan(v) else f"{v:.2f}{mark}"
-            ax.text(j, i, text, ha="center", va="center", color="white" if np.isnan(v) or v < 0.6 else "black", fontsize=7)
+            ax.text(j, i, text, ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=7)
     ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
     ax.set_yticks(range(n_layers), [layer_label(r) for r in report["layers"]], fontsize=7)
     ax.set_xlabel("head", fontsize=8)
@@ -119,7 +119,7 @@ def ablation_table(report: dict) -> str:
     what = {"top": f"top-{first['k']} heads by score", "random": f"{first['k']} random heads (seed {first['seed']})",
             "list": "the listed heads"}[first["selection"]]
     lines = [f"ablation: mask {what}: " + " ".join(head_name(*h) for h in first["masked"]),
-             f"{'task':<18}{'length':>8}{'n':>5}{'exact':>24}{'token acc (chance)':>34}{'answer loss':>26}"]
+             f"{'task':<18}{'length':>8}{'n':>5}{'exact (change)':>28}{'token acc (chance)':>27}{'answer loss':>20}"]
     for r in rows:
         lines.append(f"{r['task']:<18}{r['length']:>8}{r['n']:>5}"
                      f"{r['accuracy']:>9.3f} -> {r['masked_accuracy']:.3f} ({r['masked_accuracy'] - r['accuracy']:+.3f})"
