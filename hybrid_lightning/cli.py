@@ -131,6 +131,25 @@ def _add_grid_parser(sub) -> None:
     p.add_argument("cells", nargs="*", help="cell names (default: every cell)")
 
 
+def cmd_heads(args: argparse.Namespace) -> int:
+    from hybrid_lightning.eval.ablation import parse_heads
+    from hybrid_lightning.eval.command import heads_checkpoint
+    from hybrid_lightning.eval.heads_report import ablation_table, heads_path, heads_table
+
+    if args.mask_top is not None:
+        selection, k = "top", args.mask_top
+    elif args.mask_random is not None:
+        selection, k = "random", args.mask_random
+    else:
+        selection, k = ("list" if args.mask else None), None
+    report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []), args.seed)
+    print(heads_table(report))
+    if report.get("ablation"):
+        print(ablation_table(report))
+    print(f"written to {heads_path(args.run_dir, report['step'])}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
@@ -150,6 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
                    help="override an eval.* setting, e.g. --set eval.samples=4 (repeatable)")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
+                       "ablation (writes eval/heads_step_<k>.json)")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
+    mask = p.add_mutually_exclusive_group()
+    mask.add_argument("--mask-top", type=int, metavar="K", help="mask the K heads with the highest retrieval score "
+                      "and rerun the long-context evaluation (the run's eval.* probes)")
+    mask.add_argument("--mask-random", type=int, metavar="K", help="mask K random heads outside the top K instead")
+    mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
+    p.add_argument("--seed", type=int, default=0, help="seed of --mask-random (default 0)")
+    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
+                   help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
+    p.set_defaults(func=cmd_heads)
 
     p = sub.add_parser("params", help="per-layer parameter table and totals")
     _add_config_args(p)

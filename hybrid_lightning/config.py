@@ -224,6 +224,44 @@ class TrainConfig(_Frozen):
         return self
 
 
+def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:
+    """Checks the probe grid of ``section`` (eval or eval.heads); errors name its keys."""
+    from hybrid_lightning.eval.tasks import TASKS
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"{section}.tasks: {unknown} not among the accepted tasks {sorted(TASKS)}")
+    if len(set(tasks)) != len(tasks) or len(set(lengths)) != len(lengths):
+        raise ValueError(f"{section}.tasks and {section}.lengths must not repeat an entry")
+    if any(n < 2 for n in lengths):
+        raise ValueError(f"{section}.lengths must be at least 2 tokens each, got {list(lengths)}")
+    if any(not 0 <= d <= 1 for d in depths) or not depths:
+        raise ValueError(f"{section}.depths must be between 0 and 1 (and not empty), got {list(depths)}")
+
+
+class HeadsConfig(_Frozen):
+    """The ``eval.heads:`` section: retrieval-head scores (Wu et al. 2024) during training and by
+    ``hybrid-lightning heads`` (hybrid_lightning/eval/heads.py). Probes share ``eval.seed``,
+    ``eval.batch_size`` and ``eval.chunk_tokens`` with the long-context evaluation."""
+
+    every_n_steps: int = Field(100, ge=0, description="score heads every N optimizer steps; 0 = not at intervals")
+    at_end: bool = Field(True, description="score heads when training ends")
+    tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks")
+    lengths: tuple[int, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer")
+    depths: tuple[float, ...] = Field((0.0, 0.25, 0.5, 0.75, 1.0), description="needle depths")
+    samples: int = Field(1, ge=1, description="samples per (task, length, depth)")
+    value_tokens: int | None = Field(16, ge=1, description="answers of at least this many tokens; null = the tasks' own values")
+    threshold: float = Field(0.1, ge=0, description="a retrieval head scores above this (Wu et al.: 0.1)")
+    min_copy_precision: float = Field(0.5, ge=0, le=1, description="copy head: retrieval head with at least this share of its in-span argmaxes on the source token")
+    min_in_span: float = Field(0.5, ge=0, le=1, description="locator head: argmax in the answer span on at least this share of answer steps, not a copy head")
+    min_answer_accuracy: float | None = Field(None, ge=0, le=1, description="score only samples whose answer tokens are right (teacher-forced) in more than this share; null = all")
+
+    @model_validator(mode="after")
+    def _check(self) -> HeadsConfig:
+        _check_probes("eval.heads", self.tasks, self.lengths, self.depths)
+        return self
+
+
 class EvalConfig(_Frozen):
     """The ``eval:`` section: long-context evaluation during training and by ``hybrid-lightning eval``."""
 
@@ -242,20 +280,11 @@ class EvalConfig(_Frozen):
     longppl_context: int = Field(128, ge=1, description="LongPPL short context K: tokens see K to 2K-1 tokens")
     longppl_alpha: float = Field(2.0, description="LongPPL: key if NLL(short) - NLL(long) > alpha (nats)")
     longppl_beta: float = Field(-2.0, description="LongPPL: key if log p(long) > beta")
+    heads: HeadsConfig = Field(default_factory=HeadsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
-        from hybrid_lightning.eval.tasks import TASKS
-
-        unknown = [t for t in self.tasks if t not in TASKS]
-        if unknown:
-            raise ValueError(f"eval.tasks: {unknown} not among the accepted tasks {sorted(TASKS)}")
-        if len(set(self.tasks)) != len(self.tasks) or len(set(self.lengths)) != len(self.lengths):
-            raise ValueError("eval.tasks and eval.lengths must not repeat an entry")
-        if any(n < 2 for n in self.lengths):
-            raise ValueError(f"eval.lengths must be at least 2 tokens each, got {list(self.lengths)}")
-        if any(not 0 <= d <= 1 for d in self.depths) or not self.depths:
-            raise ValueError(f"eval.depths must be between 0 and 1 (and not empty), got {list(self.depths)}")
+        _check_probes("eval", self.tasks, self.lengths, self.depths)
         return self
 
     @property
@@ -478,6 +507,7 @@ __all__ = [
     "EvalConfig",
     "GatedDeltaNetConfig",
     "GridConfig",
+    "HeadsConfig",
     "LightningConfig",
     "Mamba2Config",
     "ModelConfig",

@@ -4,6 +4,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,3 +31,18 @@ TINY = [
     "--set", "model.pattern=EF", "--set", "train.batch_size=8", "--set", "train.seq_len=128",
     "--set", "train.progress_bar=false", "--set", "data.max_tokens=2000000",
 ]
+
+
+def _gloo_worker(rank: int, fn, world: int, port: int, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    out[rank] = fn(rank, world)
+    torch.distributed.destroy_process_group()
+
+
+def on_ranks(fn, world: int = 2, port: int = 29500) -> dict:
+    """Runs ``fn(rank, world)`` (a module-level function) in ``world`` gloo processes; {rank: its result}."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_gloo_worker, args=(fn, world, port + os.getpid() % 1000, out), nprocs=world)
+        return dict(out)

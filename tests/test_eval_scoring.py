@@ -1,14 +1,12 @@
 """C2: a model that copies the needle scores 100%, an untrained model and models that cannot see
 the needle score about chance; piecewise evaluation equals one forward; DDP sums equal one process."""
 
-import os
-
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
+from conftest import on_ranks
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
@@ -143,20 +141,10 @@ def _ddp_eval(rank: int = 0, world: int = 1) -> dict:
     return LongContextEval(cfg, TOK, HELD_OUT).run(model, step=1, tokens=2, rank=rank, world=world)
 
 
-def _ddp_worker(rank: int, world: int, port: int, out: dict):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    out[rank] = _ddp_eval(rank, world)
-    torch.distributed.destroy_process_group()
-
-
 def test_ddp_split_and_sync_equal_one_process():
     """Two gloo processes each score their share of the probes (3 samples per cell: uneven) and
     the synced totals equal one process scoring everything."""
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_ddp_worker, args=(2, 29500 + os.getpid() % 1000, out), nprocs=2)
-        two = dict(out)
+    two = on_ranks(_ddp_eval)
     one = _ddp_eval()
     assert two[0] == two[1]  # every rank holds the synced totals
     assert_reports_close(two[0], one)

@@ -14,5 +14,5 @@ SECTIONS: dict[str, str] = {
     "attention": "(a) sliding-window vs full causal attention: time and peak memory, forward + backward",
     "recurrent": "(b) chunked recurrent operators vs step-by-step and vs fla's pure-torch chunked reference",
     "training": "(c) training tokens/s of the seven architectures; Lightning vs a plain PyTorch loop",
-    "eval": "(d) cost of one long-context evaluation call at its defaults, in training steps",
+    "eval": "(d) cost of one call of each evaluation callback (long-context, retrieval heads) at its defaults, in training steps",
 }

@@ -1,5 +1,6 @@
-"""Cost of one call of the long-context evaluation callback at its defaults, against the cost of a
-training step of the default run, both measured in this process on the default model."""
+"""Cost of one call of each evaluation callback (long-context evaluation, retrieval heads) at its
+defaults, against the cost of a training step of the default run, all measured in this process on
+the default model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule
+from hybrid_lightning.eval.heads import RetrievalHeads
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.model import build_model
 from hybrid_lightning.training.run import resolve_config
@@ -51,18 +53,23 @@ def run(quick: bool) -> dict:
     }
     rows = [{"measure": f"training step ({cfg.train.batch_size} x {cfg.train.seq_len}, forward, backward, AdamW)",
              "seconds": step, "training steps": 1.0}]
-    for name, ecfg in parts.items():
-        ev = LongContextEval(ecfg, data.tokenizer, data.val_tokens)
+    evaluators = {name: LongContextEval(ecfg, data.tokenizer, data.val_tokens) for name, ecfg in parts.items()}
+    h = e.heads
+    heads = (f"retrieval-heads call at the defaults ({len(h.tasks)} tasks x lengths {list(h.lengths)} x {len(h.depths)} "
+             f"depths, answers >= {h.value_tokens} tokens)")
+    evaluators[heads] = RetrievalHeads(e, data.tokenizer, data.val_tokens)
+    for name, ev in evaluators.items():
         ev.run(model, step=0, tokens=0)  # warm-up: word lists, first calls
         seconds = _median_seconds(lambda: ev.run(model, step=0, tokens=0), 1 if quick else 3)
         rows.append({"measure": name, "seconds": seconds, "training steps": seconds / step})
-    call = rows[1]["seconds"]
-    share = call / (e.every_n_steps * step + call)
+    longctx_share = rows[1]["seconds"] / (e.every_n_steps * step + rows[1]["seconds"])
+    heads_share = rows[-1]["seconds"] / (h.every_n_steps * step + rows[-1]["seconds"])
     return {
-        "title": "Long-context evaluation callback: cost per call",
+        "title": "Evaluation callbacks: cost per call",
         "columns": ["measure", "seconds", "training steps"],
         "rows": rows,
-        "notes": (f"Default model and run config, CPU fp32, medians. At eval.every_n_steps={e.every_n_steps} one call "
-                  f"adds {100 * share:.1f}% to training time (its first call also imports matplotlib and loads the "
-                  "word lists, not counted here)."),
+        "notes": (f"Default model and run config, CPU fp32, medians. At eval.every_n_steps={e.every_n_steps} one "
+                  f"long-context call adds {100 * longctx_share:.1f}% to training time, at "
+                  f"eval.heads.every_n_steps={h.every_n_steps} one retrieval-heads call {100 * heads_share:.1f}% "
+                  "(their first calls also import matplotlib and load the word lists, not counted here)."),
     }

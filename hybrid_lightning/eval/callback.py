@@ -1,9 +1,15 @@
-"""The long-context evaluation callback: every ``eval.every_n_steps`` optimizer steps and when
-training ends, evaluates the model (runner.py) on all ranks, and on rank 0 logs the scalars and
-the depth x length heatmap to TensorBoard and writes ``eval/step_<k>.json``."""
+"""The evaluation callbacks. Every ``every_n_steps`` optimizer steps and when training ends, each
+evaluates the model on all ranks and, on rank 0, logs to TensorBoard and writes a JSON record:
+
+- ``LongContextEvaluation`` (``eval:``): the long-context probes, per-position loss and LongPPL
+  (runner.py), the scalars and the depth x length heatmap, ``eval/step_<k>.json``;
+- ``RetrievalHeadsEvaluation`` (``eval.heads:``): the retrieval score of every attention head
+  (heads.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``.
+"""
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +18,8 @@ import lightning as L
 import torch
 
 from hybrid_lightning.config import RunConfig
+from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
+from hybrid_lightning.eval.heads_report import heads_scalars, score_image, write_heads
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 
@@ -23,60 +31,125 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return AUTOCAST.get(str(precision))
 
 
-class LongContextEvaluation(L.Callback):
-    """Args:
-        cfg: the run config (its ``eval:`` section drives the callback).
-        run_dir: where ``eval/step_<k>.json`` go.
-        tokenizer: the run's tokenizer.
-        on_time: called with the seconds each evaluation took (training throughput excludes them).
+class PeriodicEvaluation(L.Callback, abc.ABC):
+    """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
+    training ends; on rank 0 writes its report and logs it under ``tag``, with ``<tag>/seconds``.
 
     Records and scalars carry the step of the last training batch (``global_step - 1``), the
     step TensorBoard shows for that batch's loss, so that a resumed run, whose logger hides
     steps at or after its resume step, keeps the evaluation that preceded its checkpoint.
+
+    Args:
+        every, at_end: the schedule.
+        tag: TensorBoard prefix.
+        on_time: called with the seconds each evaluation took (training throughput excludes them).
     """
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
-        check_lengths(cfg.eval, tokenizer)  # a bad eval.lengths fails before the run directory exists
-        self.cfg, self.run_dir, self.tokenizer, self.on_time = cfg, Path(run_dir), tokenizer, on_time
-        self._eval: LongContextEval | None = None
+    def __init__(self, every: int, at_end: bool, tag: str, on_time: Callable[[float], None] | None = None):
+        self.every, self.at_end, self.tag, self.on_time = every, at_end, tag, on_time
         self._last_step: int | None = None
-
-    def _evaluator(self, trainer: L.Trainer) -> LongContextEval:
-        if self._eval is None:
-            self._eval = LongContextEval(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens)
-        return self._eval
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step  # a resumed run has evaluated (or skipped) its resume step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        every = self.cfg.eval.every_n_steps
-        if every and trainer.global_step % every == 0 and self._last_step != trainer.global_step:
-            self.evaluate(trainer, pl_module)
+        if self.every and trainer.global_step % self.every == 0 and self._last_step != trainer.global_step:
+            self.run(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.cfg.eval.at_end and not trainer.interrupted and self._last_step != trainer.global_step:
-            self.evaluate(trainer, pl_module)
+        if self.at_end and not trainer.interrupted and self._last_step != trainer.global_step:
+            self.run(trainer, pl_module)
 
-    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict | None:
+    def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict | None:
         t0 = time.perf_counter()
         step = trainer.global_step - 1
-        ev = self._evaluator(trainer)
-        if not ev.specs and not ev.sequences:
+        report = self.evaluate(trainer, pl_module, step)
+        if report is None:
             return None
-        report = ev.run(pl_module.model, step=step, tokens=pl_module.tokens_at(trainer.global_step),
-                        dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size)
         self._last_step = trainer.global_step
         if trainer.is_global_zero:
-            write_report(self.run_dir, report)
+            self.write_record(report)
             writer = trainer.logger.experiment if trainer.logger is not None else None
             if writer is not None:
-                for tag, value in scalars(report).items():
-                    writer.add_scalar(tag, value, step)
-                if report["records"]:
-                    writer.add_figure("longctx/heatmap", heatmap(report), step, close=False)
-                writer.add_scalar("longctx/seconds", time.perf_counter() - t0, step)
+                self.log_report(writer, report, step)
+                writer.add_scalar(f"{self.tag}/seconds", time.perf_counter() - t0, step)
                 writer.flush()
         if self.on_time is not None:
             self.on_time(time.perf_counter() - t0)
         return report
+
+    @abc.abstractmethod
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict | None:
+        """The report at ``step`` (every rank calls this), or None when there is nothing to evaluate."""
+
+    @abc.abstractmethod
+    def write_record(self, report: dict) -> None:
+        """Writes ``report`` into the run directory (rank 0)."""
+
+    @abc.abstractmethod
+    def log_report(self, writer, report: dict, step: int) -> None:
+        """Logs ``report`` to a TensorBoard ``SummaryWriter`` (rank 0)."""
+
+
+class LongContextEvaluation(PeriodicEvaluation):
+    """Args:
+        cfg: the run config (its ``eval:`` section drives the callback).
+        run_dir: where ``eval/step_<k>.json`` go.
+        tokenizer: the run's tokenizer.
+        on_time: called with the seconds each evaluation took.
+    """
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
+        check_lengths(cfg.eval, tokenizer)  # a bad eval.lengths fails before the run directory exists
+        super().__init__(cfg.eval.every_n_steps, cfg.eval.at_end, "longctx", on_time)
+        self.cfg, self.run_dir, self.tokenizer = cfg, Path(run_dir), tokenizer
+        self._eval: LongContextEval | None = None
+
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict | None:
+        if self._eval is None:
+            self._eval = LongContextEval(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens)
+        if not self._eval.specs and not self._eval.sequences:
+            return None
+        return self._eval.run(pl_module.model, step=step, tokens=pl_module.tokens_at(trainer.global_step),
+                              dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size)
+
+    def write_record(self, report: dict) -> None:
+        write_report(self.run_dir, report)
+
+    def log_report(self, writer, report: dict, step: int) -> None:
+        for tag, value in scalars(report).items():
+            writer.add_scalar(tag, value, step)
+        if report["records"]:
+            writer.add_figure("longctx/heatmap", heatmap(report), step, close=False)
+
+
+class RetrievalHeadsEvaluation(PeriodicEvaluation):
+    """Retrieval scores of every attention head (``eval.heads:``), logged under ``heads/`` with the
+    layer x head image ``heads/scores``, written to ``eval/heads_step_<k>.json``.
+
+    Args:
+        cfg: the run config (its ``eval.heads:`` section drives the callback).
+        run_dir: where ``eval/heads_step_<k>.json`` go.
+        tokenizer: the run's tokenizer.
+        on_time: called with the seconds each evaluation took.
+    """
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
+        check_heads_probes(cfg.eval, tokenizer)  # a bad eval.heads.lengths fails before the run directory exists
+        super().__init__(cfg.eval.heads.every_n_steps, cfg.eval.heads.at_end, "heads", on_time)
+        self.cfg, self.run_dir, self.tokenizer = cfg, Path(run_dir), tokenizer
+        self._heads: RetrievalHeads | None = None
+
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict:
+        if self._heads is None:
+            self._heads = RetrievalHeads(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens)
+        return self._heads.run(pl_module.model, step=step, tokens=pl_module.tokens_at(trainer.global_step),
+                               dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size)
+
+    def write_record(self, report: dict) -> None:
+        write_heads(self.run_dir, report)
+
+    def log_report(self, writer, report: dict, step: int) -> None:
+        for tag, value in heads_scalars(report).items():
+            writer.add_scalar(tag, value, step)
+        writer.add_figure("heads/scores", score_image(report), step, close=False)

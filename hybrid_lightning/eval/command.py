@@ -1,26 +1,37 @@
-"""``hybrid-lightning eval RUN_DIR``: the callback's evaluation, offline, on a checkpoint of a run."""
+"""The offline commands on a checkpoint of a run: ``hybrid-lightning eval RUN_DIR`` (the long-context
+callback's evaluation) and ``hybrid-lightning heads RUN_DIR`` (the retrieval-heads callback's scores,
+and head ablations)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from hybrid_lightning.config import apply_overrides, config_to_dict, validate_config
+from hybrid_lightning.config import RunConfig, apply_overrides, config_to_dict, validate_config
 from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
 
 
-def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:
-    """Evaluates a checkpoint of ``run_dir`` (default: its newest valid one) with the run's ``eval:``
-    config, changed by ``eval.*`` overrides; writes ``eval/step_<k>.json`` and returns the report.
+@dataclass(frozen=True)
+class Checkpoint:
+    """A run's model at one checkpoint, ready to evaluate: ``step`` is the index of its last
+    training batch (as the callbacks record it), ``dtype`` the autocast dtype of the run's precision."""
 
-    On the machine that trained the run this gives the callback's numbers for the same weights:
-    same probes, same batches, same precision.
-    """
+    cfg: RunConfig
+    model: torch.nn.Module
+    data: object  # the run's set-up LMDataModule (tokenizer, held-out tokens)
+    step: int
+    tokens: int
+    dtype: torch.dtype | None
+
+
+def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> Checkpoint:
+    """Loads a checkpoint of ``run_dir`` (default: its newest valid one) with the run's config,
+    changed by ``eval.*`` overrides. On the machine that trained the run, evaluating it gives the
+    callbacks' numbers for the same weights: same probes, same batches, same precision."""
     from hybrid_lightning.data.datamodule import LMDataModule
     from hybrid_lightning.eval.callback import autocast_dtype
-    from hybrid_lightning.eval.report import write_report
-    from hybrid_lightning.eval.runner import LongContextEval, check_lengths
     from hybrid_lightning.model import build_model
     from hybrid_lightning.training.trainer import resolve_precision
 
@@ -28,7 +39,7 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
     cfg = read_run_config(run_dir)
     outside = [o for o in overrides if not o.startswith("eval.")]
     if outside:
-        raise ValueError(f"eval overrides may only change eval.* keys, got {outside}")
+        raise ValueError(f"overrides may only change eval.* keys, got {outside}")
     cfg = validate_config(apply_overrides(config_to_dict(cfg), list(overrides)))
     if ckpt is None:
         found = find_resume_checkpoint(run_dir)
@@ -44,9 +55,45 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
     model.to(device)
     data = LMDataModule(cfg)
     data.setup()
-    check_lengths(cfg.eval, data.tokenizer)
-    ev = LongContextEval(cfg.eval, data.tokenizer, data.val_tokens)
-    step = int(state["global_step"])
-    report = ev.run(model, step=step - 1, tokens=int(state["tokens_seen"]), dtype=autocast_dtype(resolve_precision(cfg)))
+    return Checkpoint(cfg, model, data, int(state["global_step"]) - 1, int(state["tokens_seen"]),
+                      autocast_dtype(resolve_precision(cfg)))
+
+
+def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:
+    """Evaluates a checkpoint of ``run_dir`` (``load_checkpoint``) with the run's ``eval:`` config;
+    writes ``eval/step_<k>.json`` and returns the report."""
+    from hybrid_lightning.eval.report import write_report
+    from hybrid_lightning.eval.runner import LongContextEval, check_lengths
+
+    run = load_checkpoint(run_dir, ckpt, overrides)
+    check_lengths(run.cfg.eval, run.data.tokenizer)
+    ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens)
+    report = ev.run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
     write_report(run_dir, report)
+    return report
+
+
+def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = (),
+                     selection: str | None = None, k: int | None = None, listed: list[tuple[int, int]] = (),
+                     seed: int = 0) -> dict:
+    """Retrieval scores of every attention head of a checkpoint (``load_checkpoint``) with the run's
+    ``eval.heads:`` config and, with a ``selection`` (``ablation.choose_heads``), the long-context
+    evaluation (the run's ``eval:`` probes, no held-out text) with and without those heads masked.
+    Writes ``eval/heads_step_<k>.json`` and returns the report, its ``ablation`` rows included."""
+    from hybrid_lightning.eval.ablation import ablate, choose_heads
+    from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
+    from hybrid_lightning.eval.heads_report import write_heads
+    from hybrid_lightning.eval.runner import LongContextEval, check_lengths
+
+    run = load_checkpoint(run_dir, ckpt, overrides)
+    tok, held_out = run.data.tokenizer, run.data.val_tokens
+    check_heads_probes(run.cfg.eval, tok)
+    report = RetrievalHeads(run.cfg.eval, tok, held_out).run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
+    if selection is not None:
+        heads = choose_heads(report, selection, k, listed, seed)
+        check_lengths(run.cfg.eval, tok)
+        ev = LongContextEval(run.cfg.eval.model_copy(update={"position_sequences": 0}), tok, held_out)
+        report["ablation"] = ablate(run.model, ev, heads, selection=selection, k=k, seed=seed if selection == "random" else None,
+                                    step=run.step, tokens=run.tokens, dtype=run.dtype)
+    write_heads(run_dir, report)
     return report

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from torchmetrics import Metric
 
 from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, short_context_nll, token_nll
-from hybrid_lightning.eval.tasks import NOISE, GenContext, make_sample
+from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample, make_sample
 
 
 class SumTable(Metric):
@@ -44,6 +45,18 @@ def shard(items: list, rank: int, world: int) -> list[tuple[object, float]]:
     padded with weight-0 repeats, so all ranks make the same forward calls (DDP and FSDP need that)."""
     mine = [(x, 1.0) for x in items[rank::world]]
     return mine + [(items[0], 0.0)] * (-(-len(items) // world) - len(mine)) if items else []
+
+
+def probe_batches(specs: list[tuple], ctx: GenContext, batch_size: int, seed: int, rank: int, world: int,
+                  device: torch.device) -> Iterator[tuple[list[tuple], list[Sample], torch.Tensor]]:
+    """This rank's share of the probes ``specs`` (task, length, depth, index), length by length, in
+    batches of equal length: (specs, samples, weights (B,) float64; 0 for ``shard``'s padding)."""
+    for length in dict.fromkeys(spec[1] for spec in specs):
+        mine = shard([spec for spec in specs if spec[1] == length], rank, world)
+        for i in range(0, len(mine), batch_size):
+            batch = mine[i : i + batch_size]
+            samples = [make_sample(t, ctx, n, d, k, seed) for (t, n, d, k), _ in batch]
+            yield [spec for spec, _ in batch], samples, torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)
 
 
 def model_window(model) -> int | None:
@@ -107,15 +120,10 @@ class LongContextEval:
         """Sums of ``STATS`` per (task, length, depth, in_window) cell over this rank's probes."""
         c = self.cfg
         cells = SumTable(len(c.tasks) * len(c.lengths) * len(c.depths) * 2, len(STATS)).to(device)
-        for length in c.lengths:  # one length per batch: every probe of a length has exactly that many tokens
-            mine = shard([s for s in self.specs if s[1] == length], rank, world)
-            for i in range(0, len(mine), c.batch_size):
-                batch = mine[i : i + c.batch_size]
-                samples = [make_sample(t, self.ctx, n, d, k, c.seed) for (t, n, d, k), _ in batch]
-                stats, in_window = score_samples(model, samples, c.chunk_tokens, dtype, window, device)
-                index = torch.tensor([self._cell(*spec[:3], w) for (spec, _), w in zip(batch, in_window.tolist())])
-                weight = torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)
-                cells.update(index, stats * weight[:, None])
+        for specs, samples, weight in probe_batches(self.specs, self.ctx, c.batch_size, c.seed, rank, world, device):
+            stats, in_window = score_samples(model, samples, c.chunk_tokens, dtype, window, device)
+            index = torch.tensor([self._cell(*spec[:3], w) for spec, w in zip(specs, in_window.tolist())])
+            cells.update(index, stats * weight[:, None])
         return (cells,)
 
     def _held_out(self, model, dtype, rank, world, device) -> tuple[SumTable, SumTable]:

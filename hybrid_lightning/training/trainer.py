@@ -14,7 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
-from hybrid_lightning.eval.callback import LongContextEvaluation
+from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.rundir import CKPT_DIR
 from hybrid_lightning.training.callbacks import StepProgressBar, Throughput
 from hybrid_lightning.training.system import LMSystem
@@ -54,6 +54,8 @@ def build_trainer(
     callbacks = [checkpoints, throughput, *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
+    if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
+        callbacks.append(RetrievalHeadsEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
     plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []  # submitit owns requeue

@@ -1,0 +1,274 @@
+"""Retrieval heads: the retrieval score of Wu et al. 2024 (*Retrieval Head Mechanistically Explains
+Long-Context Factuality*, arXiv 2404.15574) for every attention head, with the records that tell a
+head that copies the needle from one that only finds it.
+
+Wu et al. run needle-in-a-haystack probes and, at each answer step, take for every (layer, head)
+the key position that the head's attention weights most. It is a hit when that position lies in
+the needle and holds the token being produced; a head's score is its hits per answer token,
+averaged over samples (they keep samples answered with ROUGE-1 recall > 0.5); a head scoring above
+0.1 is a retrieval head. Here:
+
+- The answer is teacher-forced (one forward of prompt + answer, ``scoring.score_samples``), so the
+  token being produced at each answer step is the answer's own: heads are judged at the right
+  continuation whether or not the model would produce it, and the score is defined long before the
+  model answers. ``eval.heads.min_answer_accuracy`` restores Wu et al.'s filter (their 0.5 becomes
+  "more than half the answer tokens argmax-correct"); it is off by default because a small model
+  answers almost nothing while its heads form, which is when one wants to watch them.
+- ``score`` counts a hit only on the position the answer token is copied from
+  (``Sample.answer_source``, or the same offset in another statement of the same value: the pass key
+  is stated twice). ``token_score`` is Wu et al.'s test, any needle position holding the same token:
+  with a large subword vocabulary the two agree, with bytes a digit recurs inside a value and a head
+  looking anywhere in it matches by repetition alone (about 1/10 per step for digits).
+- Copying, not only finding: a head that spreads its attention over a k-token answer span lands on
+  the right token 1/k of the time, a score above 0.1 for k < 10. So the probes use answers of at least
+  ``eval.heads.value_tokens`` (16) tokens and every head also records ``in_span`` (share of answer
+  steps whose argmax is in the span of the value being copied), ``copy_precision`` (hits / in-span
+  argmaxes), and the attention mass on that span (``span_mass``) and on the source token
+  (``source_mass``). Roles: ``copy`` = a retrieval head whose in-span argmaxes mostly hit
+  (``min_copy_precision``); ``locator`` = any other head whose argmax is in the span on most answer
+  steps (``min_in_span``).
+
+Only attention mixers (full and sliding-window) are scored; other layers are reported as not
+applicable. Attention rows are computed only for the answer steps: while the model runs in pieces,
+forward pre-hooks keep each attention layer's keys (all positions for full attention, the last W-1
+before the answer for a window of W) and its queries at the answer rows; then those queries meet
+the keys (B x H x answer x T scores, never T x T). Memory: a second copy of the full-attention KV
+cache's keys.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import torch
+
+from hybrid_lightning.config import EvalConfig
+from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
+from hybrid_lightning.eval.scoring import STATS, score_samples
+from hybrid_lightning.eval.tasks import GenContext, Sample
+from hybrid_lightning.model.attention import causal_mask
+from hybrid_lightning.model.mixers.attention import Attention
+
+# Per (layer, head) sums over samples: per-sample means over answer steps of hits, token hits,
+# in-span argmaxes, span mass, source mass; then the pooled counts of hits and in-span argmaxes.
+HEAD_STATS = ("score", "token_score", "in_span", "span_mass", "source_mass", "hits", "in_span_steps")
+# Per-evaluation sums: samples, samples kept by the filter, exact matches, answer tokens, correct ones.
+SAMPLE_STATS = ("samples", "kept", "exact", "answer_tokens", "correct")
+
+
+def check_heads_probes(cfg: EvalConfig, tokenizer) -> None:
+    """``check_lengths`` for the ``eval.heads`` probes; the error names eval.heads.* keys."""
+    h = cfg.heads
+    try:
+        check_lengths(cfg.model_copy(update={"tasks": h.tasks, "lengths": h.lengths, "value_tokens": h.value_tokens}), tokenizer)
+    except ValueError as e:
+        raise ValueError(re.sub(r"^eval\.", "eval.heads.", str(e))) from None
+
+
+def attention_layers(model) -> list[tuple[int, Attention]]:
+    """(layer index, mixer) of every attention layer (full or sliding-window) of a ``HybridLM``."""
+    return [(i, block.mixer) for i, block in enumerate(model.layers) if isinstance(block.mixer, Attention)]
+
+
+class _Capture:
+    """Forward pre-hook on an attention mixer: while the model runs in pieces, projects the mixer's
+    inputs as the mixer does (positions, QK-norm, autocast) and keeps the keys at positions >= ``lo``
+    and the queries at positions >= ``qlo``. Projecting inside the forward also works where weights
+    are only whole during it (FSDP)."""
+
+    def __init__(self, lo: int, qlo: int):
+        self.lo, self.qlo, self.q, self.k = lo, qlo, [], []
+
+    def __call__(self, module: Attention, args) -> None:
+        x, state = args[0], args[1] if len(args) > 1 else None
+        start = state.get("pos", 0) if state is not None else 0
+        skip = max(0, self.lo - start)
+        if skip >= x.shape[1]:
+            return
+        q, k, _ = module.project(x[:, skip:], start + skip)  # (B, H, t, Dh), (B, Hkv, t, Dh)
+        self.k.append(k)
+        self.q.append(q[:, :, max(0, self.qlo - start - skip) :])
+
+    def keys(self) -> torch.Tensor:
+        return torch.cat(self.k, dim=2)  # (B, Hkv, T - lo, Dh)
+
+    def queries(self) -> torch.Tensor:
+        return torch.cat(self.q, dim=2)  # (B, H, T - qlo, Dh)
+
+
+def answer_targets(s: Sample, qlo: int, nq: int, n: int) -> tuple[np.ndarray, ...]:
+    """What each answer row of ``s`` should look at, for rows at positions qlo ... qlo+nq-1 (position
+    p predicts token p+1) over key positions 0 ... n-1. Returns ``valid`` (nq,): the row predicts an
+    answer token copied from the prompt; ``source``, ``span``, ``token`` (nq, n): the positions the
+    token is copied from (every statement of its value), the spans of those statements, and needle
+    positions holding the same token (Wu et al.'s test)."""
+    P = len(s.prompt)
+    valid = np.zeros(nq, bool)
+    source, span, token = (np.zeros((nq, n), bool) for _ in range(3))
+    needle = np.zeros(n, bool)
+    for a, b in s.needle_spans:
+        needle[a:b] = True
+    keys = np.full(n, -1, np.int64)
+    keys[:P] = s.prompt
+    starts = {}  # value span -> start of every statement of that value in the prompt
+    for a, b in s.value_spans:
+        windows = np.lib.stride_tricks.sliding_window_view(s.prompt, b - a)
+        starts[(a, b)] = np.flatnonzero((windows == s.prompt[a:b]).all(axis=1))
+    for j, src in enumerate(s.answer_source.tolist()):
+        if src < 0:
+            continue  # a separator between values: nothing to copy
+        r = P - 1 + j - qlo
+        (a, b), = [(a, b) for a, b in s.value_spans if a <= src < b]
+        valid[r] = True
+        for st in starts[(a, b)]:
+            source[r, st + src - a] = True
+            span[r, st : st + b - a] = True
+        token[r] = needle & (keys == s.answer[j])
+    return valid, source, span, token
+
+
+def head_stats(probs: torch.Tensor, valid: torch.Tensor, source: torch.Tensor, span: torch.Tensor,
+               token: torch.Tensor) -> torch.Tensor:
+    """Per-sample ``HEAD_STATS`` (B, H, len(HEAD_STATS)) float64 from the attention rows of the answer.
+
+    Args:
+        probs: (B, H, nq, nk) attention weights of the answer rows over the keys.
+        valid: (B, nq) rows that predict a copied answer token.
+        source, span, token: (B, nq, nk) targets of each row (``answer_targets``).
+    """
+    H = probs.shape[1]
+    top = probs.argmax(dim=-1, keepdim=True)  # (B, H, nq, 1); ties go to the first position
+
+    def at_top(mask: torch.Tensor) -> torch.Tensor:  # (B, nq, nk) -> (B, H, nq): the argmax is in mask
+        return mask[:, None].expand(-1, H, -1, -1).gather(-1, top).squeeze(-1)
+
+    v = valid[:, None].double()  # (B, 1, nq)
+    n = valid.sum(dim=1).clamp(min=1).double()[:, None]  # (B, 1)
+    hits, in_span = (at_top(source) * v).sum(-1), (at_top(span) * v).sum(-1)  # (B, H)
+    token_hits = (at_top(token) * v).sum(-1)
+    span_mass = ((probs * span[:, None]).sum(-1).double() * v).sum(-1)
+    source_mass = ((probs * source[:, None]).sum(-1).double() * v).sum(-1)
+    return torch.stack([hits / n, token_hits / n, in_span / n, span_mass / n, source_mass / n, hits, in_span], dim=-1)
+
+
+def answer_attention(q: torch.Tensor, k: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Attention weights (B, H, nq, nk) fp32 of the queries q (B, H, nq, Dh) at the last nq of the
+    key positions of k (B, Hkv, nk, Dh), causal and within ``window``."""
+    q = q.float()
+    k = k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, nk, Dh)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, nq, nk)
+    scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], window, q.device), float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+class RetrievalHeads:
+    """The retrieval-head probes of an ``eval:`` config (its ``heads`` section), scored by ``run``.
+
+    Args:
+        cfg: the ``eval:`` section (``eval.heads`` plus the shared seed, batch size and chunk).
+        tokenizer: the run's tokenizer.
+        held_out: held-out token stream (essay haystacks).
+    """
+
+    def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
+        self.cfg, h = cfg, cfg.heads
+        self.ctx = GenContext(tokenizer, held_out, h.value_tokens)
+        self.specs = [(t, n, d, i) for n in h.lengths for t in h.tasks for d in h.depths for i in range(h.samples)]
+
+    @torch.no_grad()
+    def run(self, model, *, step: int, tokens: int, dtype: torch.dtype | None = None, rank: int = 0, world: int = 1) -> dict:
+        """Scores every attention head of ``model`` (a ``HybridLM``); returns the report (see ``report``).
+        The arguments are ``LongContextEval.run``'s: step of the last training batch, training tokens
+        seen, autocast dtype (None = the model's precision), this process's rank and the process count."""
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        heads = SumTable(len(model.layers) * model.cfg.n_heads, len(HEAD_STATS)).to(device)
+        samples = SumTable(1, len(SAMPLE_STATS)).to(device)
+        for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank, world, device):
+            self._score(model, probes, weight, dtype, device, heads, samples)
+        model.train(was_training)
+        # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
+        totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in (heads, samples)]
+        return self.report(model, *totals, step, tokens)
+
+    def _score(self, model, probes: list[Sample], weight: torch.Tensor, dtype, device, heads: SumTable,
+               samples: SumTable) -> None:
+        """One batch of equal-length probes: one teacher-forced forward with the attention queries and keys
+        captured, then the answer rows of every attention layer."""
+        L = len(probes[0].prompt) + len(probes[0].answer)
+        qlo = min(len(s.prompt) for s in probes) - 1  # the first row that predicts an answer token
+        nq = L - 1 - qlo
+        layers = attention_layers(model)
+        captures = [_Capture(0 if m.window is None else max(0, qlo - m.window + 1), qlo) for _, m in layers]
+        hooks = [m.register_forward_pre_hook(c) for (_, m), c in zip(layers, captures)]
+        try:
+            stats, _ = score_samples(model, probes, self.cfg.chunk_tokens, dtype, None, device)  # (B, len(STATS))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        s = dict(zip(STATS, stats.T))
+        floor = self.cfg.heads.min_answer_accuracy
+        kept = torch.ones_like(weight) if floor is None else (s["correct"] / s["tokens"] > floor).double()
+        samples.update(torch.zeros(1, dtype=torch.long), torch.stack([
+            weight.sum(), (weight * kept).sum(), (weight * s["exact"]).sum(), (weight * s["tokens"]).sum(),
+            (weight * s["correct"]).sum()])[None])
+        targets = [answer_targets(p, qlo, nq, L - 1) for p in probes]
+        valid, source, span, token = (torch.from_numpy(np.stack(t)).to(device) for t in zip(*targets))
+        H = model.cfg.n_heads
+        for (index, mixer), capture in zip(layers, captures):
+            probs = answer_attention(capture.queries(), capture.keys(), mixer.window)
+            per = head_stats(probs, valid, source[..., capture.lo :], span[..., capture.lo :], token[..., capture.lo :])
+            heads.update(index * H + torch.arange(H), (per * (weight * kept)[:, None, None]).sum(dim=0))
+
+    def report(self, model, heads: torch.Tensor, samples: torch.Tensor, step: int, tokens: int) -> dict:
+        """The tidy report: one row per attention head, one per layer (non-attention layers marked not
+        applicable), and totals. Scores are None when no sample was kept."""
+        h, H = self.cfg.heads, model.cfg.n_heads
+        n = dict(zip(SAMPLE_STATS, samples[0].tolist()))
+        scored = {i for i, _ in attention_layers(model)}
+        rows = []
+        for layer, head in itertools.product(sorted(scored), range(H)):
+            t = dict(zip(HEAD_STATS, heads[layer * H + head].tolist()))
+            spec = model.plan[layer]
+            row = {"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": spec.mixer, "window": spec.window,
+                   "pos": spec.pos}
+            if n["kept"]:
+                row |= {k: t[k] / n["kept"] for k in ("score", "token_score", "in_span", "span_mass", "source_mass")}
+                row["copy_precision"] = t["hits"] / t["in_span_steps"] if t["in_span_steps"] else None
+            else:
+                row |= dict.fromkeys(("score", "token_score", "in_span", "span_mass", "source_mass", "copy_precision"))
+            row["retrieval"] = row["score"] is not None and row["score"] > h.threshold
+            copy = row["retrieval"] and (row["copy_precision"] or 0.0) >= h.min_copy_precision
+            locator = not copy and row["in_span"] is not None and row["in_span"] >= h.min_in_span
+            row["role"] = "copy" if copy else "locator" if locator else None
+            rows.append(row)
+        layers = []
+        for spec in model.plan:
+            mine = [r for r in rows if r["layer"] == spec.index]
+            layers.append({"step": step, "tokens": tokens, "layer": spec.index, "kind": spec.mixer, "window": spec.window,
+                           "pos": spec.pos, "applicable": spec.index in scored, **counts(mine, scored=spec.index in scored)})
+        return {
+            "step": step, "tokens": tokens, "settings": h.model_dump(mode="json"), "samples": int(n["samples"]),
+            "kept": int(n["kept"]), "accuracy": n["exact"] / n["samples"] if n["samples"] else None,
+            "token_accuracy": n["correct"] / n["answer_tokens"] if n["answer_tokens"] else None,
+            "heads": rows, "layers": layers, "total": counts(rows, scored=bool(rows)),
+        }
+
+
+def counts(rows: list[dict], scored: bool = True) -> dict:
+    """Retrieval, copy and locator head counts and the max and mean score of head rows (None where
+    nothing is scored: a layer that is not attention, or no sample kept)."""
+    if not scored:
+        return dict.fromkeys(("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score"))
+    scores = [r["score"] for r in rows if r["score"] is not None]
+    return {
+        "retrieval_heads": sum(r["retrieval"] for r in rows),
+        "copy_heads": sum(r["role"] == "copy" for r in rows),
+        "locator_heads": sum(r["role"] == "locator" for r in rows),
+        "max_score": max(scores) if scores else None,
+        "mean_score": sum(scores) / len(scores) if scores else None,
+    }

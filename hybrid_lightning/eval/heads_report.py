@@ -1,0 +1,152 @@
+"""Reports of retrieval-head scores (heads.py) and head ablations (ablation.py): TensorBoard scalars,
+the layer x head score image, printed tables and the ``eval/heads_step_<k>.json`` files (format in
+README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hybrid_lightning.rundir import EVAL_DIR, write_atomic
+
+MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
+# Fields that identify an ablation row; a newer row replaces an older one with the same key.
+ABLATION_KEY = ("selection", "k", "seed", "masked", "task", "length")
+ANNOTATE_CELLS = 256  # the image prints each score when the grid has at most this many cells
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"{layer}.{head}"
+
+
+def layer_label(row: dict) -> str:
+    kind = f"{row['kind']}/{row['window']}" if row["window"] is not None else row["kind"]
+    return f"{row['layer']} {kind}" + ("" if row["applicable"] else " (n/a)")
+
+
+def heads_scalars(report: dict) -> dict[str, float]:
+    """TensorBoard scalars, tag -> value: totals under ``heads/``, each attention layer's under
+    ``heads/layer_<ll>/``, and the probes' exact match and token accuracy."""
+    out = {f"heads/{k}": float(v) for k, v in report["total"].items() if v is not None}
+    for layer in report["layers"]:
+        if layer["applicable"]:
+            out |= {f"heads/layer_{layer['layer']:02d}/{k}": float(layer[k]) for k in MEASURES if layer[k] is not None}
+    for k in ("accuracy", "token_accuracy"):
+        if report[k] is not None:
+            out[f"heads/probe_{k}"] = report[k]
+    return out
+
+
+def score_grid(report: dict) -> np.ndarray:
+    """(layers, heads) retrieval scores; NaN where a layer is not attention or nothing was scored."""
+    n_heads = 1 + max((r["head"] for r in report["heads"]), default=0)
+    grid = np.full((len(report["layers"]), n_heads), np.nan)
+    for r in report["heads"]:
+        if r["score"] is not None:
+            grid[r["layer"], r["head"]] = r["score"]
+    return grid
+
+
+def score_image(report: dict):
+    """A matplotlib figure: retrieval score by layer (rows) and head (columns); grey = not scored,
+    C = copy head, L = locator head."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    grid = score_grid(report)
+    roles = {(r["layer"], r["head"]): r["role"] for r in report["heads"]}
+    n_layers, n_heads = grid.shape
+    fig = Figure(figsize=(2.4 + 0.5 * n_heads, 1.2 + 0.3 * n_layers), layout="constrained")
+    ax = fig.subplots()
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
+    image = ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=cmap, aspect="auto")
+    if grid.size <= ANNOTATE_CELLS:
+        for (i, j), v in np.ndenumerate(grid):
+            mark = {"copy": "C", "locator": "L"}.get(roles.get((i, j)), "")
+            text = "n/a" if np.isnan(v) else f"{v:.2f}{mark}"
+            ax.text(j, i, text, ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=7)
+    ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
+    ax.set_yticks(range(n_layers), [layer_label(r) for r in report["layers"]], fontsize=7)
+    ax.set_xlabel("head", fontsize=8)
+    ax.set_ylabel("layer", fontsize=8)
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    ax.set_title(f"retrieval score, step {report['step']} (C copy, L locator)", fontsize=9)
+    return fig
+
+
+def _num(v, fmt: str = ".3f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def heads_table(report: dict, top: int = 5) -> str:
+    """Plain text: the probes, the score grid (``*`` retrieval head, C copy, L locator), totals and
+    the ``top`` heads by score with their copy/locate records."""
+    s, t = report["settings"], report["total"]
+    lines = [f"step {report['step']}  tokens {report['tokens']:,}  probes {report['samples']} (scored {report['kept']})  "
+             f"exact {_num(report['accuracy'])}  token acc {_num(report['token_accuracy'])}",
+             f"retrieval score by layer and head (* above {s['threshold']:g}; C copy, L locator):"]
+    grid = score_grid(report)
+    cells = {(r["layer"], r["head"]): r for r in report["heads"]}
+    label_width = max(len(layer_label(r)) for r in report["layers"])
+    lines.append(" " * label_width + "".join(f"{h:>9}" for h in range(grid.shape[1])))
+    for layer in report["layers"]:
+        row = layer_label(layer).ljust(label_width)
+        for h in range(grid.shape[1]):
+            r = cells.get((layer["layer"], h))
+            if r is None or r["score"] is None:
+                row += f"{'-':>9}"
+            else:
+                mark = ("*" if r["retrieval"] else "") + {"copy": "C", "locator": "L"}.get(r["role"], "")
+                row += f"{r['score']:>7.3f}{mark:<2}"
+        lines.append(row)
+    lines.append(f"retrieval heads {t['retrieval_heads']} (copy {t['copy_heads']}, locator {t['locator_heads']}) of "
+                 f"{len(report['heads'])} attention heads; max score {_num(t['max_score'])}, mean {_num(t['mean_score'])}")
+    ranked = sorted((r for r in report["heads"] if r["score"] is not None), key=lambda r: -r["score"])[:top]
+    if ranked:
+        lines.append("top heads:  score  token score  in-span  copy precision  span mass  source mass  role")
+        for r in ranked:
+            lines.append(f"{head_name(r['layer'], r['head']):>9}  {r['score']:.3f}  {r['token_score']:11.3f}  {r['in_span']:7.3f}  "
+                         f"{_num(r['copy_precision']):>14}  {r['span_mass']:9.3f}  {r['source_mass']:11.3f}  {r['role'] or '-'}")
+    return "\n".join(lines)
+
+
+def ablation_table(report: dict) -> str:
+    """Plain text: the masked heads and, per task and length, the NIAH measures before -> after."""
+    rows = report["ablation"]
+    first = rows[0]
+    what = {"top": f"top-{first['k']} heads by score", "random": f"{first['k']} random heads (seed {first['seed']})",
+            "list": "the listed heads"}[first["selection"]]
+    lines = [f"ablation: mask {what}: " + " ".join(head_name(*h) for h in first["masked"]),
+             f"{'task':<18}{'length':>8}{'n':>5}{'exact (change)':>28}{'token acc (chance)':>27}{'answer loss':>20}"]
+    for r in rows:
+        lines.append(f"{r['task']:<18}{r['length']:>8}{r['n']:>5}"
+                     f"{r['accuracy']:>9.3f} -> {r['masked_accuracy']:.3f} ({r['masked_accuracy'] - r['accuracy']:+.3f})"
+                     f"{r['token_accuracy']:>10.3f} -> {r['masked_token_accuracy']:.3f} ({r['chance_token_accuracy']:.3f})"
+                     f"{r['answer_loss']:>10.3f} -> {r['masked_answer_loss']:.3f}")
+    base = sum(r["accuracy"] for r in rows) / len(rows)
+    masked = sum(r["masked_accuracy"] for r in rows) / len(rows)
+    lines.append(f"score {base:.3f} -> {masked:.3f} (drop {base - masked:.3f})")
+    return "\n".join(lines)
+
+
+def heads_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / EVAL_DIR / f"heads_step_{step}.json"
+
+
+def write_heads(run_dir: Path, report: dict) -> Path:
+    """Writes ``eval/heads_step_<step>.json``: the report's scores replace the file's; ablation rows
+    of the file that the report does not replace are kept."""
+    path = heads_path(run_dir, report["step"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged = {**report, "ablation": report.get("ablation", [])}
+    if path.is_file():
+        def key(row: dict) -> tuple:
+            return tuple(json.dumps(row[k]) for k in ABLATION_KEY)
+
+        new = {key(r) for r in merged["ablation"]}
+        old = json.loads(path.read_text()).get("ablation", [])
+        merged["ablation"] = [r for r in old if key(r) not in new] + merged["ablation"]
+    write_atomic(path, json.dumps(merged, indent=1))
+    return path

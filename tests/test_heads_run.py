@@ -1,0 +1,71 @@
+"""D2 end to end: a tiny CPU run logs retrieval-head scalars and the layer x head image to TensorBoard
+and writes eval/heads_step_<k>.json; ``hybrid-lightning heads`` gives the callback's scores on the same
+checkpoint, prints them and the accuracy drop of a head ablation, and reports user errors plainly."""
+
+import io
+import json
+
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import TINY, run_cli
+from hybrid_lightning.cli import main
+
+HEADS = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.tasks=[passkey]",
+         "--set", "eval.lengths=[512]", "--set", "eval.depths=[0.0,1.0]",
+         "--set", "eval.heads.every_n_steps=10", "--set", "eval.heads.tasks=[passkey,niah_single_2]",
+         "--set", "eval.heads.lengths=[560]", "--set", "eval.heads.depths=[0.0,1.0]",
+         "--set", "train.checkpoint_every_n_steps=10", "--set", "train.max_steps=15", "--set", "train.warmup_steps=5"]
+SCORES = ("samples", "kept", "accuracy", "token_accuracy", "heads", "layers", "total", "settings")
+
+
+def read(path):
+    return json.loads(path.read_text())
+
+
+def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *HEADS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [9, 14]  # after steps 10 and 15 (the end), at the step of the last training batch
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    for tag in ("heads/retrieval_heads", "heads/copy_heads", "heads/max_score", "heads/mean_score", "heads/seconds",
+                "heads/layer_00/retrieval_heads", "heads/layer_01/mean_score", "heads/probe_token_accuracy"):
+        assert [e.step for e in acc.Scalars(tag)] == steps, tag
+    assert "longctx/score" not in acc.Tags()["scalars"]
+    images = acc.Images("heads/scores")
+    assert [e.step for e in images] == steps
+    assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_14.json", "heads_step_9.json"]
+    callback = read(run_dir / "eval" / "heads_step_14.json")
+    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 4 and callback["ablation"] == []
+    assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [(0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
+    assert callback["settings"]["value_tokens"] == 16 and callback["layers"][1]["window"] is None
+
+    # the command on the newest checkpoint: the callback's scores, printed and written with the ablation
+    assert main(["heads", str(run_dir), "--mask-top", "1"]) == 0
+    out = capsys.readouterr().out
+    offline = read(run_dir / "eval" / "heads_step_14.json")
+    assert {k: offline[k] for k in SCORES} == {k: callback[k] for k in SCORES}
+    assert "retrieval score by layer and head" in out and "ablation: mask top-1 heads by score" in out and "drop" in out
+    (row,) = offline["ablation"]
+    assert row["task"] == "passkey" and row["length"] == 512 and row["n"] == 2 and row["selection"] == "top"
+    top = max(callback["heads"], key=lambda h: h["score"])
+    assert row["masked"] == [[top["layer"], top["head"]]]
+
+    # an older checkpoint gives that step's record; a random ablation is added beside the top one
+    callback_9 = read(run_dir / "eval" / "heads_step_9.json")
+    assert main(["heads", str(run_dir), "--ckpt", str(run_dir / "checkpoints" / "step_0000010.ckpt")]) == 0
+    assert read(run_dir / "eval" / "heads_step_9.json") == callback_9
+    assert "step 9 " in capsys.readouterr().out
+    assert main(["heads", str(run_dir), "--mask-random", "1", "--seed", "3"]) == 0
+    assert [r["selection"] for r in read(run_dir / "eval" / "heads_step_14.json")["ablation"]] == ["top", "random"]
+
+    # user errors: exit code 2, a message naming the bad option, no traceback
+    assert main(["heads", str(run_dir), "--mask", "5.0"]) == 2
+    assert "--mask: ['5.0'] is not a list of attention heads (attention layers [0, 1], 2 heads each)" in capsys.readouterr().err
+    assert main(["heads", str(run_dir), "--set", "model.window=8"]) == 2
+    assert "overrides may only change eval.* keys" in capsys.readouterr().err
+    assert main(["heads", str(tmp_path)]) == 2
+    assert "no config.yaml" in capsys.readouterr().err
