@@ -110,6 +110,8 @@ def test_presets_zip_and_long_names(tmp_path):
         ({"axis": {"model.window": [8]}}, "unknown grid key 'axis'; did you mean 'axes'"),
         ({"base": "missing.yaml"}, "base: config file not found"),
         ({"axes": {"seed": [1, "1"]}}, "two cells are both named"),
+        ({"axes": {"eval.at_end": [True], "eval.lengths": [[1024], [200]]}}, "eval.lengths: 200 tokens is too short"),
+        ({"axes": {"eval.heads.at_end": [True], "eval.heads.lengths": [[256]]}}, "eval.heads.lengths"),
     ],
 )
 def test_bad_grids_name_the_problem(tmp_path, spec, message):

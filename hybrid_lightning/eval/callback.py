@@ -123,6 +123,15 @@ class LongContextEvaluation(PeriodicEvaluation):
             writer.add_figure("longctx/heatmap", heatmap(report), step, close=False)
 
 
+def check_probes(cfg: RunConfig, tokenizer) -> None:
+    """Raises ``ValueError`` naming the key when a probe of an enabled evaluation callback cannot be
+    built (e.g. ``eval.lengths`` too short for a task), so a grid fails at planning, not in its cells."""
+    if cfg.eval.every_n_steps or cfg.eval.at_end:
+        check_lengths(cfg.eval, tokenizer)
+    if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
+        check_heads_probes(cfg.eval, tokenizer)
+
+
 class RetrievalHeadsEvaluation(PeriodicEvaluation):
     """Retrieval scores of every attention head (``eval.heads:``), logged under ``heads/`` with the
     layer x head image ``heads/scores``, written to ``eval/heads_step_<k>.json``.

@@ -34,6 +34,8 @@ from hybrid_lightning.config import (
     validate_config,
     validate_grid_config,
 )
+from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.eval.callback import check_probes
 from hybrid_lightning.training.run import resolve_config
 
 MAX_NAME = 80  # characters; longer names keep a readable prefix and end in a hash
@@ -223,7 +225,9 @@ def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Pa
         raise ValueError(f"{grid_path}: 'name' cannot be set by an axis; each cell is named after its values")
     try:
         raw = resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent)
-        return resolve_config(validate_config(raw))
+        cfg = resolve_config(validate_config(raw))
+        check_probes(cfg, load_tokenizer(cfg.data.tokenizer))
+        return cfg
     except ValueError as e:
         raise ValueError(f"{grid_path}: cell {name}: {e}") from None
 
