@@ -79,7 +79,7 @@ def cmd_grid_plan(args: argparse.Namespace) -> int:
     from hybrid_lightning.grid.report import plan_rows, plan_table
 
     grid = load_grid(args.grid, args.root)
-    rows = plan_rows(grid, args.throughput)
+    rows = plan_rows(grid, args.throughput, args.tflops)
     print(json.dumps(rows, indent=1) if args.json else plan_table(grid, rows))
     return 0
 
@@ -120,7 +120,10 @@ def _add_grid_parser(sub) -> None:
 
     p = action("plan", "validate every cell and print them", cmd_grid_plan)
     p.add_argument("--json", action="store_true", help="the cells as a JSON list")
-    p.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
+    speed.add_argument("--tflops", type=float, metavar="TFLOPS",
+                       help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
     p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
     p.add_argument("--executor", choices=["slurm", "local"], required=True, help="SLURM job arrays, or this machine")
     p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")

@@ -194,6 +194,9 @@ class TrainConfig(_Frozen):
     """The ``train:`` section."""
 
     max_steps: int = Field(200, ge=1)
+    tokens_per_param: float | None = Field(
+        None, gt=0, description="token budget as a multiple of the non-embedding parameters (the paper's 100N-1000N); replaces max_steps"
+    )
     batch_size: int = Field(16, ge=1, description="sequences per device per step")
     seq_len: int = Field(128, ge=2)
     lr: float = Field(3e-3, gt=0)
@@ -219,8 +222,11 @@ class TrainConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.warmup_steps >= self.max_steps and self.max_steps > 1:
+        budget_pending = self.tokens_per_param is not None  # max_steps follows from it; checked once resolved
+        if self.warmup_steps >= self.max_steps and self.max_steps > 1 and not budget_pending:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}")
+        if self.tokens_per_param is not None and self.devices == "auto":
+            raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on it")
         return self
 
 

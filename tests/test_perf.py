@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hybrid_lightning import build_model
+from hybrid_lightning.model import model_flops_per_token
 from hybrid_lightning.bench import gpu
 from hybrid_lightning.bench.training import PlainStep, architectures
 from hybrid_lightning.config import config_to_dict, validate_config
@@ -61,7 +62,7 @@ def test_model_flops_per_token_counts_matmuls_and_visible_keys():
     T, d = 5, 32
     weights = 2 * (4 * d * d + 3 * d * model.cfg.mlp_width) + 20 * d
     keys_full, keys_window = (1 + 2 + 3 + 4 + 5) / T, (1 + 2 + 3 + 3 + 3) / T
-    assert math.isclose(gpu.model_flops_per_token(model, T), 6 * weights + 12 * d * (keys_full + keys_window))
+    assert math.isclose(model_flops_per_token(model, T), 6 * weights + 12 * d * (keys_full + keys_window))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the script would run")

@@ -26,7 +26,7 @@ import torch
 
 from hybrid_lightning.bench.__main__ import DEFAULT_OUT, markdown
 from hybrid_lightning.bench.training import PlainStep
-from hybrid_lightning.model import build_model, count_params
+from hybrid_lightning.model import build_model, count_params, model_flops_per_token
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 
 TOLERANCE = 2e-2  # relative RMS error allowed in bf16 (its unit roundoff is 2**-8 = 3.9e-3)
@@ -76,21 +76,6 @@ def recurrent() -> object:
     if importlib.util.find_spec("hybrid_lightning.bench.gpu_recurrent") is None:
         return "hybrid_lightning.bench.gpu_recurrent is not installed: no recurrent check"
     return importlib.import_module("hybrid_lightning.bench.gpu_recurrent").main()
-
-
-def model_flops_per_token(model: torch.nn.Module, T: int) -> float:
-    """Training FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6 per matmul weight (forward 2,
-    backward 4) plus 12 d per visible key in each attention layer (QK^T and PV, forward and backward),
-    counting only the keys a causal or windowed query sees. Recurrent mixers count their weights only."""
-    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # with the head
-    attention = 0.0
-    d = model.cfg.d_model
-    for spec in model.plan:
-        if spec.mixer in ("full", "swa"):
-            W = spec.window or T
-            keys = sum(min(t + 1, W) for t in range(T)) / T
-            attention += 12 * d * keys
-    return 6 * matmul + attention
 
 
 def mfu(device: torch.device, peak_tflops: float | None) -> list[dict]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+
+from hybrid_lightning.config import ModelConfig
 
 from hybrid_lightning.grid.spec import Cell, Grid, format_value
 from hybrid_lightning.grid.state import CellState
@@ -15,33 +18,41 @@ def cell_tokens(cell: Cell) -> int:
     return t.max_steps * t.batch_size * t.seq_len * devices * t.num_nodes
 
 
-def non_embedding_params(cell: Cell) -> int:
-    import torch
-
-    from hybrid_lightning.model import build_model, count_params
-
-    with torch.device("meta"):  # counts without allocating weights
-        return count_params(build_model(cell.config.model))["non_embedding"]
-
-
-def plan_rows(grid: Grid, throughput: float | None = None) -> list[dict]:
+def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:
     """One dict per cell: name, axis labels, overrides, run directory, parameters, tokens, GPU-hours.
 
     Args:
         grid: the expanded grid.
-        throughput: training tokens per second per GPU, for the GPU-hour estimate.
+        throughput: training tokens per second per GPU, for the GPU-hour estimate of every cell.
+        tflops: sustained training TFLOP/s per GPU, for a GPU-hour estimate from each cell's FLOPs
+            per token (``model_flops_per_token``): cells of different sizes get their own.
     """
     rows = []
     for cell in grid.cells:
         tokens = cell_tokens(cell)
+        params, flops = _model_counts(cell.config.model, cell.config.train.seq_len)
         row = {
             "name": cell.name, "axes": cell.labels, "overrides": cell.overrides, "run_dir": str(cell.run_dir),
-            "non_embedding_params": non_embedding_params(cell), "tokens": tokens,
+            "non_embedding_params": params, "tokens": tokens,
         }
         if throughput:
             row["gpu_hours"] = tokens / throughput / 3600
+        elif tflops:
+            row["gpu_hours"] = flops * tokens / (tflops * 1e12) / 3600
         rows.append(row)
     return rows
+
+
+@functools.cache
+def _model_counts(cfg: ModelConfig, seq_len: int) -> tuple[int, float]:
+    """Non-embedding parameters and training FLOPs per token; cells mostly share their models."""
+    import torch
+
+    from hybrid_lightning.model import build_model, count_params, model_flops_per_token
+
+    with torch.device("meta"):  # counts without allocating weights
+        model = build_model(cfg)
+    return count_params(model)["non_embedding"], model_flops_per_token(model, seq_len)
 
 
 def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:

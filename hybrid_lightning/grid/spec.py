@@ -17,6 +17,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from hybrid_lightning.config import (
+    EvalConfig,
     GridConfig,
     RunConfig,
     apply_assignments,
@@ -226,10 +228,16 @@ def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Pa
     try:
         raw = resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent)
         cfg = resolve_config(validate_config(raw))
-        check_probes(cfg, load_tokenizer(cfg.data.tokenizer))
+        _check_probes(cfg.eval, cfg.data.tokenizer)
         return cfg
     except ValueError as e:
         raise ValueError(f"{grid_path}: cell {name}: {e}") from None
+
+
+@functools.cache
+def _check_probes(eval_cfg: EvalConfig, tokenizer: str) -> None:
+    """Cells mostly share their evaluation settings: each distinct one is checked once."""
+    check_probes(eval_cfg, load_tokenizer(tokenizer))
 
 
 def _check_excludes(spec: GridConfig, label_values: dict[str, list], grid_path: Path) -> None:

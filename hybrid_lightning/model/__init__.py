@@ -47,3 +47,18 @@ def count_params(model: HybridLM) -> dict:
 
 
 __all__ = ["BYTE_VOCAB", "HybridLM", "LayerSpec", "build_model", "count_params", "layer_plan", "plan_string", "resolve_model_config"]
+
+
+def model_flops_per_token(model: HybridLM, T: int) -> float:
+    """Training FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6 per matmul weight (forward 2,
+    backward 4) plus 12 d per visible key in each attention layer (QK^T and PV, forward and backward),
+    counting only the keys a causal or windowed query sees. Recurrent mixers count their weights only."""
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))  # with the head
+    attention = 0.0
+    d = model.cfg.d_model
+    for spec in model.plan:
+        if spec.mixer in ("full", "swa"):
+            W = min(spec.window or T, T)
+            keys = (W * (W + 1) / 2 + (T - W) * W) / T  # mean over queries t of min(t + 1, W)
+            attention += 12 * d * keys
+    return 6 * matmul + attention

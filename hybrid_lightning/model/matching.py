@@ -34,8 +34,9 @@ class ParamMatch:
         return (self.matched - self.reference) / self.reference
 
 
+@functools.cache
 def non_embedding_params(cfg: ModelConfig) -> int:
-    """Counts without allocating: the model is built on the meta device."""
+    """Counts without allocating: the model is built on the meta device (once per config)."""
     from hybrid_lightning.model import count_params
     from hybrid_lightning.model.transformer import HybridLM
 

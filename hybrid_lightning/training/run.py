@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import socket
 import subprocess
@@ -12,9 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid_lightning import __version__
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config, validate_config
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.model.matching import non_embedding_params
 from hybrid_lightning.rundir import (
     CKPT_DIR,
     CONFIG_FILE,
@@ -37,12 +39,29 @@ RESUMABLE_SECTIONS = ("eval.",)
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
-    """Fills what follows from other settings: the vocabulary size from the tokenizer, the name."""
+    """Fills what follows from other settings: the vocabulary size from the tokenizer, the name, and
+    ``train.max_steps`` from ``train.tokens_per_param``."""
     check_sources(cfg.data)
     model = cfg.model
     if model.vocab_size is None:
         model = model.model_copy(update={"vocab_size": load_tokenizer(cfg.data.tokenizer).vocab_size})
-    return cfg.model_copy(update={"model": model, "name": cfg.name or "run"})
+    cfg = cfg.model_copy(update={"model": model, "name": cfg.name or "run"})
+    if cfg.train.tokens_per_param is None:
+        return cfg
+    steps = budget_steps(cfg)
+    if cfg.train.warmup_steps >= steps > 1:
+        raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be below train.max_steps={steps} "
+                         f"(from train.tokens_per_param={cfg.train.tokens_per_param})")
+    raw = config_to_dict(cfg)
+    raw["train"]["max_steps"] = steps
+    return validate_config(raw)
+
+
+def budget_steps(cfg: RunConfig) -> int:
+    """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters, rounded up."""
+    t = cfg.train
+    tokens_per_step = t.batch_size * t.seq_len * t.devices * t.num_nodes
+    return max(1, math.ceil(t.tokens_per_param * non_embedding_params(cfg.model) / tokens_per_step))
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
