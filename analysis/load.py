@@ -43,7 +43,7 @@ _EVAL_RE = re.compile(r"^(heads_)?step_(\d+)\.json$")
 class Runs:
     """Everything ``load_runs`` read; every table has a ``run`` column (the run's path relative to the root).
 
-    configs: one row per run: ``run``, ``path``, ``state`` (status.json; ``unknown`` without one),
+    configs: one row per run: ``run``, ``path``, ``state`` (status.json; ``no status.json`` without one),
         ``status_step``, ``tokens_per_step``, ``arch`` (the identity: config without seed and
         bookkeeping, as JSON), ``label`` (readable ``arch``), ``eval_files``, and every flattened config key.
     metrics: run, step, tokens, metric, value, then ``label``, ``seed`` and the config keys that
@@ -158,7 +158,7 @@ def _configs(names: list[str], dirs: list[Path], raw: list[dict]) -> pd.DataFram
     rows = []
     for name, path, r in zip(names, dirs, raw):
         cfg = {k: v for k, v in r["config"].items() if not k.startswith("provenance.")}
-        rows.append({"run": name, "path": str(path), "state": r["status"].get("state", "unknown"),
+        rows.append({"run": name, "path": str(path), "state": r["status"].get("state", "no status.json"),
                      "status_step": r["status"].get("step"), "tokens_per_step": _tokens_per_step(cfg, r),
                      "eval_files": bool(r["records"] or r["totals"]), **cfg})
     configs = pd.DataFrame(rows)

@@ -49,7 +49,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     runs = load_runs(dirs, root=folder, workers=workers or min(4, os.cpu_count() or 1))
     planned = _planned_cells(grid, folder) if grid is not None else None
     sections = [f"# Analysis of {folder}\n",
-                f"{len(runs.configs)} runs, {runs.configs['label'].nunique()} architectures. Long-context score "
+                f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
                 f"(`--metric {metric}`): {METRIC_TEXT[metric]}. Spread over seeds: min-max range (figures, "
                 "`*_min`/`*_max` columns) and sample standard deviation (`std`).\n",
                 _missing(runs, planned, tag)]
@@ -78,8 +78,7 @@ def _missing(runs: Runs, planned: list[tuple[str, Path]] | None, tag: str) -> st
                      + (f"; not started: {', '.join(f'`{n}`' for n in absent)}." if absent else "."))
     c = runs.configs
     unfinished = c[c["state"] != "done"]
-    lines.append("Runs not done: " + (", ".join(f"`{r.run}` ({r.state}, step {_fmt(r.status_step)}/{r['train.max_steps']})"
-                                                for _, r in unfinished.iterrows()) if len(unfinished) else "none") + ".")
+    lines.append("Runs not done: " + (", ".join(f"`{r['run']}` ({_progress(r)})" for _, r in unfinished.iterrows()) or "none") + ".")
     no_eval = c[~c["eval_files"]]["run"]
     lines.append("Runs without evaluation files (eval/*.json): " + (", ".join(f"`{r}`" for r in no_eval) or "none") + ".")
     no_score = sorted(set(c["run"]) - set(runs.metrics.loc[runs.metrics["metric"] == tag, "run"]))
@@ -87,6 +86,12 @@ def _missing(runs: Runs, planned: list[tuple[str, Path]] | None, tag: str) -> st
     lines.append("Curves and thresholds use the steps every seed of an architecture has reached; final values are "
                  "each run's last logged value.\n")
     return "\n\n".join(lines)
+
+
+def _progress(run: pd.Series) -> str:
+    if pd.isna(run["status_step"]):
+        return run["state"]
+    return f"{run['state']}, step {int(run['status_step'])}/{run['train.max_steps']}"
 
 
 def _emergence(runs: Runs, out: Path, metric: str, tag: str) -> str:
