@@ -166,8 +166,9 @@ def _configs(names: list[str], dirs: list[Path], raw: list[dict]) -> pd.DataFram
         return pd.DataFrame(columns=["run", "path", "state", "status_step", "tokens_per_step", "eval_files", "arch", "label", "seed"])
     identities = [_identity(row) for row in configs.to_dict("records")]
     configs["arch"] = [json.dumps(i, sort_keys=True, default=str) for i in identities]
-    varying = [k for k in identities[0] if len({json.dumps(i.get(k), default=str) for i in identities}) > 1]
-    varying += [k for i in identities for k in i if k not in identities[0] and k not in varying]
+    keys = list(dict.fromkeys(k for i in identities for k in i))
+    # keys with two values or more among the runs that have them (a key a run lacks does not apply to it)
+    varying = [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
     configs["label"] = [_label(i, varying) for i in identities]
     return configs
 
@@ -188,14 +189,16 @@ def _tokens_per_step(cfg: dict, r: dict) -> float:
 
 def _identity(cfg: dict) -> dict:
     """The config keys that make an architecture (and budget): no seed, bookkeeping or evaluation keys; the
-    window only where the model has SWA layers, the mixer only where ``E`` occurs in the pattern."""
+    window only where the model has SWA layers, the mixer only where ``E`` occurs in the pattern, each
+    positional encoding only where the model has layers of its kind."""
     pattern = str(cfg.get("model.pattern", ""))
     mixers = _mixers(cfg)
     out = {}
     for k, v in cfg.items():
         if k in NOT_IDENTITY or k.startswith(NOT_IDENTITY_PREFIXES) or k in RUN_COLUMNS:
             continue
-        if (k == "model.window" and "swa" not in mixers) or (k == "model.mixer" and "E" not in pattern):
+        if ((k == "model.window" and "swa" not in mixers) or (k == "model.mixer" and "E" not in pattern)
+                or (k == "model.pos.full" and "F" not in pattern) or (k == "model.pos.efficient" and not mixers)):
             continue
         out[k] = None if isinstance(v, float) and pd.isna(v) else v  # a key other runs have and this one lacks
     return out
