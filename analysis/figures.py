@@ -90,7 +90,7 @@ def laziness(head_curves: dict[str, pd.DataFrame], threshold_line: float | None)
 def niah_heatmap(cells: pd.DataFrame, title: str, value_label: str) -> Figure:
     """One run's ``niah`` rows: needle depth (rows) x probe length (columns), one panel per task."""
     tasks = list(dict.fromkeys(cells["task"]))
-    fig = Figure(figsize=(2.6 + 2.4 * len(tasks), 3.4), layout="constrained")
+    fig = Figure(figsize=(3.2 + 2.4 * len(tasks), 3.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(tasks)))
     lo, hi = min(0.0, cells["value"].min()), max(1.0, cells["value"].max())
     for ax, task in zip(axes, tasks):
@@ -103,7 +103,7 @@ def niah_heatmap(cells: pd.DataFrame, title: str, value_label: str) -> Figure:
         ax.set_xlabel("probe length (tokens)", fontsize=8)
         ax.set_ylabel("needle depth (0 = start, 1 = end)", fontsize=8)
         ax.set_title(task, fontsize=9)
-    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=value_label)
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=value_label.replace(" (", "\n("))  # unit on a line of its own
     fig.suptitle(title, fontsize=9)
     return fig
 

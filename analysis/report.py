@@ -140,7 +140,7 @@ def _niah(runs: Runs, out: Path, metric: str) -> str:
     _write(cells, out, "niah.csv")
     used = tables.record_metric(metric)
     text = ["## 3. Needle depth x length, last evaluation of each run\n",
-            f"Cell value: {METRIC_TEXT[used]}, pooled over samples.\n"]
+            f"Cell value: `{used}`, {METRIC_AXIS[used]}, over the samples of the cell.\n"]
     if cells.empty:
         return "\n".join(text + ["No run has long-context records (eval/step_<k>.json) yet.\n"])
     for run, c in cells.groupby("run", sort=True):
