@@ -9,21 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures, tables
+from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
 from analysis.load import Runs, find_runs, load_runs
 
-METRIC_TEXT = {
-    "token_acc": "answer-token accuracy minus chance (teacher-forced, mean over task x length)",
-    "loss_gain": "chance loss minus answer loss (nats per answer token, mean over task x length)",
-    "exact": "exact match of the whole answer (share of probes, mean over task x length)",
-    "retrieval_acc": "val/retrieval_acc: argmax accuracy on queried values of synthetic validation sequences",
-}
-# Axis labels, with units.
-METRIC_AXIS = {
-    "token_acc": "answer-token accuracy - chance (share of answer tokens)",
-    "loss_gain": "chance loss - answer loss (nats per answer token)",
-    "exact": "exact match (share of probes)",
-    "retrieval_acc": "val/retrieval_acc (share of queried tokens)",
-}
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
 
 
@@ -34,12 +22,12 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     Args:
         folder: a grid root or any folder of run directories (searched recursively, ``.grid/`` skipped).
         out: output folder; default ``<folder>/analysis``.
-        metric: the long-context score (``tables.METRICS``).
+        metric: the long-context score (``analysis.metrics.METRICS``).
         grid: the grid file whose planned cells the report compares with the runs found.
         workers: processes reading runs; default up to 4, one per CPU.
     Returns: the path of report.md.
     """
-    tag = tables.metric_tag(metric)
+    tag = metric_tag(metric)
     folder = Path(folder)
     dirs = find_runs(folder)
     if not dirs:
@@ -138,7 +126,7 @@ def _head_threshold(runs: Runs) -> float | None:
 def _niah(runs: Runs, out: Path, metric: str) -> str:
     cells = tables.niah(runs.records, runs.configs, metric)
     _write(cells, out, "niah.csv")
-    used = tables.record_metric(metric)
+    used = record_metric(metric)
     text = ["## 3. Needle depth x length, last evaluation of each run\n",
             f"Cell value: `{used}`, {METRIC_AXIS[used]}, over the samples of the cell.\n"]
     if cells.empty:
@@ -157,7 +145,7 @@ def _pos(runs: Runs, out: Path, metric: str, summary: pd.DataFrame) -> str:
     text = ["## 4. NoPE vs RoPE\n",
             f"Architectures differing only in the positional encoding of the full-attention layers (`model.pos.full`) "
             f"or of the efficient layers (`model.pos.efficient`): long-context score beyond the training length "
-            f"(`{tables.record_metric(metric)}` over probe lengths > `train.seq_len`) and short-context "
+            f"(`{record_metric(metric)}` over probe lengths > `train.seq_len`) and short-context "
             "validation loss (`val/loss`, nats per token), final values, mean over seeds; delta = NoPE - RoPE.\n"]
     if pairs.empty:
         return "\n".join(text + ["No such pair of architectures among the runs.\n"])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-RECORD_SCORES = ("token_acc", "loss_gain", "exact")
+from analysis.metrics import RECORD_SCORES
 
 
 def pooled(records: pd.DataFrame, by: list[str]) -> pd.DataFrame:

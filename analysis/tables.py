@@ -13,26 +13,9 @@ import json
 import numpy as np
 import pandas as pd
 
-# --metric name -> the tidy metric it reads (the long-context scores are defined in analysis/scores.py).
-METRICS = {
-    "token_acc": "longctx/token_acc",
-    "loss_gain": "longctx/loss_gain",
-    "exact": "longctx/exact",
-    "retrieval_acc": "val/retrieval_acc",
-}
+from analysis.metrics import metric_tag, record_metric
+
 FRACTIONS = (0.5, 0.9)  # thresholds: shares of the final score
-
-
-def metric_tag(metric: str) -> str:
-    """The tidy metric of a ``--metric`` name; a ``ValueError`` naming the valid ones otherwise."""
-    if metric not in METRICS:
-        raise ValueError(f"--metric must be one of {list(METRICS)}, got {metric!r}")
-    return METRICS[metric]
-
-
-def record_metric(metric: str) -> str:
-    """The records' score for per-length and per-depth tables: the metric itself when it is one, else token_acc."""
-    return metric if metric in ("token_acc", "loss_gain", "exact") else "token_acc"
 
 
 def curves(metrics: pd.DataFrame, tag: str) -> pd.DataFrame:

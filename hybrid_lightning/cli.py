@@ -91,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_analysis_parsers(sub) -> None:
-    from analysis.tables import METRICS
+    from analysis.metrics import METRICS
 
     p = sub.add_parser("analyze", help="figures, CSV tables and report.md from a folder of runs (a grid root or any)")
     p.add_argument("dir", help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
