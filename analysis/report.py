@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures, tables
-from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
 from analysis.load import Runs, find_runs, load_runs
+from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
 
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
 
@@ -87,7 +87,7 @@ def _emergence(runs: Runs, out: Path, metric: str, tag: str) -> str:
     thresholds = tables.thresholds(curve)
     _write(curve, out, "emergence_curves.csv")
     _write(thresholds, out, "emergence_thresholds.csv")
-    text = ["## 1. Emergence\n", f"Long-context score against training tokens, one curve per "
+    text = ["## 1. Emergence\n", "Long-context score against training tokens, one curve per "
             "architecture. `tokens_50`/`tokens_90`: tokens at which the seed-mean curve first reaches 50% / 90% of its "
             "final value (the first evaluation at or above it; empty where the final value is not above 0).\n"]
     if curve.empty:

@@ -303,3 +303,24 @@ def test_the_demo_grid_has_every_comparison(tmp_path):
                       ("EEEF", "swa", 64, "rope"), ("EEEF", "gated_deltanet", 64, "rope")}
     assert sorted({c.config.seed for c in grid.cells}) == [0, 1]
     assert all(max(c.config.eval.lengths) > c.config.train.seq_len for c in grid.cells)
+
+
+def test_figures_have_labelled_axes_units_and_legends(fabricated):
+    from analysis import figures
+
+    _, out = fabricated
+    curve = csv(out, "emergence_curves.csv")
+    (ax,) = figures.emergence(curve, "answer-token accuracy - chance (share of answer tokens)").axes
+    assert ax.get_xlabel() == "training tokens seen" and "(share of answer tokens)" in ax.get_ylabel()
+    assert len(ax.get_legend().get_texts()) == 3 and "(2 seeds)" in ax.get_legend().get_texts()[0].get_text()
+    hc = csv(out, "head_curves.csv")
+    fig = figures.laziness({t: hc[hc["metric"] == t] for t in ("heads/retrieval_heads", "heads/max_score")}, 0.1)
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "training tokens seen" and "(" in ax.get_ylabel() and ax.get_legend() is not None
+    niah = csv(out, "niah.csv")
+    fig = figures.niah_heatmap(niah[niah["run"] == "rope-s0"], "rope-s0", "token_acc (share of answer tokens)")
+    assert fig.axes[0].get_xlabel() == "probe length (tokens)" and "depth" in fig.axes[0].get_ylabel()
+    assert "share of answer tokens" in fig.axes[-1].get_ylabel()  # the colour bar
+    fig = figures.head_maps(csv(out, "head_maps.csv"))
+    assert fig.axes[0].get_xlabel() == "head" and "full attention" in fig.axes[0].get_ylabel()
+    assert "retrieval score" in fig.axes[-1].get_ylabel()
