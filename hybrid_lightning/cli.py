@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from hybrid_lightning.config import RunConfig, load_config
 
+DEMO_GRID = Path(__file__).resolve().parents[1] / "ablations" / "demo.yaml"
 ConfigLoader = Callable[[argparse.Namespace], RunConfig]
 
 
@@ -70,6 +72,41 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"written to {report_path(args.run_dir, report['step'])}")
     return 0
 
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from analysis.report import analyze
+
+    print(f"report written to {analyze(args.dir, args.out, args.metric, args.grid)}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from analysis.report import analyze
+    from hybrid_lightning.grid import load_grid, submit_grid
+
+    grid = load_grid(args.grid, args.root)
+    code = submit_grid(grid, "local", parallel=args.parallel)
+    print(f"report written to {analyze(grid.root, args.out, grid=args.grid)}")
+    return code
+
+
+def _add_analysis_parsers(sub) -> None:
+    from analysis.metrics import METRICS
+
+    p = sub.add_parser("analyze", help="figures, CSV tables and report.md from a folder of runs (a grid root or any)")
+    p.add_argument("dir", help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
+    p.add_argument("--out", help="output folder (default: DIR/analysis)")
+    p.add_argument("--metric", choices=list(METRICS), default="token_acc",
+                   help="long-context score (default token_acc: answer-token accuracy minus chance)")
+    p.add_argument("--grid", help="the grid file of DIR: the report lists its cells that have no run directory")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("demo", help="train a demo grid locally, then analyse it (grid submit --executor local + analyze)")
+    p.add_argument("--grid", default=str(DEMO_GRID), help="grid file (default: ablations/demo.yaml)")
+    p.add_argument("--root", help="folder of the cells' run directories (default: runs/<grid name>)")
+    p.add_argument("--parallel", type=int, default=2, metavar="N", help="cells trained at once (default 2)")
+    p.add_argument("--out", help="analysis output folder (default: <root>/analysis)")
+    p.set_defaults(func=cmd_demo)
 
 
 def cmd_grid_plan(args: argparse.Namespace) -> int:
@@ -192,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_params)
 
     _add_grid_parser(sub)
+    _add_analysis_parsers(sub)
     return parser
 
 

@@ -3,13 +3,14 @@
     <run_dir>/config.yaml          resolved config + provenance (git revision, package version)
     <run_dir>/status.json          {"state": running|done|failed, "step", "max_steps", "error"?}
     <run_dir>/checkpoints/last.ckpt and step_<N>.ckpt (periodic)
-    <run_dir>/events.out.tfevents.*  TensorBoard scalars and images
+    <run_dir>/events.out.tfevents.*  TensorBoard scalars and images (read_events)
     <run_dir>/eval/                evaluation records (JSON)
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import warnings
@@ -60,6 +61,26 @@ def read_status(run_dir: Path) -> dict | None:
 
 def write_status(run_dir: Path, **fields) -> None:
     write_atomic(Path(run_dir) / STATUS_FILE, json.dumps(fields, indent=1))
+
+
+def read_events(run_dir: Path, scalars: int = 0):
+    """The run's TensorBoard events, loaded: an ``EventAccumulator`` keeping up to ``scalars`` values per
+    scalar tag (0 = all; the newest is always kept) and one of every other kind, or None without event
+    files. Steps that a resume purged are excluded."""
+    if not any(Path(run_dir).glob("events.out.tfevents.*")):
+        return None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": scalars, "tensors": 1, "images": 1, "histograms": 1,
+                                                        "audio": 1, "compressedHistograms": 1})
+    tb_log = logging.getLogger("tensorboard")
+    level = tb_log.level
+    tb_log.setLevel(logging.ERROR)  # a resumed run's purge is expected, not worth a warning here
+    try:
+        acc.Reload()
+    finally:
+        tb_log.setLevel(level)
+    return acc
 
 
 def checkpoint_is_valid(path: Path) -> bool:

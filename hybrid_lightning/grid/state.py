@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import getpass
 import json
-import logging
 import os
 import re
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.rundir import read_status, write_atomic
+from hybrid_lightning.rundir import read_events, read_status, write_atomic
 
 JOBS_FILE = "jobs.json"
 # slurmstepd's last words in a job's log when it is killed: "*** JOB 12 ON node CANCELLED AT <time> [DUE TO ...] ***"
@@ -143,18 +142,9 @@ def process_start(pid: int) -> str | None:
 
 def _last_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, tuple[int, float]]:
     """The newest (step, value) of each tag in the run's TensorBoard events (steps purged on resume excluded)."""
-    if not any(run_dir.glob("events.out.tfevents.*")):
+    acc = read_events(run_dir, scalars=1)
+    if acc is None:
         return {}
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 1, "tensors": 1, "images": 1, "histograms": 1})
-    tb_log = logging.getLogger("tensorboard")
-    level = tb_log.level
-    tb_log.setLevel(logging.ERROR)  # a resumed run's purge is expected, not worth a warning here
-    try:
-        acc.Reload()
-    finally:
-        tb_log.setLevel(level)
     present = set(acc.Tags().get("scalars", []))
     series = {t: acc.Scalars(t) for t in tags if t in present}
     return {t: (events[-1].step, events[-1].value) for t, events in series.items() if events}  # a resume may purge all

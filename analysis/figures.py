@@ -1,0 +1,148 @@
+"""The report's figures (matplotlib, Agg): each a function of tables from analysis/tables.py that
+returns a ``Figure``; ``save`` writes it as PNG."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+DPI = 110
+
+
+def save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def file_name(name: str) -> str:
+    """A run or architecture name as a file name: characters other than letters, digits and ``._=-`` become ``_``."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("_") or "run"
+
+
+def _band(ax, c: pd.DataFrame, label: str, color) -> None:
+    """Seed mean as a line with markers and the min-max range as a band (``curves`` rows of one architecture)."""
+    seeds = int(c["seeds"].max())
+    ax.plot(c["tokens"], c["mean"], marker="o", ms=3, color=color, label=f"{label} ({seeds} seed{'s' * (seeds > 1)})")
+    if seeds > 1:
+        ax.fill_between(c["tokens"], c["min"], c["max"], color=color, alpha=0.2, lw=0)
+
+
+def _token_axis(ax) -> None:
+    ax.set_xlabel("training tokens seen")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 250k, 1.5M
+
+
+def _colors(labels: list[str]) -> dict[str, tuple]:
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+
+
+def emergence(curve: pd.DataFrame, ylabel: str) -> Figure:
+    """Score vs training tokens, one curve per architecture: seed mean, band = min-max over seeds."""
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    labels = sorted(curve["label"].unique())
+    colors = _colors(labels)
+    for label in labels:
+        _band(ax, curve[curve["label"] == label], label, colors[label])
+    ax.axhline(0, color="grey", lw=0.6, ls=":")
+    _token_axis(ax)
+    ax.set_ylabel(ylabel)
+    ax.set_title("Emergence of long-context ability (line: seed mean, band: min-max over seeds)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def laziness(head_curves: dict[str, pd.DataFrame], threshold_line: float | None) -> Figure:
+    """Retrieval-head count and the highest head score vs training tokens, one curve per architecture
+    (the label names the SWA window); ``head_curves`` maps ``heads/retrieval_heads`` and ``heads/max_score``
+    to their ``curves`` tables."""
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    labels = sorted(set().union(*(c["label"] for c in head_curves.values())))
+    colors = _colors(labels)
+    panels = (("heads/retrieval_heads", "retrieval heads (count, score > threshold)"),
+              ("heads/max_score", "highest retrieval score of any head (share of answer tokens)"))
+    for ax, (tag, ylabel) in zip(axes, panels):
+        c = head_curves[tag]
+        for label in labels:
+            if (c["label"] == label).any():
+                _band(ax, c[c["label"] == label], label, colors[label])
+        _token_axis(ax)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+    if threshold_line is not None:
+        axes[1].axhline(threshold_line, color="grey", lw=0.8, ls="--", label=f"threshold {threshold_line:g}")
+    axes[0].legend(fontsize=7)
+    axes[1].legend(fontsize=7)
+    fig.suptitle("Retrieval-head formation by SWA window (line: seed mean, band: min-max over seeds)", fontsize=9)
+    return fig
+
+
+def niah_heatmap(cells: pd.DataFrame, title: str, value_label: str) -> Figure:
+    """One run's ``niah`` rows: needle depth (rows) x probe length (columns), one panel per task."""
+    tasks = list(dict.fromkeys(cells["task"]))
+    fig = Figure(figsize=(3.2 + 2.4 * len(tasks), 3.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(tasks)))
+    lo, hi = min(0.0, cells["value"].min()), max(1.0, cells["value"].max())
+    for ax, task in zip(axes, tasks):
+        grid = cells[cells["task"] == task].pivot_table(index="depth", columns="length", values="value")
+        image = ax.imshow(grid.to_numpy(), vmin=lo, vmax=hi, cmap="viridis", aspect="auto")
+        for (i, j), v in np.ndenumerate(grid.to_numpy()):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < lo + 0.6 * (hi - lo) else "black")
+        ax.set_xticks(range(grid.shape[1]), [str(n) for n in grid.columns], fontsize=7)
+        ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
+        ax.set_xlabel("probe length (tokens)", fontsize=8)
+        ax.set_ylabel("needle depth (0 = start, 1 = end)", fontsize=8)
+        ax.set_title(task, fontsize=9)
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=value_label.replace(" (", "\n("))  # unit on a line of its own
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def head_maps(maps: pd.DataFrame, threshold: float = 0.1) -> Figure:
+    """Retrieval score by layer (rows) and head (columns), one panel per architecture; layer names say
+    full or efficient (``swa/<W>``), grey rows are not attention (recurrent mixers). The colour scale
+    ends at the highest score, or at twice the retrieval-head ``threshold`` if that is higher."""
+    labels = list(dict.fromkeys(maps["label"]))
+    cols = min(3, len(labels))
+    rows = -(-len(labels) // cols)
+    fig = Figure(figsize=(4.2 * cols, 0.8 + 2.6 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
+    vmax = max(2 * threshold, float(maps["score"].max()) if maps["score"].notna().any() else 0.0)
+    image = None
+    for ax, label in zip(axes, labels):
+        m = maps[maps["label"] == label]
+        layers = m.drop_duplicates("layer").sort_values("layer")
+        n_heads = int(m["head"].max()) + 1 if m["head"].notna().any() else 1
+        grid = np.full((len(layers), n_heads), np.nan)
+        for r in m.dropna(subset=["head"]).itertuples():
+            grid[int(r.layer), int(r.head)] = r.score
+        image = ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=vmax, cmap=cmap, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            ax.text(j, i, "n/a" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if v < 0.6 * vmax else "black")
+        names = [f"{int(r.layer)} {r.kind}" + (f"/{int(r.window)}" if pd.notna(r.window) else "")
+                 + ("" if r.applicable else " (not attn)") for r in layers.itertuples()]
+        ax.set_yticks(range(len(layers)), names, fontsize=7)
+        for tick, kind in zip(ax.get_yticklabels(), layers["kind"]):
+            tick.set_fontweight("bold" if kind == "full" else "normal")
+        ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer (bold: full attention)", fontsize=8)
+        ax.set_title(label, fontsize=8)
+    for ax in axes[len(labels):]:
+        ax.set_visible(False)
+    if image is not None:
+        fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="retrieval score (share of answer tokens copied)")
+    fig.suptitle("Retrieval score per head at the last scored step, mean over seeds", fontsize=9)
+    return fig

@@ -1,0 +1,258 @@
+"""Run directories into tidy tables. Reads only the run-directory contract (README, "The run
+directory"): ``config.yaml``, ``status.json``, the TensorBoard scalars and ``eval/*.json``.
+
+    runs = load_runs(find_runs("runs/window-nope"))
+    runs.metrics   # one row per run x step x metric, with the varying config values as columns
+    runs.configs   # one row per run: every flattened config key, state, architecture and label
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from analysis.scores import record_scores
+from hybrid_lightning.rundir import read_events
+
+CONFIG_FILE, STATUS_FILE, EVAL_DIR, GRID_DIR = "config.yaml", "status.json", "eval", ".grid"
+# TensorBoard scalars read by default; the others are skipped while reading.
+TAGS = ("train/loss", "train/tokens", "val/loss", "val/synthetic_loss", "val/retrieval_acc")
+HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of heads_step_<k>.json "total"
+# Config keys that do not change what is trained (bookkeeping, cadence, backends, evaluation): they do
+# not tell architectures apart.
+NOT_IDENTITY = {
+    "name", "seed", "data.cache_dir", "data.num_workers", "train.progress_bar", "train.log_every_n_steps",
+    "train.checkpoint_every_n_steps", "train.keep_checkpoints", "train.val_every_n_steps", "train.val_batches",
+    "train.compile", "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk",
+}
+NOT_IDENTITY_PREFIXES = ("provenance.", "eval.")
+MIXER_LETTERS = {"S": "swa", "M": "mamba2", "G": "gated_deltanet", "L": "lightning"}
+RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files")  # configs' own columns
+_EVAL_RE = re.compile(r"^(heads_)?step_(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Everything ``load_runs`` read; every table has a ``run`` column (the run's path relative to the root).
+
+    configs: one row per run: ``run``, ``path``, ``state`` (status.json; ``no status.json`` without one),
+        ``status_step``, ``tokens_per_step``, ``arch`` (the identity: config without seed and
+        bookkeeping, as JSON), ``label`` (readable ``arch``), ``eval_files``, and every flattened config key.
+    metrics: run, step, tokens, metric, value, then ``label``, ``seed`` and the config keys that
+        differ between runs. Metrics: the TensorBoard ``TAGS``, ``heads/<HEAD_TOTALS>`` and the
+        long-context scores ``longctx/<score>`` and ``longctx/<score>_beyond`` (analysis/scores.py).
+    records: the long-context records of eval/step_<k>.json (README), one row per run x record.
+    heads: the per-head rows of eval/heads_step_<k>.json, one row per run x step x head.
+    layers: the per-layer rows of eval/heads_step_<k>.json (``applicable`` false: not attention).
+    """
+
+    configs: pd.DataFrame
+    metrics: pd.DataFrame
+    records: pd.DataFrame
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Run directories under ``root`` (itself included): folders holding ``config.yaml``, sorted; ``.grid/`` skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"DIR: {root} is not a folder")
+    return sorted(p.parent for p in root.rglob(CONFIG_FILE) if GRID_DIR not in p.relative_to(root).parts)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """Nested mappings to dotted keys; lists become their JSON text so that they can be compared."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, (list, tuple, dict)) else v
+    return out
+
+
+def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
+    """The run's TensorBoard scalars of ``tags``: columns step, metric, value (steps a resume purged excluded)."""
+    acc = read_events(run_dir)
+    if acc is None:
+        return pd.DataFrame(columns=["step", "metric", "value"])
+    present = set(acc.Tags()["scalars"])
+    rows = [(e.step, tag, e.value) for tag in tags if tag in present for e in acc.Scalars(tag)]
+    return pd.DataFrame(rows, columns=["step", "metric", "value"])
+
+
+def read_evals(run_dir: Path) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """(long-context records, head totals with step and tokens, head rows, layer rows) of eval/*.json."""
+    records, totals, heads, layers = [], [], [], []
+    folder = Path(run_dir) / EVAL_DIR
+    for path in sorted(folder.glob("*step_*.json")) if folder.is_dir() else []:
+        match = _EVAL_RE.match(path.name)
+        if match is None:
+            continue
+        try:
+            report = json.loads(path.read_text())
+        except ValueError:  # being written: the next analysis reads it
+            continue
+        if match[1]:
+            totals.append({"step": report["step"], "tokens": report["tokens"], **report["total"]})
+            heads += report["heads"]
+            layers += report["layers"]
+        else:
+            records += report["records"]
+    return records, totals, heads, layers
+
+
+def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
+    config = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
+    try:
+        status = json.loads((run_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        status = {}
+    records, totals, heads, layers = read_evals(run_dir)
+    return {"config": flatten(config), "status": status, "scalars": read_scalars(run_dir, tags), "records": records,
+            "totals": totals, "heads": heads, "layers": layers}
+
+
+def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: Iterable[str] = TAGS,
+              workers: int = 1) -> Runs:
+    """Reads run directories into tidy tables (see ``Runs``).
+
+    Args:
+        dirs: run directories (folders holding config.yaml), e.g. ``find_runs(root)``.
+        root: run names are paths relative to it; default the runs' common parent.
+        tags: TensorBoard scalar tags to read (``train/tokens`` is always read, for the tokens of each step).
+        workers: processes reading runs at once (TensorBoard parsing is the slow part).
+    """
+    dirs = [Path(d).absolute() for d in dirs]
+    for d in dirs:
+        if not (d / CONFIG_FILE).is_file():
+            raise ValueError(f"dirs: {d} holds no {CONFIG_FILE}; is it a run directory?")
+    root = Path(root).absolute() if root is not None else _common_parent(dirs)
+    tags = tuple(dict.fromkeys([*tags, "train/tokens"]))
+    if workers > 1 and len(dirs) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            raw = list(pool.map(_read_run, dirs, [tags] * len(dirs), chunksize=max(1, len(dirs) // (4 * workers))))
+    else:
+        raw = [_read_run(d, tags) for d in dirs]
+    names = [d.relative_to(root).as_posix() if d != root else d.name for d in dirs]
+    configs = _configs(names, dirs, raw)
+    metrics, records, heads, layers = _tables(names, raw, configs)
+    return Runs(configs, metrics, records, heads, layers)
+
+
+def _common_parent(dirs: list[Path]) -> Path:
+    return Path(os.path.commonpath([d.parent for d in dirs])) if dirs else Path.cwd()
+
+
+def _configs(names: list[str], dirs: list[Path], raw: list[dict]) -> pd.DataFrame:
+    """One row per run; see ``Runs.configs``."""
+    rows = []
+    for name, path, r in zip(names, dirs, raw):
+        cfg = {k: v for k, v in r["config"].items() if not k.startswith("provenance.")}
+        rows.append({"run": name, "path": str(path), "state": r["status"].get("state", "no status.json"),
+                     "status_step": r["status"].get("step"), "tokens_per_step": _tokens_per_step(cfg, r),
+                     "eval_files": bool(r["records"] or r["totals"]), **cfg})
+    configs = pd.DataFrame(rows)
+    if configs.empty:
+        return pd.DataFrame(columns=["run", "path", "state", "status_step", "tokens_per_step", "eval_files", "arch", "label", "seed"])
+    identities = [_identity(row) for row in configs.to_dict("records")]
+    configs["arch"] = [json.dumps(i, sort_keys=True, default=str) for i in identities]
+    keys = list(dict.fromkeys(k for i in identities for k in i))
+    # keys with two values or more among the runs that have them (a key a run lacks does not apply to it)
+    varying = [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
+    configs["label"] = [_label(i, varying) for i in identities]
+    return configs
+
+
+def _tokens_per_step(cfg: dict, r: dict) -> float:
+    """Training tokens per optimizer step over all ranks: from ``train/tokens`` (logged at step s as the tokens
+    of s + 1 steps) or an evaluation file, else from the config (one device per node where ``devices`` is auto)."""
+    logged = r["scalars"][r["scalars"]["metric"] == "train/tokens"]
+    if len(logged):
+        last = logged.iloc[-1]
+        return float(last["value"]) / (last["step"] + 1)
+    for row in r["records"][:1] + r["totals"][:1]:
+        return row["tokens"] / (row["step"] + 1)
+    devices = cfg.get("train.devices")
+    world = cfg.get("train.num_nodes", 1) * (devices if isinstance(devices, int) else 1)
+    return float(cfg.get("train.batch_size", 16) * cfg.get("train.seq_len", 128) * world)
+
+
+def _identity(cfg: dict) -> dict:
+    """The config keys that make an architecture (and budget): no seed, bookkeeping or evaluation keys; the
+    window only where the model has SWA layers, the mixer only where ``E`` occurs in the pattern, each
+    positional encoding only where the model has layers of its kind."""
+    pattern = str(cfg.get("model.pattern", ""))
+    mixers = _mixers(cfg)
+    out = {}
+    for k, v in cfg.items():
+        if k in NOT_IDENTITY or k.startswith(NOT_IDENTITY_PREFIXES) or k in RUN_COLUMNS:
+            continue
+        if ((k == "model.window" and "swa" not in mixers) or (k == "model.mixer" and "E" not in pattern)
+                or (k == "model.pos.full" and "F" not in pattern) or (k == "model.pos.efficient" and not mixers)):
+            continue
+        out[k] = None if isinstance(v, float) and pd.isna(v) else v  # a key other runs have and this one lacks
+    return out
+
+
+def _mixers(cfg: dict) -> list[str]:
+    """The efficient mixers in the model's pattern, in order of first use."""
+    letters = dict.fromkeys(str(cfg.get("model.pattern", "")))
+    return list(dict.fromkeys(cfg.get("model.mixer") if c == "E" else MIXER_LETTERS.get(c) for c in letters if c != "F"))
+
+
+def _label(identity: dict, varying: list[str]) -> str:
+    """E.g. ``swa W=128 EEEF pos.full=nope``: the mixers (``full`` for none), the SWA window, the pattern,
+    then every other key that differs between the runs loaded (``model.`` dropped)."""
+    mixers = [m for m in _mixers(identity) if m]
+    parts = ["+".join(mixers) or "full"]
+    if "swa" in mixers:
+        parts.append(f"W={identity['model.window']}")
+    parts.append(str(identity.get("model.pattern", "")))
+    for k in varying:
+        if k not in ("model.pattern", "model.mixer", "model.window") and k in identity:
+            parts.append(f"{k.removeprefix('model.')}={identity[k]}")
+    return " ".join(parts)
+
+
+def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
+    """(metrics, records, heads, layers) of all runs; see ``Runs``."""
+    frames, records, heads, layers = [], [], [], []
+    tokens_per_step = dict(zip(configs["run"], configs["tokens_per_step"])) if len(configs) else {}
+    for name, r in zip(names, raw):
+        scalars = r["scalars"][r["scalars"]["metric"] != "train/tokens"]
+        frames.append(scalars.assign(run=name, tokens=(scalars["step"] + 1) * tokens_per_step[name]))
+        if r["totals"]:
+            totals = pd.DataFrame(r["totals"]).melt(["step", "tokens"], list(HEAD_TOTALS), "metric", "value")
+            frames.append(totals.assign(run=name, metric="heads/" + totals["metric"]))
+        records.append(pd.DataFrame(r["records"]).assign(run=name))
+        heads.append(pd.DataFrame(r["heads"]).assign(run=name))
+        layers.append(pd.DataFrame(r["layers"]).assign(run=name))
+    records = _concat(records, ["run", "step", "tokens", "task", "length", "depth", "in_window", "n", "accuracy",
+                                "answer_tokens", "token_accuracy", "answer_loss", "chance_token_accuracy", "chance_loss"])
+    seq_len = configs.set_index("run")["train.seq_len"] if "train.seq_len" in configs else pd.Series(dtype=float)
+    frames.append(record_scores(records, seq_len))
+    metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[["run", "step", "tokens", "metric", "value"]]
+    metrics = metrics.astype({"step": "int64", "tokens": "float64", "value": "float64"})
+    metrics = metrics.sort_values(["run", "metric", "step"], kind="stable").reset_index(drop=True)
+    varying = [k for k in configs.columns if k not in {*RUN_COLUMNS, "arch", "label", "seed", "name"} and configs[k].astype(str).nunique() > 1]
+    keep = ["label", "seed", *varying] if len(configs) else []
+    metrics = metrics.merge(configs[["run", *keep]], on="run", how="left")
+    return (metrics,
+            records,
+            _concat(heads, ["run", "step", "tokens", "layer", "head", "kind", "window", "pos", "score", "retrieval", "role"]),
+            _concat(layers, ["run", "step", "tokens", "layer", "kind", "window", "pos", "applicable"]))
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)

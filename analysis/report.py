@@ -1,0 +1,191 @@
+"""``hybrid-lightning analyze``: run directories -> CSV tables, PNG figures and ``report.md`` (README, "Analysis")."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import figures, tables
+from analysis.load import Runs, find_runs, load_runs
+from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
+
+POS_KEYS = ("model.pos.full", "model.pos.efficient")
+
+
+def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc", grid: str | Path | None = None,
+            workers: int | None = None) -> Path:
+    """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
+
+    Args:
+        folder: a grid root or any folder of run directories (searched recursively, ``.grid/`` skipped).
+        out: output folder; default ``<folder>/analysis``.
+        metric: the long-context score (``analysis.metrics.METRICS``).
+        grid: the grid file whose planned cells the report compares with the runs found.
+        workers: processes reading runs; default up to 4, one per CPU.
+    Returns: the path of report.md.
+    """
+    tag = metric_tag(metric)
+    folder = Path(folder)
+    dirs = find_runs(folder)
+    if not dirs:
+        raise ValueError(f"DIR: no run directory (a folder with config.yaml) under {folder}")
+    out = Path(out) if out is not None else folder / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(dirs, root=folder, workers=workers or min(4, os.cpu_count() or 1))
+    planned = _planned_cells(grid, folder) if grid is not None else None
+    sections = [f"# Analysis of {folder}\n",
+                f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
+                f"(`--metric {metric}`): {METRIC_TEXT[metric]}. Spread over seeds: min-max range (figures, "
+                "`*_min`/`*_max` columns) and sample standard deviation (`std`).\n",
+                _missing(runs, planned, tag)]
+    _write(runs.metrics, out, "metrics.csv")
+    _write(runs.configs, out, "runs.csv")
+    summary = tables.summary(runs.metrics, runs.configs, metric)
+    sections += [_emergence(runs, out, metric, tag), _laziness(runs, out), _niah(runs, out, metric),
+                 _pos(runs, out, metric, summary), _head_maps(runs, out), _summary(summary, out)]
+    path = out / "report.md"
+    path.write_text("\n".join(sections))
+    return path
+
+
+def _planned_cells(grid: str | Path, folder: Path) -> list[tuple[str, Path]]:
+    from hybrid_lightning.grid import load_grid
+
+    return [(c.name, c.run_dir) for c in load_grid(grid, folder).cells]
+
+
+def _missing(runs: Runs, planned: list[tuple[str, Path]] | None, tag: str) -> str:
+    lines = ["## What is missing"]
+    if planned is not None:
+        found = {Path(p).resolve() for p in runs.configs["path"]}
+        absent = [name for name, run_dir in planned if run_dir.resolve() not in found]
+        lines.append(f"Grid: {len(planned)} planned cells, {len(planned) - len(absent)} with a run directory"
+                     + (f"; not started: {', '.join(f'`{n}`' for n in absent)}." if absent else "."))
+    c = runs.configs
+    unfinished = c[c["state"] != "done"]
+    lines.append("Runs not done: " + (", ".join(f"`{r['run']}` ({_progress(r)})" for _, r in unfinished.iterrows()) or "none") + ".")
+    no_eval = c[~c["eval_files"]]["run"]
+    lines.append("Runs without evaluation files (eval/*.json): " + (", ".join(f"`{r}`" for r in no_eval) or "none") + ".")
+    no_score = sorted(set(c["run"]) - set(runs.metrics.loc[runs.metrics["metric"] == tag, "run"]))
+    lines.append(f"Runs without `{tag}`: " + (", ".join(f"`{r}`" for r in no_score) or "none") + ".")
+    lines.append("Curves and thresholds use the steps every seed of an architecture has reached; final values are "
+                 "each run's last logged value.\n")
+    return "\n\n".join(lines)
+
+
+def _progress(run: pd.Series) -> str:
+    if pd.isna(run["status_step"]):
+        return run["state"]
+    return f"{run['state']}, step {int(run['status_step'])}/{run['train.max_steps']}"
+
+
+def _emergence(runs: Runs, out: Path, metric: str, tag: str) -> str:
+    curve = tables.curves(runs.metrics, tag)
+    thresholds = tables.thresholds(curve)
+    _write(curve, out, "emergence_curves.csv")
+    _write(thresholds, out, "emergence_thresholds.csv")
+    text = ["## 1. Emergence\n", "Long-context score against training tokens, one curve per "
+            "architecture. `tokens_50`/`tokens_90`: tokens at which the seed-mean curve first reaches 50% / 90% of its "
+            "final value (the first evaluation at or above it; empty where the final value is not above 0).\n"]
+    if curve.empty:
+        return "\n".join(text + [f"No run has logged `{tag}` yet.\n"])
+    figures.save(figures.emergence(curve, METRIC_AXIS[metric]), out / "emergence.png")
+    return "\n".join(text + ["![emergence](emergence.png)\n", _md(thresholds), "\nCSV: `emergence_curves.csv`, "
+                             "`emergence_thresholds.csv`.\n"])
+
+
+def _laziness(runs: Runs, out: Path) -> str:
+    head_curves = {t: tables.curves(runs.metrics, t) for t in ("heads/retrieval_heads", "heads/max_score")}
+    first = tables.first_heads(runs.metrics, runs.configs)
+    by_arch = tables.first_heads_by_arch(first)
+    _write(pd.concat([c.assign(metric=t) for t, c in head_curves.items()], ignore_index=True), out, "head_curves.csv")
+    _write(first, out, "first_heads.csv")
+    _write(by_arch, out, "first_heads_by_arch.csv")
+    text = ["## 2. Laziness: retrieval heads by SWA window\n",
+            "Retrieval heads (score above the run's `eval.heads.threshold`) and the highest head score against "
+            "training tokens. First retrieval head: the first scored step with at least one; means over the seeds "
+            "that have one (`runs_with_head` of `runs`).\n"]
+    if first.empty:
+        return "\n".join(text + ["No run has retrieval-head scores (eval/heads_step_<k>.json) yet.\n"])
+    threshold = _head_threshold(runs)
+    fig = figures.laziness(head_curves, threshold)
+    figures.save(fig, out / "laziness.png")
+    return "\n".join(text + ["![laziness](laziness.png)\n", _md(by_arch), "\nPer run:\n", _md(first),
+                             "\nCSV: `head_curves.csv`, `first_heads.csv`, `first_heads_by_arch.csv`.\n"])
+
+
+def _head_threshold(runs: Runs) -> float | None:
+    """The runs' ``eval.heads.threshold`` when they share one."""
+    values = runs.configs.get("eval.heads.threshold", pd.Series(dtype=float)).dropna().unique()
+    return float(values[0]) if len(values) == 1 else None
+
+
+def _niah(runs: Runs, out: Path, metric: str) -> str:
+    cells = tables.niah(runs.records, runs.configs, metric)
+    _write(cells, out, "niah.csv")
+    used = record_metric(metric)
+    text = ["## 3. Needle depth x length, last evaluation of each run\n",
+            f"Cell value: `{used}`, {METRIC_AXIS[used]}, over the samples of the cell.\n"]
+    if cells.empty:
+        return "\n".join(text + ["No run has long-context records (eval/step_<k>.json) yet.\n"])
+    for run, c in cells.groupby("run", sort=True):
+        name = f"niah/{figures.file_name(run)}.png"
+        title = f"{run}: {c['label'].iloc[0]}, step {c['step'].iloc[0]}"
+        figures.save(figures.niah_heatmap(c, title, METRIC_AXIS[used]), out / name)
+        text.append(f"![{run}]({name})\n")
+    return "\n".join(text + ["CSV: `niah.csv`.\n"])
+
+
+def _pos(runs: Runs, out: Path, metric: str, summary: pd.DataFrame) -> str:
+    pairs = pd.concat([tables.pos_pairs(summary, runs.configs, key) for key in POS_KEYS], ignore_index=True)
+    _write(pairs, out, "nope_vs_rope.csv")
+    text = ["## 4. NoPE vs RoPE\n",
+            f"Architectures differing only in the positional encoding of the full-attention layers (`model.pos.full`) "
+            f"or of the efficient layers (`model.pos.efficient`): long-context score beyond the training length "
+            f"(`{record_metric(metric)}` over probe lengths > `train.seq_len`) and short-context "
+            "validation loss (`val/loss`, nats per token), final values, mean over seeds; delta = NoPE - RoPE.\n"]
+    if pairs.empty:
+        return "\n".join(text + ["No such pair of architectures among the runs.\n"])
+    return "\n".join(text + [_md(pairs), "\nCSV: `nope_vs_rope.csv`.\n"])
+
+
+def _head_maps(runs: Runs, out: Path) -> str:
+    maps = tables.head_maps(runs.heads, runs.layers, runs.configs)
+    _write(maps, out, "head_maps.csv")
+    text = ["## 5. Retrieval-score maps\n"]
+    if maps.empty:
+        return "\n".join(text + ["No run has retrieval-head scores yet.\n"])
+    figures.save(figures.head_maps(maps, _head_threshold(runs) or 0.1), out / "head_maps.png")
+    return "\n".join(text + ["![head maps](head_maps.png)\n", "CSV: `head_maps.csv`.\n"])
+
+
+def _summary(summary: pd.DataFrame, out: Path) -> str:
+    _write(summary, out, "summary.csv")
+    return "\n".join(["## 6. Architectures and budgets\n",
+                      "Final values, mean over seeds: `val_loss` (nats per token), `score` (the long-context score, "
+                      "with its min-max over seeds), `score_beyond` (lengths > `train.seq_len`), retrieval heads and "
+                      "the highest head score; `budget_tokens` = `train.max_steps` x tokens per step; `step`: the "
+                      "fewest steps a seed has logged.\n", _md(summary), "\nCSV: `summary.csv`.\n"])
+
+
+def _write(table: pd.DataFrame, out: Path, name: str) -> None:
+    table.to_csv(out / name, index=False)
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.0f}" if v.is_integer() and abs(v) >= 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def _md(table: pd.DataFrame) -> str:
+    """A markdown table (numbers to 4 significant digits)."""
+    head = "| " + " | ".join(map(str, table.columns)) + " |"
+    rule = "|" + "---|" * len(table.columns)
+    rows = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([head, rule, *rows])

@@ -1,0 +1,176 @@
+"""The report's tables, computed from ``load_runs``'s tables (analysis/load.py). Pure functions of
+data frames: every number of the CSVs comes from here.
+
+An *architecture* is the runs' ``label`` (their config without seed and bookkeeping); its seeds are
+its runs. Across seeds: ``mean``, ``std`` (sample standard deviation, NaN for one seed) and the
+``min``-``max`` range, which is the band the figures draw.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics import metric_tag, record_metric
+
+FRACTIONS = (0.5, 0.9)  # thresholds: shares of the final score
+
+
+def curves(metrics: pd.DataFrame, tag: str) -> pd.DataFrame:
+    """Seed statistics of ``tag`` per architecture and step, at the steps every run of the architecture
+    that logs ``tag`` has reached (so that a mean is always over the same seeds).
+
+    Returns: label, step, tokens, seeds, mean, std, min, max; sorted by label and step.
+    """
+    d = metrics[metrics["metric"] == tag]
+    runs = d.groupby("label")["run"].nunique()
+    g = d.groupby(["label", "step"]).agg(tokens=("tokens", "first"), seeds=("run", "nunique"), mean=("value", "mean"),
+                                         std=("value", "std"), min=("value", "min"), max=("value", "max")).reset_index()
+    return g[g["seeds"] == g["label"].map(runs)].reset_index(drop=True)
+
+
+def thresholds(curve: pd.DataFrame, fractions: tuple[float, ...] = FRACTIONS) -> pd.DataFrame:
+    """Per architecture, the tokens (and step) at which the seed-mean curve first reaches each share of its
+    final value (no interpolation between evaluations); NaN where the final value is not above 0.
+
+    Returns: label, seeds, final_step, final_tokens, final, final_min, final_max, then tokens_<p>, step_<p>
+    for each fraction as a percentage p (e.g. tokens_50).
+    """
+    rows = []
+    for label, c in curve.groupby("label", sort=True):
+        c = c.sort_values("step")
+        last = c.iloc[-1]
+        row = {"label": label, "seeds": int(last["seeds"]), "final_step": int(last["step"]), "final_tokens": last["tokens"],
+               "final": last["mean"], "final_min": last["min"], "final_max": last["max"]}
+        for f in fractions:
+            reached = c[c["mean"] >= f * last["mean"]] if last["mean"] > 0 else c.iloc[:0]
+            p = round(100 * f)
+            row[f"tokens_{p}"] = reached["tokens"].iloc[0] if len(reached) else np.nan
+            row[f"step_{p}"] = reached["step"].iloc[0] if len(reached) else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def final_values(metrics: pd.DataFrame, tag: str) -> pd.DataFrame:
+    """Each run's last value of ``tag``: run, label, step, tokens, value."""
+    d = metrics[metrics["metric"] == tag].sort_values(["run", "step"])
+    return d.groupby("run", as_index=False).last()[["run", "label", "step", "tokens", "value"]]
+
+
+def windows(configs: pd.DataFrame) -> pd.Series:
+    """The SWA window of each run (indexed by run); NaN for models without SWA layers."""
+    return pd.Series([json.loads(a).get("model.window", np.nan) for a in configs["arch"]], index=configs["run"], dtype=float)
+
+
+def first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
+    """Per run with retrieval-head scores: the first scored step with at least one retrieval head.
+
+    Returns: run, label, seed, window, scored_until (last scored step), first_step, first_tokens (NaN: none yet).
+    """
+    d = metrics[metrics["metric"] == "heads/retrieval_heads"].sort_values(["run", "step"])
+    rows = []
+    window = windows(configs)
+    for run, r in d.groupby("run", sort=True):
+        hit = r[r["value"] >= 1]
+        rows.append({"run": run, "label": r["label"].iloc[0], "seed": r["seed"].iloc[0], "window": window[run],
+                     "scored_until": r["step"].iloc[-1],
+                     "first_step": hit["step"].iloc[0] if len(hit) else np.nan,
+                     "first_tokens": hit["tokens"].iloc[0] if len(hit) else np.nan})
+    return pd.DataFrame(rows, columns=["run", "label", "seed", "window", "scored_until", "first_step", "first_tokens"])
+
+
+def first_heads_by_arch(first: pd.DataFrame) -> pd.DataFrame:
+    """``first_heads`` per architecture: window, runs, runs_with_head, and the mean, min and max of first_step and
+    first_tokens over the runs that have a retrieval head (NaN where none has)."""
+    g = first.groupby("label", sort=True)
+    out = g.agg(window=("window", "first"), runs=("run", "count"), runs_with_head=("first_step", "count"),
+                first_step_mean=("first_step", "mean"), first_step_min=("first_step", "min"),
+                first_step_max=("first_step", "max"), first_tokens_mean=("first_tokens", "mean"),
+                first_tokens_min=("first_tokens", "min"), first_tokens_max=("first_tokens", "max"))
+    return out.reset_index().sort_values(["window", "label"], na_position="last").reset_index(drop=True)
+
+
+def niah(records: pd.DataFrame, configs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Each run's last evaluation pooled per (task, length, depth) (analysis/scores.py).
+
+    Returns: run, label, step, task, length, depth, value (the records' score of ``record_metric(metric)``).
+    """
+    from analysis.scores import pooled
+
+    if records.empty:
+        return pd.DataFrame(columns=["run", "label", "step", "task", "length", "depth", "value"])
+    last = records.groupby("run")["step"].transform("max")
+    cells = pooled(records[records["step"] == last], ["run", "step", "task", "length", "depth"])
+    cells = cells.rename(columns={record_metric(metric): "value"})[["run", "step", "task", "length", "depth", "value"]]
+    labels = configs.set_index("run")["label"]
+    return cells.assign(label=cells["run"].map(labels))[["run", "label", "step", "task", "length", "depth", "value"]]
+
+
+def summary(metrics: pd.DataFrame, configs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per architecture, its final values, mean over seeds (each run's last value).
+
+    Returns: label, budget_tokens (train.max_steps x tokens per step), seeds, done (runs whose status is
+    done), step (the fewest steps any seed has logged), val_loss, score, score_min, score_max, score_beyond
+    (the records' score over lengths above train.seq_len), retrieval_heads, max_head_score.
+    """
+    tag = metric_tag(metric)
+    columns = {"val_loss": "val/loss", "score": tag, "score_beyond": f"longctx/{record_metric(metric)}_beyond",
+               "retrieval_heads": "heads/retrieval_heads", "max_head_score": "heads/max_score"}
+    per_run = configs[["run", "label", "state", "train.max_steps", "tokens_per_step"]].set_index("run")
+    per_run["step"] = metrics.groupby("run")["step"].max()
+    for name, t in columns.items():
+        per_run[name] = final_values(metrics, t).set_index("run")["value"]
+    g = per_run.groupby("label", sort=True)
+    out = g.agg(budget_tokens=("train.max_steps", "first"), seeds=("state", "size"),
+                done=("state", lambda s: int((s == "done").sum())), step=("step", "min"), val_loss=("val_loss", "mean"),
+                score=("score", "mean"), score_min=("score", "min"), score_max=("score", "max"),
+                score_beyond=("score_beyond", "mean"), retrieval_heads=("retrieval_heads", "mean"),
+                max_head_score=("max_head_score", "mean"))
+    out["budget_tokens"] = out["budget_tokens"] * g["tokens_per_step"].first()
+    return out.reset_index()
+
+
+def pos_pairs(summary_table: pd.DataFrame, configs: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Architectures differing only in ``key`` (``model.pos.full`` or ``model.pos.efficient``), RoPE against NoPE.
+
+    Returns: factor (= key), base (the label of the RoPE architecture), score_beyond_rope, score_beyond_nope,
+    score_beyond_delta (NoPE - RoPE), val_loss_rope, val_loss_nope, val_loss_delta; empty without such pairs.
+    """
+    arch = configs.drop_duplicates("label").set_index("label")["arch"].map(json.loads)
+    by_label = summary_table.set_index("label")
+    groups: dict[str, dict[str, str]] = {}
+    for label, identity in arch.items():
+        if key in identity:
+            rest = json.dumps({k: v for k, v in identity.items() if k != key}, sort_keys=True, default=str)
+            groups.setdefault(rest, {})[identity[key]] = label
+    rows = []
+    for pair in groups.values():
+        if {"rope", "nope"} <= pair.keys():
+            rope, nope = by_label.loc[pair["rope"]], by_label.loc[pair["nope"]]
+            row = {"factor": key, "base": pair["rope"]}
+            for m in ("score_beyond", "val_loss"):
+                row |= {f"{m}_rope": rope[m], f"{m}_nope": nope[m], f"{m}_delta": nope[m] - rope[m]}
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["factor", "base"] + [f"{m}_{s}" for m in ("score_beyond", "val_loss")
+                                                             for s in ("rope", "nope", "delta")])
+
+
+def head_maps(heads: pd.DataFrame, layers: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
+    """Retrieval score per architecture, layer and head at each run's last scored step, mean over seeds;
+    layers that are not attention appear once with head NaN and score NaN.
+
+    Returns: label, layer, head, kind, window, applicable, score, runs.
+    """
+    columns = ["label", "layer", "head", "kind", "window", "applicable", "score", "runs"]
+    if layers.empty:
+        return pd.DataFrame(columns=columns)
+    labels = configs.set_index("run")["label"]
+    last_layers = layers[layers["step"] == layers.groupby("run")["step"].transform("max")].assign(label=lambda d: d["run"].map(labels))
+    last_heads = heads[heads["step"] == heads.groupby("run")["step"].transform("max")].assign(label=lambda d: d["run"].map(labels))
+    scores = last_heads.groupby(["label", "layer", "head"]).agg(score=("score", "mean"), runs=("run", "nunique")).reset_index()
+    kinds = last_layers.groupby(["label", "layer"]).agg(kind=("kind", "first"), window=("window", "first"),
+                                                        applicable=("applicable", "first")).reset_index()
+    out = kinds.merge(scores, on=["label", "layer"], how="left")
+    return out[columns].sort_values(["label", "layer", "head"]).reset_index(drop=True)

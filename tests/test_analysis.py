@@ -1,0 +1,326 @@
+"""analysis/: tidy loading and every CSV number on fabricated run directories with known values (F1),
+``analyze`` on a real tiny grid (F2), and its time on 50 runs x 1000 logged steps (F3)."""
+
+import json
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+from analysis.load import find_runs, load_runs
+from analysis.report import analyze
+from hybrid_lightning.cli import main
+from hybrid_lightning.config import config_to_dict, validate_config
+
+from conftest import REPO, run_cli
+
+TOKENS_PER_STEP = 16  # batch 2 x seq_len 8
+EVAL_STEPS = (9, 19, 29, 39)  # steps of the last batch before each evaluation (tokens = (step + 1) x 16)
+CHANCE_LOSS = math.log(10)  # chance token accuracy exp(-chance loss) = 0.1
+
+
+def run_config(seed, window=16, pos_full="rope", pattern="EEEF"):
+    cfg = {"seed": seed, "model": {"pattern": pattern, "window": window, "pos": {"full": pos_full}},
+           "train": {"batch_size": 2, "seq_len": 8, "max_steps": 40, "warmup_steps": 1}}
+    return {**config_to_dict(validate_config(cfg)), "provenance": {"git": "abc"}}
+
+
+def fabricate(run_dir, config, state, scalars, token_acc=(), beyond_extra=0.0, heads=()):
+    """A run directory: config.yaml, status.json, TensorBoard ``scalars`` {tag: [(step, value)]}, and at
+    EVAL_STEPS[i] an eval/step_<k>.json whose token accuracy minus chance is token_acc[i] at length 8 and
+    token_acc[i] + beyond_extra at length 16 (> seq_len), and a heads file with heads[i] = (retrieval heads,
+    score of head 3.0)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    last = max((s for series in scalars.values() for s, _ in series), default=0)
+    (run_dir / "status.json").write_text(json.dumps({"state": state, "step": last + 1, "max_steps": 40}))
+    writer = SummaryWriter(str(run_dir))
+    for tag, series in scalars.items():
+        for step, value in series:
+            writer.add_scalar(tag, value, step)
+    writer.close()
+    (run_dir / "eval").mkdir()
+    for step, acc in zip(EVAL_STEPS, token_acc):
+        tokens = (step + 1) * TOKENS_PER_STEP
+        records = [{"step": step, "tokens": tokens, "task": "passkey", "length": length, "depth": depth,
+                    "in_window": None, "n": 1, "accuracy": float(acc > 0.5), "answer_tokens": 2,
+                    "token_accuracy": 0.1 + acc + (beyond_extra if length > 8 else 0.0), "answer_loss": 1.0,
+                    "chance_token_accuracy": 0.1, "chance_loss": CHANCE_LOSS, "distance": 5.0}
+                   for length in (8, 16) for depth in (0.0, 1.0)]
+        (run_dir / "eval" / f"step_{step}.json").write_text(json.dumps({"step": step, "tokens": tokens, "window": 16,
+                                                                         "records": records, "position_loss": [],
+                                                                         "longppl": [], "score": None}))
+    for step, (count, score) in zip(EVAL_STEPS, heads):
+        tokens = (step + 1) * TOKENS_PER_STEP
+        kinds = ["swa", "swa", "swa", "full"]
+        rows = [{"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": kinds[layer],
+                 "window": 16 if layers_swa else None, "pos": "rope", "score": score if (layer, head) == (3, 0) else 0.0,
+                 "retrieval": False, "role": None}
+                for layer, layers_swa in enumerate(k == "swa" for k in kinds) for head in (0, 1)]
+        layers = [{"step": step, "tokens": tokens, "layer": i, "kind": k, "window": 16 if k == "swa" else None,
+                   "pos": "rope", "applicable": True} for i, k in enumerate(kinds)]
+        total = {"retrieval_heads": count, "copy_heads": 0, "locator_heads": 0, "max_score": score, "mean_score": score / 8}
+        (run_dir / "eval" / f"heads_step_{step}.json").write_text(json.dumps(
+            {"step": step, "tokens": tokens, "heads": rows, "layers": layers, "total": total, "ablation": []}))
+
+
+def tokens_scalars(last_step):
+    return [(s, (s + 1) * TOKENS_PER_STEP) for s in range(4, last_step + 1, 5)]
+
+
+@pytest.fixture(scope="module")
+def fabricated(tmp_path_factory):
+    """Two seeds of a W=16 RoPE and a W=16 NoPE hybrid, a W=64 run still going (one seed, up to step 19),
+    an all-full run without evaluation files; a stray .grid/ folder that must be skipped."""
+    root = tmp_path_factory.mktemp("fab") / "grid"
+    fabricate(root / "rope-s0", run_config(0), "done", {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0), (39, 2.0)],
+                                                        "val/retrieval_acc": [(19, 0.1), (39, 0.3)]},
+              token_acc=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0), (0, 0.05), (1, 0.2), (2, 0.5)))
+    fabricate(root / "rope-s1", run_config(1), "done", {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0), (39, 2.2)],
+                                                        "val/retrieval_acc": [(19, 0.2), (39, 0.5)]},
+              token_acc=(0.0, 0.4, 0.6, 0.6), heads=((0, 0.0), (1, 0.2), (1, 0.2), (1, 0.3)))
+    fabricate(root / "nope-s0", run_config(0, pos_full="nope"), "done", {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.3)]},
+              token_acc=(0.0, 0.1, 0.2, 0.3), beyond_extra=0.1, heads=((0, 0.0),) * 4)
+    fabricate(root / "nope-s1", run_config(1, pos_full="nope"), "done", {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.5)]},
+              token_acc=(0.0, 0.1, 0.2, 0.5), beyond_extra=0.1, heads=((0, 0.0), (0, 0.0), (0, 0.0), (1, 0.4)))
+    fabricate(root / "w64-s0", run_config(0, window=64), "running", {"train/tokens": tokens_scalars(19), "val/loss": [(19, 3.1)]},
+              token_acc=(0.1, 0.3), heads=((0, 0.0), (0, 0.01)))
+    fabricate(root / "full-s0", run_config(0, pattern="F"), "done", {"train/tokens": tokens_scalars(39), "val/loss": [(39, 1.9)]})
+    (root / ".grid" / "cells" / "x").mkdir(parents=True)
+    (root / ".grid" / "cells" / "x" / "config.yaml").write_text("seed: 0\n")
+    out = root.parent / "out"
+    analyze(root, out, workers=1)
+    return root, out
+
+
+def csv(out, name):
+    return pd.read_csv(out / name)
+
+
+def test_tidy_tables(fabricated):
+    root, _ = fabricated
+    runs = load_runs(find_runs(root), root=root)
+    assert sorted(runs.configs["run"]) == ["full-s0", "nope-s0", "nope-s1", "rope-s0", "rope-s1", "w64-s0"]  # .grid skipped
+    labels = dict(zip(runs.configs["run"], runs.configs["label"]))
+    assert labels["rope-s0"] == labels["rope-s1"] == "swa W=16 EEEF pos.full=rope"
+    assert labels["nope-s0"] == "swa W=16 EEEF pos.full=nope" and labels["w64-s0"] == "swa W=64 EEEF pos.full=rope"
+    assert labels["full-s0"] == "full F pos.full=rope"
+    assert (runs.configs["tokens_per_step"] == TOKENS_PER_STEP).all()
+    m = runs.metrics
+    assert {"run", "step", "tokens", "metric", "value", "label", "seed", "model.window", "model.pos.full", "model.pattern"} <= set(m.columns)
+    row = m[(m["run"] == "rope-s0") & (m["metric"] == "longctx/token_acc") & (m["step"] == 39)]
+    assert row["value"].item() == pytest.approx(0.8) and row["tokens"].item() == 640 and row["model.pos.full"].item() == "rope"
+    beyond = m[(m["run"] == "nope-s1") & (m["metric"] == "longctx/token_acc_beyond") & (m["step"] == 39)]
+    assert beyond["value"].item() == pytest.approx(0.6)
+    val = m[(m["run"] == "rope-s1") & (m["metric"] == "val/loss")]
+    assert val["step"].tolist() == [19, 39] and val["tokens"].tolist() == [320, 640]
+    assert len(runs.heads) == 4 * 8 * 4 + 2 * 8 and set(runs.layers["kind"]) == {"swa", "full"}
+
+
+def test_emergence_csvs(fabricated):
+    _, out = fabricated
+    c = csv(out, "emergence_curves.csv").set_index(["label", "step"])
+    rope = c.loc["swa W=16 EEEF pos.full=rope"]
+    np.testing.assert_allclose(rope["mean"], [0.0, 0.3, 0.5, 0.7], atol=1e-9)
+    np.testing.assert_allclose(rope["min"], [0.0, 0.2, 0.4, 0.6], atol=1e-9)
+    np.testing.assert_allclose(rope["max"], [0.0, 0.4, 0.6, 0.8], atol=1e-9)
+    np.testing.assert_allclose(rope["std"], [0.0, math.sqrt(0.02), math.sqrt(0.02), math.sqrt(0.02)], atol=1e-9)
+    assert rope["tokens"].tolist() == [160, 320, 480, 640] and rope["seeds"].tolist() == [2] * 4
+    assert c.loc["swa W=64 EEEF pos.full=rope"]["mean"].tolist() == pytest.approx([0.1, 0.3])
+    t = csv(out, "emergence_thresholds.csv").set_index("label")
+    assert t.loc["swa W=16 EEEF pos.full=rope", ["final", "final_min", "final_max"]].tolist() == pytest.approx([0.7, 0.6, 0.8])
+    # 50% of 0.7 = 0.35: first reached at step 29 (mean 0.5); 90% = 0.63 at step 39
+    assert t.loc["swa W=16 EEEF pos.full=rope", ["tokens_50", "step_50", "tokens_90", "step_90"]].tolist() == [480, 29, 640, 39]
+    # NoPE: means 0.05, 0.15, 0.25, 0.45 (length 16 adds 0.1, half of it in the mean): 0.225 at step 29, 0.405 at 39
+    assert t.loc["swa W=16 EEEF pos.full=nope", "final"] == pytest.approx(0.45)
+    assert t.loc["swa W=16 EEEF pos.full=nope", ["tokens_50", "tokens_90"]].tolist() == [480, 640]
+    assert t.loc["swa W=64 EEEF pos.full=rope", ["seeds", "final_step", "tokens_50", "tokens_90"]].tolist() == [1, 19, 320, 320]
+    assert "full F pos.full=rope" not in t.index  # no evaluation files
+
+
+def test_laziness_csvs(fabricated):
+    _, out = fabricated
+    first = csv(out, "first_heads.csv").set_index("run")
+    assert first.loc["rope-s0", ["first_step", "first_tokens", "window", "scored_until"]].tolist() == [29, 480, 16, 39]
+    assert first.loc["rope-s1", ["first_step", "first_tokens"]].tolist() == [19, 320]
+    assert first.loc["nope-s1", "first_step"] == 39 and np.isnan(first.loc["nope-s0", "first_step"])
+    assert np.isnan(first.loc["w64-s0", "first_step"]) and first.loc["w64-s0", "window"] == 64
+    by = csv(out, "first_heads_by_arch.csv").set_index("label")
+    rope = by.loc["swa W=16 EEEF pos.full=rope"]
+    assert rope[["runs", "runs_with_head", "first_step_mean", "first_step_min", "first_step_max", "first_tokens_mean"]].tolist() == [2, 2, 24, 19, 29, 400]
+    assert by.loc["swa W=16 EEEF pos.full=nope", ["runs_with_head", "first_step_mean"]].tolist() == [1, 39]
+    assert by.loc["swa W=64 EEEF pos.full=rope", "runs_with_head"] == 0
+    hc = csv(out, "head_curves.csv")
+    maxes = hc[(hc["metric"] == "heads/max_score") & (hc["label"] == "swa W=16 EEEF pos.full=rope")]
+    assert maxes["mean"].tolist() == pytest.approx([0.0, 0.125, 0.2, 0.4])
+    counts = hc[(hc["metric"] == "heads/retrieval_heads") & (hc["label"] == "swa W=16 EEEF pos.full=rope")]
+    assert counts["mean"].tolist() == pytest.approx([0, 0.5, 1, 1.5]) and counts["max"].tolist() == [0, 1, 1, 2]
+
+
+def test_niah_pos_maps_and_summary_csvs(fabricated):
+    _, out = fabricated
+    niah = csv(out, "niah.csv")
+    cells = niah[niah["run"] == "nope-s1"].set_index(["length", "depth"])["value"]
+    assert (niah[niah["run"] == "nope-s1"]["step"] == 39).all()
+    assert cells.to_dict() == pytest.approx({(8, 0.0): 0.5, (8, 1.0): 0.5, (16, 0.0): 0.6, (16, 1.0): 0.6})
+    pos = csv(out, "nope_vs_rope.csv")
+    (row,) = pos.to_dict("records")
+    assert row["factor"] == "model.pos.full" and row["base"] == "swa W=16 EEEF pos.full=rope"
+    assert [row[k] for k in ("score_beyond_rope", "score_beyond_nope", "score_beyond_delta")] == pytest.approx([0.7, 0.5, -0.2])
+    assert [row[k] for k in ("val_loss_rope", "val_loss_nope", "val_loss_delta")] == pytest.approx([2.1, 2.4, 0.3])
+    maps = csv(out, "head_maps.csv")
+    rope = maps[maps["label"] == "swa W=16 EEEF pos.full=rope"].set_index(["layer", "head"])
+    assert rope.loc[(3, 0), "score"] == pytest.approx(0.4) and rope.loc[(3, 0), "kind"] == "full" and rope.loc[(0, 1), "kind"] == "swa"
+    assert rope.loc[(3, 0), "runs"] == 2 and len(rope) == 8
+    s = csv(out, "summary.csv").set_index("label")
+    rope = s.loc["swa W=16 EEEF pos.full=rope"]
+    assert rope[["budget_tokens", "seeds", "done", "step", "val_loss", "score", "score_min", "score_max", "score_beyond",
+                 "retrieval_heads", "max_head_score"]].tolist() == pytest.approx([640, 2, 2, 39, 2.1, 0.7, 0.6, 0.8, 0.7, 1.5, 0.4])
+    w64 = s.loc["swa W=64 EEEF pos.full=rope"]
+    assert w64[["seeds", "done", "step", "val_loss", "score"]].tolist() == pytest.approx([1, 0, 19, 3.1, 0.3])
+    full = s.loc["full F pos.full=rope"]
+    assert full["val_loss"] == pytest.approx(1.9) and np.isnan(full["score"])
+
+
+def test_report_lists_what_is_missing_and_other_metrics(fabricated, tmp_path):
+    root, out = fabricated
+    report = (out / "report.md").read_text()
+    assert "Runs not done: `w64-s0` (running, step 20/40)." in report
+    assert "Runs without evaluation files (eval/*.json): `full-s0`." in report
+    for name in ("emergence.png", "laziness.png", "head_maps.png", "niah/rope-s0.png"):
+        assert f"]({name})" in report and (out / name).stat().st_size > 10_000
+    analyze(root, tmp_path / "acc", metric="retrieval_acc", workers=2)
+    t = csv(tmp_path / "acc", "emergence_thresholds.csv").set_index("label")
+    assert list(t.index) == ["swa W=16 EEEF pos.full=rope"] and t["final"].item() == pytest.approx(0.4)
+    assert t[["tokens_50", "tokens_90"]].values.tolist() == [[640, 640]]  # mean 0.15 then 0.4
+
+
+def test_user_errors_name_the_argument(tmp_path, capsys):
+    with pytest.raises(ValueError, match="--metric"):
+        analyze(tmp_path, metric="bleu")
+    assert main(["analyze", str(tmp_path)]) == 2
+    assert "DIR: no run directory" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="DIR: .* is not a folder"):
+        find_runs(tmp_path / "absent")
+
+
+def test_analyze_is_fast_on_50_runs_of_1000_steps(tmp_path):
+    """F3: 50 runs x 1000 logged steps (train/loss, train/lr, train/tokens each step; validation every 50
+    steps; 10 evaluations and head scorings) analysed in at most 30 s."""
+    template = tmp_path / "template"
+    writer = SummaryWriter(str(template))
+    for step in range(1000):
+        writer.add_scalar("train/loss", 5.0 - step / 1000, step)
+        writer.add_scalar("train/lr", 1e-3, step)
+        writer.add_scalar("train/tokens", (step + 1) * TOKENS_PER_STEP, step)
+        if step % 50 == 49:
+            writer.add_scalar("val/loss", 5.0 - step / 1000, step)
+            writer.add_scalar("val/retrieval_acc", step / 1000, step)
+    writer.close()
+    events = next(template.glob("events.out.tfevents.*"))
+    one = tmp_path / "one"
+    fabricate(one, run_config(0), "done", {}, token_acc=(0.1, 0.2, 0.3, 0.4), heads=((0, 0.1),) * 4)
+    root = tmp_path / "big"
+    for i in range(50):
+        run = root / f"w{16 * (1 + i % 5)}-s{i // 5}"
+        shutil.copytree(one, run)
+        (run / "config.yaml").write_text(yaml.safe_dump(run_config(i // 5, window=16 * (1 + i % 5))))
+        shutil.copy(events, run / events.name)
+        for k in range(6):  # 10 evaluations and head scorings in all
+            for prefix in ("step", "heads_step"):
+                src = json.loads((run / "eval" / f"{prefix}_39.json").read_text())
+                (run / "eval" / f"{prefix}_{100 * k + 139}.json").write_text(json.dumps(src).replace('"step": 39', f'"step": {100 * k + 139}'))
+    start = time.perf_counter()
+    analyze(root, tmp_path / "out")
+    seconds = time.perf_counter() - start
+    metrics = pd.read_csv(tmp_path / "out" / "metrics.csv")
+    assert metrics[metrics["metric"] == "train/loss"].groupby("run").size().tolist() == [1000] * 50
+    print(f"analyze: 50 runs x 1000 steps in {seconds:.1f} s ({os.cpu_count()} CPUs)")
+    assert seconds <= 30
+
+
+# A grid small enough to train in seconds per cell on 2 cores, with both evaluation callbacks.
+TINY_GRID = {
+    "base": {
+        "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 16},
+        "data": {"max_tokens": 2_000_000},
+        "train": {"max_steps": 16, "batch_size": 4, "seq_len": 256, "warmup_steps": 2, "log_every_n_steps": 4,
+                  "val_every_n_steps": 8, "val_batches": 1, "checkpoint_every_n_steps": 100, "progress_bar": False},
+        "eval": {"every_n_steps": 8, "tasks": ["passkey"], "lengths": [256, 512], "depths": [0.0, 1.0],
+                 "position_sequences": 0,
+                 "heads": {"every_n_steps": 8, "tasks": ["passkey"], "lengths": [512], "depths": [0.0, 1.0]}},
+    },
+    "axes": {"arch": {"full": {"model.pattern": "F"}, "swa": {"model.pattern": "EF"}}, "model.pos.full": ["rope", "nope"],
+             "seed": [0]},
+    "exclude": [{"arch": "full", "model.pos.full": "nope"}],
+}
+
+
+def test_analyze_a_real_tiny_grid(tmp_path):
+    """F2: a grid trained on CPU, analysed against a plan with one more seed: every figure and table, the
+    cells not started, and labelled figures."""
+    root = tmp_path / "runs"
+    trained = tmp_path / "tiny.yaml"
+    trained.write_text(yaml.safe_dump({**TINY_GRID, "root": str(root)}, sort_keys=False))
+    planned = tmp_path / "planned.yaml"
+    planned.write_text(yaml.safe_dump({**TINY_GRID, "root": str(root), "axes": {**TINY_GRID["axes"], "seed": [0, 1]}}))
+    r = run_cli("grid", "submit", str(trained), "--executor", "local", "--parallel", "2", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = tmp_path / "analysis"
+    r = run_cli("analyze", str(root), "--out", str(out), "--grid", str(planned))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = (out / "report.md").read_text()
+    assert ("Grid: 6 planned cells, 3 with a run directory; not started: `arch=full,pos.full=rope,seed=1`, "
+            "`arch=swa,pos.full=rope,seed=1`, `arch=swa,pos.full=nope,seed=1`.") in report
+    assert "Runs not done: none." in report and "Runs without evaluation files (eval/*.json): none." in report
+    cells = ["arch=full,pos.full=rope,seed=0", "arch=swa,pos.full=rope,seed=0", "arch=swa,pos.full=nope,seed=0"]
+    for png in ["emergence.png", "laziness.png", "head_maps.png"] + [f"niah/{c.replace(',', '_')}.png" for c in cells]:
+        assert (out / png).stat().st_size > 10_000 and f"]({png})" in report, png
+    summary = pd.read_csv(out / "summary.csv")
+    assert sorted(summary["label"]) == ["full F pos.full=rope", "swa W=16 EF pos.full=nope", "swa W=16 EF pos.full=rope"]
+    assert (summary["budget_tokens"] == 16 * 4 * 256).all() and summary["val_loss"].between(1, 8).all()
+    assert summary["score"].notna().all() and summary["max_head_score"].notna().all()
+    curves = pd.read_csv(out / "emergence_curves.csv")
+    assert sorted(set(curves["step"])) == [7, 15] and set(curves["tokens"]) == {8 * 1024, 16 * 1024}
+    pos = pd.read_csv(out / "nope_vs_rope.csv")
+    assert pos["base"].tolist() == ["swa W=16 EF pos.full=rope"] and pos["score_beyond_delta"].notna().all()
+    maps = pd.read_csv(out / "head_maps.csv")
+    assert set(maps.loc[maps["label"] == "swa W=16 EF pos.full=rope", "kind"]) == {"swa", "full"}
+
+
+def test_the_demo_grid_has_every_comparison(tmp_path):
+    from hybrid_lightning.grid import load_grid
+
+    grid = load_grid(REPO / "ablations" / "demo.yaml", root=tmp_path)
+    models = {(c.config.model.pattern, c.config.model.mixer, c.config.model.window, c.config.model.pos.full) for c in grid.cells}
+    assert models == {("F", "swa", 64, "rope"), ("EEEF", "swa", 16, "rope"), ("EEEF", "swa", 16, "nope"),
+                      ("EEEF", "swa", 64, "rope"), ("EEEF", "gated_deltanet", 64, "rope")}
+    assert sorted({c.config.seed for c in grid.cells}) == [0, 1]
+    assert all(max(c.config.eval.lengths) > c.config.train.seq_len for c in grid.cells)
+
+
+def test_figures_have_labelled_axes_units_and_legends(fabricated):
+    from analysis import figures
+
+    _, out = fabricated
+    curve = csv(out, "emergence_curves.csv")
+    (ax,) = figures.emergence(curve, "answer-token accuracy - chance (share of answer tokens)").axes
+    assert ax.get_xlabel() == "training tokens seen" and "(share of answer tokens)" in ax.get_ylabel()
+    assert len(ax.get_legend().get_texts()) == 3 and "(2 seeds)" in ax.get_legend().get_texts()[0].get_text()
+    hc = csv(out, "head_curves.csv")
+    fig = figures.laziness({t: hc[hc["metric"] == t] for t in ("heads/retrieval_heads", "heads/max_score")}, 0.1)
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "training tokens seen" and "(" in ax.get_ylabel() and ax.get_legend() is not None
+    niah = csv(out, "niah.csv")
+    fig = figures.niah_heatmap(niah[niah["run"] == "rope-s0"], "rope-s0", "token_acc (share of answer tokens)")
+    assert fig.axes[0].get_xlabel() == "probe length (tokens)" and "depth" in fig.axes[0].get_ylabel()
+    assert "share of answer tokens" in fig.axes[-1].get_ylabel()  # the colour bar
+    fig = figures.head_maps(csv(out, "head_maps.csv"))
+    assert fig.axes[0].get_xlabel() == "head" and "full attention" in fig.axes[0].get_ylabel()
+    assert "retrieval score" in fig.axes[-1].get_ylabel()
