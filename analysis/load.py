@@ -52,6 +52,7 @@ class Runs:
     records: the long-context records of eval/step_<k>.json (README), one row per run x record.
     heads: the per-head rows of eval/heads_step_<k>.json, one row per run x step x head.
     layers: the per-layer rows of eval/heads_step_<k>.json (``applicable`` false: not attention).
+    ablations: the head-ablation rows of eval/heads_step_<k>.json (``hybrid-lightning heads --mask-*``).
     """
 
     configs: pd.DataFrame
@@ -59,6 +60,7 @@ class Runs:
     records: pd.DataFrame
     heads: pd.DataFrame
     layers: pd.DataFrame
+    ablations: pd.DataFrame
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -90,9 +92,9 @@ def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "metric", "value"])
 
 
-def read_evals(run_dir: Path) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
-    """(long-context records, head totals with step and tokens, head rows, layer rows) of eval/*.json."""
-    records, totals, heads, layers = [], [], [], []
+def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
+    """(long-context records, head totals with step and tokens, head rows, layer rows, ablation rows) of eval/*.json."""
+    records, totals, heads, layers, ablations = [], [], [], [], []
     folder = Path(run_dir) / EVAL_DIR
     for path in sorted(folder.glob("*step_*.json")) if folder.is_dir() else []:
         match = _EVAL_RE.match(path.name)
@@ -106,9 +108,10 @@ def read_evals(run_dir: Path) -> tuple[list[dict], list[dict], list[dict], list[
             totals.append({"step": report["step"], "tokens": report["tokens"], **report["total"]})
             heads += report["heads"]
             layers += report["layers"]
+            ablations += report.get("ablation", [])
         else:
             records += report["records"]
-    return records, totals, heads, layers
+    return records, totals, heads, layers, ablations
 
 
 def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
@@ -117,9 +120,9 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
         status = json.loads((run_dir / STATUS_FILE).read_text())
     except (OSError, ValueError):
         status = {}
-    records, totals, heads, layers = read_evals(run_dir)
+    records, totals, heads, layers, ablations = read_evals(run_dir)
     return {"config": flatten(config), "status": status, "scalars": read_scalars(run_dir, tags), "records": records,
-            "totals": totals, "heads": heads, "layers": layers}
+            "totals": totals, "heads": heads, "layers": layers, "ablations": ablations}
 
 
 def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: Iterable[str] = TAGS,
@@ -145,8 +148,7 @@ def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: 
         raw = [_read_run(d, tags) for d in dirs]
     names = [d.relative_to(root).as_posix() if d != root else d.name for d in dirs]
     configs = _configs(names, dirs, raw)
-    metrics, records, heads, layers = _tables(names, raw, configs)
-    return Runs(configs, metrics, records, heads, layers)
+    return Runs(configs, *_tables(names, raw, configs))
 
 
 def _common_parent(dirs: list[Path]) -> Path:
@@ -225,8 +227,8 @@ def _label(identity: dict, varying: list[str]) -> str:
 
 
 def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
-    """(metrics, records, heads, layers) of all runs; see ``Runs``."""
-    frames, records, heads, layers = [], [], [], []
+    """(metrics, records, heads, layers, ablations) of all runs; see ``Runs``."""
+    frames, records, heads, layers, ablations = [], [], [], [], []
     tokens_per_step = dict(zip(configs["run"], configs["tokens_per_step"])) if len(configs) else {}
     for name, r in zip(names, raw):
         scalars = r["scalars"][r["scalars"]["metric"] != "train/tokens"]
@@ -237,6 +239,7 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
         records.append(pd.DataFrame(r["records"]).assign(run=name))
         heads.append(pd.DataFrame(r["heads"]).assign(run=name))
         layers.append(pd.DataFrame(r["layers"]).assign(run=name))
+        ablations.append(pd.DataFrame(r["ablations"]).assign(run=name))
     records = _concat(records, ["run", "step", "tokens", "task", "length", "depth", "in_window", "n", "accuracy",
                                 "answer_tokens", "token_accuracy", "answer_loss", "chance_token_accuracy", "chance_loss"])
     seq_len = configs.set_index("run")["train.seq_len"] if "train.seq_len" in configs else pd.Series(dtype=float)
@@ -250,7 +253,10 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
     return (metrics,
             records,
             _concat(heads, ["run", "step", "tokens", "layer", "head", "kind", "window", "pos", "score", "retrieval", "role"]),
-            _concat(layers, ["run", "step", "tokens", "layer", "kind", "window", "pos", "applicable"]))
+            _concat(layers, ["run", "step", "tokens", "layer", "kind", "window", "pos", "applicable"]),
+            _concat(ablations, ["run", "step", "tokens", "selection", "k", "seed", "masked", "task", "length", "n",
+                                "accuracy", "masked_accuracy", "token_accuracy", "masked_token_accuracy",
+                                "answer_loss", "masked_answer_loss", "chance_token_accuracy", "chance_loss"]))
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

@@ -11,12 +11,13 @@ import pandas as pd
 from analysis import figures, tables
 from analysis.load import Runs, find_runs, load_runs
 from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
+from hybrid_lightning.grid.report import si
 
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
 
 
 def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc", grid: str | Path | None = None,
-            workers: int | None = None) -> Path:
+            workers: int | None = None, findings: bool = False) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
 
     Args:
@@ -25,6 +26,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
         metric: the long-context score (``analysis.metrics.METRICS``).
         grid: the grid file whose planned cells the report compares with the runs found.
         workers: processes reading runs; default up to 4, one per CPU.
+        findings: open the report with the verdicts on the paper's three findings (analysis/findings.py).
     Returns: the path of report.md.
     """
     tag = metric_tag(metric)
@@ -41,6 +43,8 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
                 f"(`--metric {metric}`): {METRIC_TEXT[metric]}. Spread over seeds: min-max range (figures, "
                 "`*_min`/`*_max` columns) and sample standard deviation (`std`).\n",
                 _missing(runs, planned, tag)]
+    if findings:
+        sections.insert(2, _findings(runs, out))
     _write(runs.metrics, out, "metrics.csv")
     _write(runs.configs, out, "runs.csv")
     summary = tables.summary(runs.metrics, runs.configs, metric)
@@ -49,6 +53,32 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     path = out / "report.md"
     path.write_text("\n".join(sections))
     return path
+
+
+def _findings(runs: Runs, out: Path) -> str:
+    from analysis.findings import findings
+
+    table = findings(runs)
+    _write(table, out, "findings.csv")
+    from hybrid_lightning.config import load_config
+    from hybrid_lightning.model.matching import non_embedding_params
+
+    c = runs.configs
+    params = pd.Series([non_embedding_params(load_config(Path(p) / "config.yaml").model) for p in c["path"]])
+    budget = c["train.max_steps"] * c["tokens_per_step"]
+    n = (budget / params.to_numpy())
+    return "\n".join([
+        "## Findings of the paper at this scale\n",
+        "Each verdict follows a fixed rule from the tables below (`analysis/findings.py` states the rules); "
+        "`no signal`: the phenomenon the test looks at did not appear in any run; `not tested`: the runs lack "
+        f"what the test needs. These runs: {len(c)}, {si(params.min())}-{si(params.max())} "
+        f"non-embedding parameters N, {si(budget.min())}-{si(budget.max())} training tokens "
+        f"({n.min():.3g}N-{n.max():.3g}N).\n",
+        _md(table),
+        "\nWhat a proper test needs: the paper's scale (15M-477M non-embedding parameters, 100N-1000N tokens: "
+        "`ablations/paper.yaml`), natural long documents rather than synthetic retrieval sequences, at least 3 "
+        "seeds wherever a claim is about timing, and evaluations dense around the step where retrieval emerges.\n",
+    ])
 
 
 def _planned_cells(grid: str | Path, folder: Path) -> list[tuple[str, Path]]:
@@ -66,7 +96,9 @@ def _missing(runs: Runs, planned: list[tuple[str, Path]] | None, tag: str) -> st
                      + (f"; not started: {', '.join(f'`{n}`' for n in absent)}." if absent else "."))
     c = runs.configs
     unfinished = c[c["state"] != "done"]
-    lines.append("Runs not done: " + (", ".join(f"`{r['run']}` ({_progress(r)})" for _, r in unfinished.iterrows()) or "none") + ".")
+    logged = runs.metrics.groupby("run")["step"].max()
+    lines.append("Runs not done: " + (", ".join(f"`{r['run']}` ({_progress(r, logged.get(r['run']))})"
+                                                for _, r in unfinished.iterrows()) or "none") + ".")
     no_eval = c[~c["eval_files"]]["run"]
     lines.append("Runs without evaluation files (eval/*.json): " + (", ".join(f"`{r}`" for r in no_eval) or "none") + ".")
     no_score = sorted(set(c["run"]) - set(runs.metrics.loc[runs.metrics["metric"] == tag, "run"]))
@@ -76,10 +108,11 @@ def _missing(runs: Runs, planned: list[tuple[str, Path]] | None, tag: str) -> st
     return "\n\n".join(lines)
 
 
-def _progress(run: pd.Series) -> str:
-    if pd.isna(run["status_step"]):
+def _progress(run: pd.Series, logged: float | None) -> str:
+    """State and the last step logged (status.json holds the step a running run started from)."""
+    if logged is None or pd.isna(logged):
         return run["state"]
-    return f"{run['state']}, step {int(run['status_step'])}/{run['train.max_steps']}"
+    return f"{run['state']}, logged up to step {int(logged)} of {run['train.max_steps']}"
 
 
 def _emergence(runs: Runs, out: Path, metric: str, tag: str) -> str:

@@ -76,7 +76,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from analysis.report import analyze
 
-    print(f"report written to {analyze(args.dir, args.out, args.metric, args.grid)}")
+    print(f"report written to {analyze(args.dir, args.out, args.metric, args.grid, findings=args.findings)}")
     return 0
 
 
@@ -99,6 +99,8 @@ def _add_analysis_parsers(sub) -> None:
     p.add_argument("--metric", choices=list(METRICS), default="token_acc",
                    help="long-context score (default token_acc: answer-token accuracy minus chance)")
     p.add_argument("--grid", help="the grid file of DIR: the report lists its cells that have no run directory")
+    p.add_argument("--findings", action="store_true",
+                   help="open the report with rule-based verdicts on the paper's three findings (analysis/findings.py)")
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("demo", help="train a demo grid locally, then analyse it (grid submit --executor local + analyze)")

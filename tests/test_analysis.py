@@ -191,7 +191,7 @@ def test_niah_pos_maps_and_summary_csvs(fabricated):
 def test_report_lists_what_is_missing_and_other_metrics(fabricated, tmp_path):
     root, out = fabricated
     report = (out / "report.md").read_text()
-    assert "Runs not done: `w64-s0` (running, step 20/40)." in report
+    assert "Runs not done: `w64-s0` (running, logged up to step 19 of 40)." in report
     assert "Runs without evaluation files (eval/*.json): `full-s0`." in report
     for name in ("emergence.png", "laziness.png", "head_maps.png", "niah/rope-s0.png"):
         assert f"]({name})" in report and (out / name).stat().st_size > 10_000
@@ -324,3 +324,33 @@ def test_figures_have_labelled_axes_units_and_legends(fabricated):
     fig = figures.head_maps(csv(out, "head_maps.csv"))
     assert fig.axes[0].get_xlabel() == "head" and "full attention" in fig.axes[0].get_ylabel()
     assert "retrieval score" in fig.axes[-1].get_ylabel()
+
+
+def test_findings_follow_their_rules_on_known_values(fabricated):
+    """The verdicts and the numbers behind them on the fabricated runs (values worked out by hand in
+    the comments), and the report opening with them."""
+    from analysis.findings import findings
+
+    root, _ = fabricated
+    table = findings(load_runs(find_runs(root), root=root)).set_index("test")
+    # Final seed-mean scores: W=16 RoPE 0.7, NoPE 0.45 (0.05 more from the longer probe), W=64 0.3 at step 19;
+    # target 0.35: RoPE seeds at 480 and 320 tokens, NoPE seeds both at 640, W=64 never.
+    speed = table.loc["speed"]
+    assert speed["verdict"] == "reproduced" and "target 0.350" in speed["evidence"]
+    assert "swa W=16 EEEF pos.full=rope: 320-480; swa W=16 EEEF pos.full=nope: 640-640" in speed["evidence"]
+    assert "swa W=64 EEEF pos.full=rope: never-never" in speed["evidence"]
+    # Spread over the steps all three share (9, 19): 0.1, then 0.15 at the last: not converging.
+    conv = table.loc["convergence"]
+    assert conv["verdict"] == "not reproduced" and "0.150 at step 19, 0.150 at the last common step 19" in conv["evidence"]
+    assert table.loc["where", "verdict"] == "no signal"  # no head is marked a retrieval head
+    assert table.loc["ablation", "verdict"] == "not tested"
+    # First retrieval head: W=16 seeds at 29 and 19 (mean 24), W=64 none by its end (counts as 40): lazier.
+    lazy = table.loc["laziness"]
+    assert lazy["verdict"] == "reproduced" and "W=16: 29, 19; W=64: never" in lazy["evidence"]
+    # Beyond the training length NoPE seeds 0.4, 0.6 vs RoPE 0.8, 0.6; val/loss 2.4 vs 2.1.
+    nope = table.loc["swa W=16 EEEF pos.full=rope"]
+    assert nope["verdict"] == "not reproduced"
+    assert "NoPE 0.500 (seeds 0.400-0.600) vs RoPE 0.700 (0.600-0.800)" in nope["evidence"] and "cost +0.3000" in nope["evidence"]
+    report = analyze(root, root.parent / "out-findings", workers=1, findings=True).read_text()
+    assert report.index("## Findings") < report.index("## 1. Emergence") and "| 2. retrieval heads | laziness | reproduced |" in report
+    assert pd.read_csv(root.parent / "out-findings" / "findings.csv")["verdict"].size == 6
