@@ -173,6 +173,14 @@ def _add_grid_parser(sub) -> None:
     p.add_argument("cells", nargs="*", help="cell names (default: every cell)")
 
 
+def cmd_probes(args: argparse.Namespace) -> int:
+    from hybrid_lightning.eval.export import export_probes
+
+    n = export_probes(args.out, args.tasks, args.lengths, args.samples, args.seed, args.value_tokens, args.tokenizer)
+    print(f"{n} probes written to {args.out}")
+    return 0
+
+
 def cmd_heads(args: argparse.Namespace) -> int:
     from hybrid_lightning.eval.ablation import parse_heads
     from hybrid_lightning.eval.command import heads_checkpoint
@@ -211,6 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
                    help="override an eval.* setting, e.g. --set eval.samples=4 (repeatable)")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("probes", help="write long-context probes as text documents (JSON lines), e.g. as training data")
+    p.add_argument("tasks", nargs="+", metavar="TASK", help="probe tasks (as eval.tasks)")
+    p.add_argument("--out", required=True, help="JSON-lines file to write")
+    p.add_argument("--lengths", nargs="+", type=int, required=True, metavar="N", help="probe lengths in tokens")
+    p.add_argument("--samples", type=int, default=100, help="probes per task and length, depths spread over [0, 1] (default 100)")
+    p.add_argument("--seed", type=int, default=1, help="probe seed; keep it apart from the runs' eval.seed (default 1)")
+    p.add_argument("--value-tokens", type=int, metavar="N", help="answers of at least N tokens (as eval.value_tokens)")
+    p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default byte)")
+    p.set_defaults(func=cmd_probes)
 
     p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
                        "ablation (writes eval/heads_step_<k>.json)")

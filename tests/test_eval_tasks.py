@@ -1,12 +1,16 @@
 """C1: the probe generators are exact in length, put the needle at the requested depth, keep the
 answer unique in the haystack, and are pure functions of their seed."""
 
+import json
+
 import numpy as np
 import pytest
 
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES
 from hybrid_lightning.data.tokenizer import ByteTokenizer
 from hybrid_lightning.eval.tasks import TASKS, GenContext, make_sample
+
+from conftest import run_cli
 
 TOK = ByteTokenizer()
 ESSAY = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())
@@ -115,3 +119,20 @@ def test_unreachable_value_length_names_the_field():
 def test_too_short_length_names_the_field():
     with pytest.raises(ValueError, match="eval.lengths: 200 tokens is too short for task 'niah_single_1'"):
         make_sample("niah_single_1", CTX, 200, 0.5, 0)
+
+
+def test_probes_command_writes_documents_in_the_probe_format(tmp_path):
+    out = tmp_path / "probes.jsonl"
+    r = run_cli("probes", "passkey", "niah_single_2", "--lengths", "450", "600", "--samples", "3", "--value-tokens", "16",
+                "--seed", "5", "--out", str(out), timeout=300)
+    assert r.returncode == 0 and "12 probes written" in r.stdout, r.stdout + r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(x["task"], x["length"]) for x in rows[::3]] == [("passkey", 450), ("passkey", 600), ("niah_single_2", 450), ("niah_single_2", 600)]
+    assert [x["depth"] for x in rows[:3]] == [0.0, 0.5, 1.0]
+    tok = ByteTokenizer()
+    for x in rows:  # exact length in tokens, ending with its answer of >= 16 tokens
+        assert len(tok.encode(x["text"])) == x["length"] and x["text"].endswith(x["answer"]) and len(tok.encode(x["answer"])) >= 16
+    bad = run_cli("probes", "passkee", "--lengths", "300", "--out", str(tmp_path / "x.jsonl"), timeout=300)
+    assert bad.returncode != 0 and "tasks: ['passkee'] not among" in bad.stderr and not (tmp_path / "x.jsonl").exists()
+    short = run_cli("probes", "niah_single_2", "--lengths", "300", "--out", str(tmp_path / "y.jsonl"), timeout=300)
+    assert short.returncode != 0 and "--lengths: 300 tokens is too short" in short.stderr and not (tmp_path / "y.jsonl").exists()

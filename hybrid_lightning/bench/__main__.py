@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         result["machine"], result["seconds"] = machine, round(time.perf_counter() - t0, 1)
         (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
         print(markdown(result))
-    sections = sorted(f.stem for f in args.out.glob("*.json"))
+    order = list(SECTIONS)  # (a), (b), ... then any other section found there
+    sections = sorted((f.stem for f in args.out.glob("*.json")), key=lambda s: (order.index(s) if s in order else len(order), s))
     body = ["# Benchmarks", "", "Regenerate with `python -m hybrid_lightning.bench` (sections: "
             + ", ".join(sections) + ").", ""]
     for name in sections:

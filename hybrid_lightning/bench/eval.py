@@ -65,7 +65,7 @@ def run(quick: bool) -> dict:
     longctx_share = rows[1]["seconds"] / (e.every_n_steps * step + rows[1]["seconds"])
     heads_share = rows[-1]["seconds"] / (h.every_n_steps * step + rows[-1]["seconds"])
     return {
-        "title": "Evaluation callbacks: cost per call",
+        "title": "(d) Evaluation callbacks: cost per call",
         "columns": ["measure", "seconds", "training steps"],
         "rows": rows,
         "notes": (f"Default model and run config, CPU fp32, medians. At eval.every_n_steps={e.every_n_steps} one "

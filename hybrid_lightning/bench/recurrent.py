@@ -131,7 +131,7 @@ def run(quick: bool) -> dict:
     columns = ["op", "T", "chunked s", "chunked ×/doubling", "step-by-step s", "step-by-step / chunked",
                "fla naive s", "fla naive / chunked", "fla naive ×/doubling"]
     return {
-        "title": f"Recurrent operators, chunked fwd+bwd (B={B}, H={H}, head width {DIM}, chunk {CHUNK}, fp32)",
+        "title": f"(b) Recurrent operators, chunked fwd+bwd (B={B}, H={H}, head width {DIM}, chunk {CHUNK}, fp32)",
         "columns": columns, "rows": rows, "notes": " ".join(notes),
     }
 

@@ -144,7 +144,9 @@ def lightning_rows(quick: bool) -> list[dict]:
     model = {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF"} if quick else {}
     if quick:
         overrides.update(batch_size=2, seq_len=64)
-    cfg = resolve_config(validate_config({"name": "bench", "model": model, "train": overrides}))
+    no_eval = {"every_n_steps": 0, "at_end": False}  # the evaluation callbacks are measured in the eval section
+    cfg = resolve_config(validate_config({"name": "bench", "model": model, "train": overrides,
+                                          "eval": {**no_eval, "heads": no_eval}}))
     tokens = measured * cfg.train.batch_size * cfg.train.seq_len
     runs: dict[str, list[tuple[float, float]]] = {"Lightning": [], "plain loop": []}
     with tempfile.TemporaryDirectory() as tmp:

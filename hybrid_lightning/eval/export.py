@@ -1,0 +1,47 @@
+"""Probes as text documents (``hybrid-lightning probes``): a JSON-lines file with one probe and its
+answer per line, e.g. to train a small model on retrieval in the probes' own format, or to read them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from hybrid_lightning.config import DataConfig
+from hybrid_lightning.data.corpus import load_corpus
+from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.eval.tasks import TASKS, GenContext, make_sample
+
+
+def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples: int, seed: int,
+                  value_tokens: int | None = None, tokenizer: str = "byte") -> int:
+    """Writes ``samples`` probes per (task, length) to ``out`` as ``{"text", "task", "length", "depth",
+    "answer"}`` lines, needle depths spread evenly over [0, 1]; returns the number written.
+
+    Probes are a pure function of (task, length, depth, index, ``seed``): a ``seed`` other than the
+    ``eval.seed`` of a run keeps its evaluation probes out of what it trains on.
+    """
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"tasks: {unknown} not among {sorted(TASKS)}")
+    if samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {samples}")
+    tok = load_tokenizer(tokenizer)
+    _, held_out = load_corpus(DataConfig(tokenizer=tokenizer), tok)  # the essay haystacks' text
+    ctx = GenContext(tok, held_out, value_tokens)
+    lines = []
+    for task, length in itertools.product(tasks, lengths):
+        for i, depth in enumerate(np.linspace(0, 1, samples) if samples > 1 else [0.5]):
+            try:
+                s = make_sample(task, ctx, length, float(depth), i, seed)
+            except ValueError as e:  # the generators name the eval keys
+                raise ValueError(str(e).replace("eval.lengths", "--lengths").replace("eval.value_tokens", "--value-tokens")) from None
+            text = tok.decode(np.concatenate([s.prompt, s.answer]).tolist())
+            lines.append(json.dumps({"text": text, "task": task, "length": length, "depth": round(float(depth), 6),
+                                     "answer": tok.decode(s.answer.tolist())}))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return len(lines)
