@@ -233,14 +233,15 @@ def requeue_run(cluster, rate, tmp_path_factory):
 
 def test_scancelled_cell_is_resubmitted_alone_and_resumes(cluster, rate, tmp_path):
     """E4."""
-    long_steps = max(30, int(rate * 20))
+    long_steps = max(60, int(rate * 60))  # about a minute: still running when the short cell is done
     path = write_grid(tmp_path, "e4", base=tiny(checkpoint_every_n_steps=5), axes={
         "length": {"short": {"train.max_steps": 10}, "long": {"train.max_steps": long_steps}},
     })
     submit(path, profile(tmp_path))
     grid = load_grid(path)
     short, long = grid.cells
-    wait(grid, lambda rows: rows[short.name].state == "done" and (long.run_dir / "checkpoints" / "step_0000005.ckpt").is_file())
+    wait(grid, lambda rows: rows[short.name].state == "done" and rows[long.name].state == "running"
+         and (long.run_dir / "checkpoints" / "last.ckpt").is_file())
     job = read_jobs(grid)[long.name][-1]["job_id"]
     subprocess.run(["scancel", job], check=True, timeout=60)
     rows = wait(grid, lambda rows: rows[long.name].state == "cancelled", timeout=120)
