@@ -73,6 +73,10 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert grid.cells[-1].config.model.d_model == 256 and grid.cells[-1].config.model.window == 128
     assert load_profile(REPO / "slurm" / "local.yaml")["slurm_partition"] == "debug"
     assert load_profile(REPO / "slurm" / "example.yaml")["gpus_per_node"] == 8
+    replica = load_grid(REPO / "ablations" / "cpu_replica.yaml", root=tmp_path)
+    assert [c.name for c in replica.cells][::2] == ["arch=full,seed=0", "arch=swa32,seed=0", "arch=swa32-nope,seed=0",
+                                                     "arch=swa128,seed=0", "arch=lightning,seed=0"]
+    assert {c.config.train.seq_len for c in replica.cells} == {512} and max(replica.cells[0].config.eval.lengths) == 2048
 
 
 def test_presets_zip_and_long_names(tmp_path):
