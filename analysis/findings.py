@@ -5,7 +5,9 @@ and in ``findings.csv``.
 The rules use the chance-corrected probe score ``longctx/token_acc`` (answer-token accuracy minus
 chance, analysis/scores.py) and the retrieval heads of eval/heads_step_<k>.json:
 
-1. Emergence. Signal: some architecture ends with a seed-mean score >= ``SIGNAL``. *Speed*: the
+1. Emergence, of the probe score and of the rise of ``val/retrieval_acc`` over each run's first
+   validation (in-context retrieval on synthetic sequences at the training length). Signal: some
+   architecture ends with a seed-mean value >= ``SIGNAL``. *Speed*: the
    tokens at which each seed first reaches half the best architecture's final score; the design sets
    the speed when two architectures' seed ranges of those tokens do not overlap (an architecture
    that never reaches it counts as later than every token seen). *Convergence*: the spread of the
@@ -36,6 +38,7 @@ from hybrid_lightning.grid.report import si
 
 SCORE = "longctx/token_acc"
 SCORE_BEYOND = "longctx/token_acc_beyond"
+RETRIEVAL = "val/retrieval_acc"
 SIGNAL = 0.05  # answer-token accuracy above chance that counts as retrieval
 FULL_SHARE = 0.8
 ABLATION_DROP = 0.05
@@ -58,18 +61,27 @@ def _si(tokens: float) -> str:
 
 
 def _emergence(runs: Runs) -> list[dict]:
+    rows = _emergence_of(runs.metrics, SCORE, "probes")
+    # In-context retrieval at the training length on synthetic validation sequences: each run's rise
+    # over its first validation (chance is not logged for it).
+    acc = runs.metrics[runs.metrics["metric"] == RETRIEVAL].sort_values("step")
+    rise = acc.assign(value=acc["value"] - acc.groupby("run")["value"].transform("first"))
+    return rows + _emergence_of(rise, RETRIEVAL, "val/retrieval_acc rise")
+
+
+def _emergence_of(metrics: pd.DataFrame, tag: str, what: str) -> list[dict]:
     f = "1. emergence speed"
-    curve = tables.curves(runs.metrics, SCORE)
+    curve = tables.curves(metrics, tag)
     if curve.empty:
-        return [_row(f, "speed", "not tested", f"no run has logged {SCORE}")]
+        return [_row(f, f"speed ({what})", "not tested", f"no run has logged {tag}")]
     final = curve.sort_values("step").groupby("label").last()["mean"]
     best = final.max()
     finals = ", ".join(f"{label}: {v:.3f}" for label, v in final.sort_values(ascending=False).items())
     if best < SIGNAL:
-        text = f"final score (token accuracy - chance) below {SIGNAL} for every architecture ({finals})"
-        return [_row(f, "speed", "no signal", text), _row(f, "convergence", "no signal", text)]
+        text = f"final {what} below {SIGNAL} for every architecture ({finals})"
+        return [_row(f, f"speed ({what})", "no signal", text), _row(f, f"convergence ({what})", "no signal", text)]
     target = best / 2
-    d = runs.metrics[runs.metrics["metric"] == SCORE]
+    d = metrics[metrics["metric"] == tag]
     first = {}  # label -> per-seed tokens of the first evaluation at or above the target
     for (label, run), r in d.groupby(["label", "run"]):
         hit = r[r["value"] >= target]
@@ -79,7 +91,7 @@ def _emergence(runs: Runs) -> list[dict]:
     separated = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]
                  if ranges[a][1] < ranges[b][0] and not math.isinf(ranges[a][1])]
     speed = ("reproduced" if separated else "not reproduced",
-             f"target {target:.3f} (half the best final score, {finals}); tokens to reach it, seed range: "
+             f"target {target:.3f} (half the best final {what}; finals {finals}); tokens to reach it, seed range: "
              + "; ".join(f"{k}: {_si(ranges[k][0])}-{_si(ranges[k][1])}" for k in order)
              + (f". Separated pairs: {len(separated)}, e.g. {separated[0][0]} before {separated[0][1]}" if separated
                 else ". No two architectures' seed ranges are apart"))
@@ -89,12 +101,11 @@ def _emergence(runs: Runs) -> list[dict]:
     if spread.empty:
         conv = ("not tested", "fewer than two architectures share evaluation steps")
     else:
-        peak_step = spread.idxmax()
         converged = spread.iloc[-1] < spread.max() / 2
         conv = ("reproduced" if converged else "not reproduced",
-                f"spread of the architectures' seed-mean scores: {spread.max():.3f} at step {peak_step}, "
+                f"spread of the architectures' seed-mean {what}: {spread.max():.3f} at step {spread.idxmax()}, "
                 f"{spread.iloc[-1]:.3f} at the last common step {spread.index[-1]}")
-    return [_row(f, "speed", *speed), _row(f, "convergence", *conv)]
+    return [_row(f, f"speed ({what})", *speed), _row(f, f"convergence ({what})", *conv)]
 
 
 def _mechanism(runs: Runs) -> list[dict]:

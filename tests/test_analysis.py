@@ -335,13 +335,17 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     table = findings(load_runs(find_runs(root), root=root)).set_index("test")
     # Final seed-mean scores: W=16 RoPE 0.7, NoPE 0.45 (0.05 more from the longer probe), W=64 0.3 at step 19;
     # target 0.35: RoPE seeds at 480 and 320 tokens, NoPE seeds both at 640, W=64 never.
-    speed = table.loc["speed"]
+    speed = table.loc["speed (probes)"]
     assert speed["verdict"] == "reproduced" and "target 0.350" in speed["evidence"]
     assert "swa W=16 EEEF pos.full=rope: 320-480; swa W=16 EEEF pos.full=nope: 640-640" in speed["evidence"]
     assert "swa W=64 EEEF pos.full=rope: never-never" in speed["evidence"]
     # Spread over the steps all three share (9, 19): 0.1, then 0.15 at the last: not converging.
-    conv = table.loc["convergence"]
+    conv = table.loc["convergence (probes)"]
     assert conv["verdict"] == "not reproduced" and "0.150 at step 19, 0.150 at the last common step 19" in conv["evidence"]
+    # val/retrieval_acc rises 0.2 and 0.3 (W=16 RoPE, the only runs logging it): one architecture, no pair to compare.
+    assert table.loc["speed (val/retrieval_acc rise)", "verdict"] == "not reproduced"
+    assert "W=16 EEEF pos.full=rope: 0.250" in table.loc["speed (val/retrieval_acc rise)", "evidence"]
+    assert table.loc["convergence (val/retrieval_acc rise)", "verdict"] == "not tested"
     assert table.loc["where", "verdict"] == "no signal"  # no head is marked a retrieval head
     assert table.loc["ablation", "verdict"] == "not tested"
     # First retrieval head: W=16 seeds at 29 and 19 (mean 24), W=64 none by its end (counts as 40): lazier.
@@ -353,4 +357,4 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     assert "NoPE 0.500 (seeds 0.400-0.600) vs RoPE 0.700 (0.600-0.800)" in nope["evidence"] and "cost +0.3000" in nope["evidence"]
     report = analyze(root, root.parent / "out-findings", workers=1, findings=True).read_text()
     assert report.index("## Findings") < report.index("## 1. Emergence") and "| 2. retrieval heads | laziness | reproduced |" in report
-    assert pd.read_csv(root.parent / "out-findings" / "findings.csv")["verdict"].size == 6
+    assert pd.read_csv(root.parent / "out-findings" / "findings.csv")["verdict"].size == 8
