@@ -5,8 +5,8 @@ and in ``findings.csv``.
 The rules use the chance-corrected probe score ``longctx/token_acc`` (answer-token accuracy minus
 chance, analysis/scores.py) and the retrieval heads of eval/heads_step_<k>.json:
 
-1. Emergence, of the probe score and of the rise of ``val/retrieval_acc`` over each run's first
-   validation (in-context retrieval on synthetic sequences at the training length). Signal: some
+1. Emergence, of the probe score and of the rise of ``val/retrieval_acc`` over the mean of each
+   run's first ``START_VALIDATIONS`` validations (in-context retrieval on synthetic sequences at the training length). Signal: some
    architecture ends with a seed-mean value >= ``SIGNAL``. *Speed*: the
    tokens at which each seed first reaches half the best architecture's final score; the design sets
    the speed when two architectures' seed ranges of those tokens do not overlap (an architecture
@@ -14,11 +14,12 @@ chance, analysis/scores.py) and the retrieval heads of eval/heads_step_<k>.json:
    architectures' seed-mean scores at the last common evaluation is below half its largest value
    during training.
 2. Mechanism. *Where*: at each SWA hybrid's last scoring, the share of its retrieval heads that lie in
-   full-attention layers (>= ``FULL_SHARE`` reproduces). *Ablation*: masking the top-K heads lowers
+   full-attention layers (>= ``FULL_SHARE`` reproduces; heads in fewer than ``MIN_RUNS`` runs: no signal). *Ablation*: masking the top-K heads lowers
    probe token accuracy (probes within the training length) by at least ``ABLATION_DROP`` and by at
    least twice as much as masking K random heads (mean over the ablated runs). *Laziness*: among the SWA hybrids with RoPE on their
-   full layers, the first step with a retrieval head (mean over seeds; never = after the last step)
-   does not decrease as the window grows and increases at least once.
+   full layers, the first step from which every later scoring has a retrieval head (so a head that
+   comes and goes does not count; mean over seeds; never = after the last step) does not decrease as
+   the window grows and increases at least once.
 3. NoPE. For each pair of architectures differing only in ``model.pos.full``: the score beyond the
    training length is higher with NoPE in every seed (the lowest NoPE seed above the highest RoPE
    seed), and the validation loss rises by at most ``LOSS_COST`` nats per token.
@@ -39,6 +40,8 @@ from hybrid_lightning.grid.report import si
 SCORE = "longctx/token_acc"
 SCORE_BEYOND = "longctx/token_acc_beyond"
 RETRIEVAL = "val/retrieval_acc"
+START_VALIDATIONS = 3  # the rise of val/retrieval_acc is over the mean of a run's first 3 validations
+MIN_RUNS = 2  # retrieval heads must be present in at least this many runs to count as a signal
 SIGNAL = 0.05  # answer-token accuracy above chance that counts as retrieval
 FULL_SHARE = 0.8
 ABLATION_DROP = 0.05
@@ -63,9 +66,10 @@ def _si(tokens: float) -> str:
 def _emergence(runs: Runs) -> list[dict]:
     rows = _emergence_of(runs.metrics, SCORE, "probes")
     # In-context retrieval at the training length on synthetic validation sequences: each run's rise
-    # over its first validation (chance is not logged for it).
+    # over the mean of its first validations (chance is not logged for it).
     acc = runs.metrics[runs.metrics["metric"] == RETRIEVAL].sort_values("step")
-    rise = acc.assign(value=acc["value"] - acc.groupby("run")["value"].transform("first"))
+    start = acc.groupby("run")["value"].transform(lambda v: v.iloc[:START_VALIDATIONS].mean())
+    rise = acc.assign(value=acc["value"] - start)
     return rows + _emergence_of(rise, RETRIEVAL, "val/retrieval_acc rise")
 
 
@@ -124,7 +128,10 @@ def _mechanism(runs: Runs) -> list[dict]:
         share = by_kind.get("full", 0) / n if n else float("nan")
         evidence = (f"retrieval heads at the last scoring of {last['run'].nunique()} SWA hybrids: {n} "
                     f"({by_kind.get('full', 0)} in full-attention layers, {by_kind.get('swa', 0)} in SWA layers)")
-        rows.append(_row(f, "where", "no signal" if n == 0 else ("reproduced" if share >= FULL_SHARE else "not reproduced"),
+        with_heads = ret["run"].nunique()
+        evidence += f" in {with_heads} runs"
+        verdict = "no signal" if with_heads < MIN_RUNS else ("reproduced" if share >= FULL_SHARE else "not reproduced")
+        rows.append(_row(f, "where", verdict,
                          evidence + ("" if n == 0 else f"; share in full layers {share:.2f} (rule: >= {FULL_SHARE})")))
     rows.append(_ablation(runs))
     rows.append(_laziness(runs))
@@ -152,8 +159,7 @@ def _ablation(runs: Runs) -> dict:
 def _laziness(runs: Runs) -> dict:
     f, c = "2. retrieval heads", runs.configs
     rope = c[c["model.mixer"].eq("swa") & c["model.pattern"].astype(str).str.contains("E") & c["model.pos.full"].eq("rope")]
-    first = tables.first_heads(runs.metrics, c)
-    first = first[first["run"].isin(rope["run"])]
+    first = _stable_first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
     if first["window"].nunique() < 2:
         return _row(f, "laziness", "not tested", "fewer than two SWA windows with retrieval-head scores")
     after = int(runs.metrics["step"].max()) + 1  # a seed without a head counts as forming it after the last step
@@ -168,6 +174,14 @@ def _laziness(runs: Runs) -> dict:
     return _row(f, "laziness", "reproduced" if monotone else "not reproduced",
                 evidence + " (rule: the seed-mean first step never falls and rises at least once as the window grows; "
                 "a seed without a head counts as one step after the last)")
+
+
+def _stable_first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
+    """``tables.first_heads`` with the first step from which every later scoring has a retrieval head."""
+    counts = metrics[metrics["metric"] == "heads/retrieval_heads"].sort_values(["run", "step"])
+    # a scoring counts once it and all later ones of its run have a head: reverse cumulative minimum
+    stable = counts.assign(value=counts.iloc[::-1].groupby("run")["value"].cummin().iloc[::-1])
+    return tables.first_heads(pd.concat([metrics[metrics["metric"] != "heads/retrieval_heads"], stable]), configs)
 
 
 def _nope(runs: Runs) -> list[dict]:
