@@ -214,14 +214,14 @@ def _mixers(cfg: dict) -> list[str]:
 
 def _label(identity: dict, varying: list[str]) -> str:
     """E.g. ``swa W=128 EEEF pos.full=nope``: the mixers (``full`` for none), the SWA window, the pattern,
-    then every other key that differs between the runs loaded (``model.`` dropped)."""
+    then every other key that differs between the runs loaded and is set here (``model.`` dropped)."""
     mixers = [m for m in _mixers(identity) if m]
     parts = ["+".join(mixers) or "full"]
     if "swa" in mixers:
         parts.append(f"W={identity['model.window']}")
     parts.append(str(identity.get("model.pattern", "")))
     for k in varying:
-        if k not in ("model.pattern", "model.mixer", "model.window") and k in identity:
+        if k not in ("model.pattern", "model.mixer", "model.window") and identity.get(k) is not None:
             parts.append(f"{k.removeprefix('model.')}={identity[k]}")
     return " ".join(parts)
 
