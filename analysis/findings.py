@@ -139,21 +139,22 @@ def _mechanism(runs: Runs) -> list[dict]:
 
 
 def _ablation(runs: Runs) -> dict:
-    f, a = "2. retrieval heads", runs.ablations
+    f = "2. retrieval heads"
+    a = tables.ablation(runs.ablations, runs.configs)
     if a.empty or not {"top", "random"} <= set(a["selection"]):
         return _row(f, "ablation", "not tested", "no run has both a top-K and a random-K head ablation")
-    seq_len = a["run"].map(runs.configs.set_index("run")["train.seq_len"])
-    a = a[a["length"] <= seq_len]  # within the training length, where retrieval can have formed
-    drop = a.assign(drop=a["token_accuracy"] - a["masked_token_accuracy"])
-    per = drop.groupby(["run", "selection"])["drop"].mean().unstack()
+    a = a[a["within"]]  # within the training length, where retrieval can have formed
+    per = a.groupby(["run", "selection"])["token_drop"].mean().unstack()
     per = per.dropna(subset=["top", "random"])
     top, rnd = per["top"].mean(), per["random"].mean()
     ok = top >= ABLATION_DROP and top >= 2 * rnd
     k = ", ".join(sorted({str(int(x)) for x in a["k"].dropna()}))
+    draws = a[a["selection"] == "random"].groupby("run")["seed"].nunique()
     return _row(f, "ablation", "reproduced" if ok else "not reproduced",
                 f"probe token accuracy drop over {len(per)} runs (K = {k}): top-K heads {top:.3f}, random K heads "
                 f"{rnd:.3f} (rule: top >= {ABLATION_DROP} and >= 2x random); per run: "
-                + "; ".join(f"{run}: {r['top']:.3f} vs {r['random']:.3f}" for run, r in per.iterrows()))
+                + "; ".join(f"{run}: {r['top']:.3f} vs {r['random']:.3f} ({draws.get(run, 0)} random draws)"
+                            for run, r in per.iterrows()))
 
 
 def _laziness(runs: Runs) -> dict:

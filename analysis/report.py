@@ -49,7 +49,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     _write(runs.configs, out, "runs.csv")
     summary = tables.summary(runs.metrics, runs.configs, metric)
     sections += [_emergence(runs, out, metric, tag), _laziness(runs, out), _niah(runs, out, metric),
-                 _pos(runs, out, metric, summary), _head_maps(runs, out), _summary(summary, out)]
+                 _pos(runs, out, metric, summary), _head_maps(runs, out), _ablation(runs, out), _summary(summary, out)]
     path = out / "report.md"
     path.write_text("\n".join(sections))
     return path
@@ -195,9 +195,24 @@ def _head_maps(runs: Runs, out: Path) -> str:
     return "\n".join(text + ["![head maps](head_maps.png)\n", "CSV: `head_maps.csv`.\n"])
 
 
+def _ablation(runs: Runs, out: Path) -> str:
+    draws = tables.ablation(runs.ablations, runs.configs)
+    summary = tables.ablation_summary(draws)
+    _write(draws, out, "ablation.csv")
+    _write(summary, out, "ablation_summary.csv")
+    text = ["## 6. Head ablations\n",
+            "Probe answer-token accuracy with the chosen heads' outputs set to 0 (`hybrid-lightning heads --mask-top K`, "
+            "`--mask-random K`, `--mask`), pooled over tasks; `token_drop` = unmasked - masked, mean (min, max) over "
+            "the draws; `exact_drop`: the same for exact match; `within`: probe length <= `train.seq_len`.\n"]
+    if summary.empty:
+        return "\n".join(text + ["No run has a head ablation yet.\n"])
+    shown = summary.drop(columns=["label"])
+    return "\n".join(text + [_md(shown), "\nCSV: `ablation.csv` (one row per draw and length), `ablation_summary.csv`.\n"])
+
+
 def _summary(summary: pd.DataFrame, out: Path) -> str:
     _write(summary, out, "summary.csv")
-    return "\n".join(["## 6. Architectures and budgets\n",
+    return "\n".join(["## 7. Architectures and budgets\n",
                       "Final values, mean over seeds: `val_loss` (nats per token), `score` (the long-context score, "
                       "with its min-max over seeds), `score_beyond` (lengths > `train.seq_len`), retrieval heads and "
                       "the highest head score; `budget_tokens` = `train.max_steps` x tokens per step; `step`: the "

@@ -359,3 +359,60 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     report = analyze(root, root.parent / "out-findings", workers=1, findings=True).read_text()
     assert report.index("## Findings") < report.index("## 1. Emergence") and "| 2. retrieval heads | laziness | reproduced |" in report
     assert pd.read_csv(root.parent / "out-findings" / "findings.csv")["verdict"].size == 8
+
+
+def ablation_row(selection, heads, length, acc, masked_acc, n=2, task="passkey", k=2, seed=None):
+    return {"step": 39, "tokens": 640, "selection": selection, "k": k, "seed": seed, "masked": heads, "task": task,
+            "length": length, "n": n, "accuracy": float(acc == 1.0), "masked_accuracy": 0.0, "token_accuracy": acc,
+            "masked_token_accuracy": masked_acc, "answer_loss": 0.1, "masked_answer_loss": 2.0,
+            "chance_token_accuracy": 0.1, "chance_loss": CHANCE_LOSS}
+
+
+def test_ablation_tables_and_verdict_on_known_values(tmp_path):
+    """Ablation rows written into a run's last heads file: the per-draw table pools tasks weighted by
+    probes, the summary pools random draws, and the verdict follows its rule (values by hand below)."""
+    from analysis import tables
+    from analysis.findings import findings
+
+    root = tmp_path / "grid"
+    for seed in (0, 1):
+        fabricate(root / f"s{seed}", run_config(seed), "done", {"train/tokens": tokens_scalars(39)},
+                  token_acc=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0),) * 4)
+    rows = [  # run s0: top-2 drops 0.9 at length 8 (passkey n=2: 1.0 -> 0.1; niah n=6: 1.0 -> 0.1)
+        ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1), ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1, n=6, task="niah"),
+        # random draws: seed 0 drops (2 x 0.4 + 6 x 0.0) / 8 = 0.1; seed 1 drops 0.3
+        ablation_row("random", [[0, 0], [1, 1]], 8, 1.0, 0.6, seed=0),
+        ablation_row("random", [[0, 0], [1, 1]], 8, 1.0, 1.0, n=6, task="niah", seed=0),
+        ablation_row("random", [[2, 1], [0, 1]], 8, 1.0, 0.7, seed=1),
+        ablation_row("random", [[2, 1], [0, 1]], 8, 1.0, 0.7, n=6, task="niah", seed=1),
+        # beyond the training length (16 > seq_len 8): left out of the verdict
+        ablation_row("random", [[0, 0], [1, 1]], 16, 1.0, 0.0, seed=0),
+        ablation_row("list", [[1, 0]], 8, 1.0, 0.5, k=None),
+    ]
+    path = root / "s0" / "eval" / "heads_step_39.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "ablation": rows}))
+    runs = load_runs(find_runs(root), root=root)
+    draws = tables.ablation(runs.ablations, runs.configs)
+    assert len(draws) == 5 and set(draws["run"]) == {"s0"}
+    top = draws[draws["selection"] == "top"].iloc[0]
+    assert (top["heads"], top["n"], top["within"]) == ("3.0 3.1", 8, True)
+    assert top["token_drop"] == pytest.approx(0.9) and top["exact_drop"] == pytest.approx(1.0)
+    rnd = draws[(draws["selection"] == "random") & draws["within"]].set_index("seed")["token_drop"]
+    assert rnd[0] == pytest.approx(0.1) and rnd[1] == pytest.approx(0.3)
+    summary = tables.ablation_summary(draws).set_index(["selection", "length"])
+    assert summary.loc[("random", 8), "draws"] == 2 and summary.loc[("random", 8), "heads"] == ""
+    assert summary.loc[("random", 8), ["token_drop", "token_drop_min", "token_drop_max"]].tolist() == pytest.approx([0.2, 0.1, 0.3])
+    assert summary.loc[("random", 16), "token_drop"] == pytest.approx(1.0)
+    assert summary.loc[("list", 8), "heads"] == "1.0" and summary.loc[("list", 8), "token_drop"] == pytest.approx(0.5)
+    # Top 0.9 >= 0.05 and >= 2 x 0.2 (random, within the training length): reproduced.
+    verdict = findings(runs).set_index("test").loc["ablation"]
+    assert verdict["verdict"] == "reproduced"
+    assert "top-K heads 0.900, random K heads 0.200" in verdict["evidence"] and "s0: 0.900 vs 0.200 (2 random draws)" in verdict["evidence"]
+    analyze(root, tmp_path / "out", workers=1)
+    assert len(pd.read_csv(tmp_path / "out" / "ablation.csv")) == 5
+    assert "## 6. Head ablations" in (tmp_path / "out" / "report.md").read_text()
+    # A random draw as harmful as the top heads: 0.9 < 2 x 0.5, not reproduced.
+    rows.append(ablation_row("random", [[1, 2], [1, 3]], 8, 1.0, 0.0, n=8, seed=2))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "ablation": rows}))
+    verdict = findings(load_runs(find_runs(root), root=root)).set_index("test").loc["ablation"]
+    assert verdict["verdict"] == "not reproduced" and "random K heads 0.467" in verdict["evidence"]
