@@ -93,3 +93,20 @@ def test_embedded_default_has_train_and_val():
     tokens, targets = next(iter(synth))
     assert tokens.shape == targets.shape == (16, 129) and targets.dtype == torch.bool
     assert 0.02 < targets.float().mean() < 0.4
+
+
+def test_documents_of_seq_len_minus_one_tokens_fill_one_window_each(tmp_path):
+    """With the end-of-document token, documents of train.seq_len - 1 tokens make every real training
+    window exactly one document (as ablations/retrieval_heads.yaml relies on): each window starts at a
+    document's first token and holds its end-of-document token last."""
+    rng = np.random.default_rng(0)
+    docs = ["".join(rng.choice(list("abcdefgh"), 63)) for _ in range(200)]
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    cfg = validate_config({"data": {"files": [str(tmp_path / "docs.jsonl")], "cache_dir": str(tmp_path / "cache"),
+                                    "synthetic": {"fraction": 0.0}}, "train": {"seq_len": 64}})
+    train, _ = load_corpus(cfg.data, ByteTokenizer())
+    ds = MixedSequences(train, 64, seed=0, synth=None, fraction=0.0, stream=0)
+    starts = {d.encode() for d in docs}
+    for g in range(len(ds)):
+        window = ds[g].numpy()  # (65,): one document, its end-of-document token, the next document's first token
+        assert bytes(window[:63].astype(np.uint8)) in starts and window[63] == 256
