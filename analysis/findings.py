@@ -153,7 +153,7 @@ def _ablation(runs: Runs) -> dict:
     return _row(f, "ablation", "reproduced" if ok else "not reproduced",
                 f"probe token accuracy drop over {len(per)} runs (K = {k}): top-K heads {top:.3f}, random K heads "
                 f"{rnd:.3f} (rule: top >= {ABLATION_DROP} and >= 2x random); per run: "
-                + "; ".join(f"{run}: {r['top']:.3f} vs {r['random']:.3f} ({draws.get(run, 0)} random draws)"
+                + "; ".join(f"{run}: {r['top']:.3f} vs {r['random']:.3f} (random draws: {draws.get(run, 0)})"
                             for run, r in per.iterrows()))
 
 

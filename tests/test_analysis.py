@@ -407,7 +407,7 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     # Top 0.9 >= 0.05 and >= 2 x 0.2 (random, within the training length): reproduced.
     verdict = findings(runs).set_index("test").loc["ablation"]
     assert verdict["verdict"] == "reproduced"
-    assert "top-K heads 0.900, random K heads 0.200" in verdict["evidence"] and "s0: 0.900 vs 0.200 (2 random draws)" in verdict["evidence"]
+    assert "top-K heads 0.900, random K heads 0.200" in verdict["evidence"] and "s0: 0.900 vs 0.200 (random draws: 2)" in verdict["evidence"]
     analyze(root, tmp_path / "out", workers=1)
     assert len(pd.read_csv(tmp_path / "out" / "ablation.csv")) == 5
     assert "## 6. Head ablations" in (tmp_path / "out" / "report.md").read_text()
