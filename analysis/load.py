@@ -20,6 +20,8 @@ import pandas as pd
 import yaml
 
 from analysis.scores import record_scores
+from hybrid_lightning.config import flatten
+from hybrid_lightning.kinds import FULL, KINDS, pattern_mixers
 from hybrid_lightning.rundir import read_events
 
 CONFIG_FILE, STATUS_FILE, EVAL_DIR, GRID_DIR = "config.yaml", "status.json", "eval", ".grid"
@@ -34,7 +36,6 @@ NOT_IDENTITY = {
     "train.compile", "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk",
 }
 NOT_IDENTITY_PREFIXES = ("provenance.", "eval.")
-MIXER_LETTERS = {"S": "swa", "M": "mamba2", "G": "gated_deltanet", "L": "lightning"}
 RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files")  # configs' own columns
 _EVAL_RE = re.compile(r"^(heads_)?step_(\d+)\.json$")
 
@@ -71,15 +72,9 @@ def find_runs(root: str | Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob(CONFIG_FILE) if GRID_DIR not in p.relative_to(root).parts)
 
 
-def flatten(d: dict, prefix: str = "") -> dict:
-    """Nested mappings to dotted keys; lists become their JSON text so that they can be compared."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, (list, tuple, dict)) else v
-    return out
+def flat_config(d: dict) -> dict:
+    """A config as dotted keys (``config.flatten``); lists become their JSON text so that they can be compared."""
+    return {k: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for k, v in flatten(d).items()}
 
 
 def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
@@ -121,7 +116,7 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
     except (OSError, ValueError):
         status = {}
     records, totals, heads, layers, ablations = read_evals(run_dir)
-    return {"config": flatten(config), "status": status, "scalars": read_scalars(run_dir, tags), "records": records,
+    return {"config": flat_config(config), "status": status, "scalars": read_scalars(run_dir, tags), "records": records,
             "totals": totals, "heads": heads, "layers": layers, "ablations": ablations}
 
 
@@ -199,7 +194,7 @@ def _identity(cfg: dict) -> dict:
     for k, v in cfg.items():
         if k in NOT_IDENTITY or k.startswith(NOT_IDENTITY_PREFIXES) or k in RUN_COLUMNS:
             continue
-        if ((k == "model.window" and "swa" not in mixers) or (k == "model.mixer" and "E" not in pattern)
+        if ((k == "model.window" and not any(KINDS[m].has_window for m in mixers)) or (k == "model.mixer" and "E" not in pattern)
                 or (k == "model.pos.full" and "F" not in pattern) or (k == "model.pos.efficient" and not mixers)):
             continue
         out[k] = None if isinstance(v, float) and pd.isna(v) else v  # a key other runs have and this one lacks
@@ -208,8 +203,8 @@ def _identity(cfg: dict) -> dict:
 
 def _mixers(cfg: dict) -> list[str]:
     """The efficient mixers in the model's pattern, in order of first use."""
-    letters = dict.fromkeys(str(cfg.get("model.pattern", "")))
-    return list(dict.fromkeys(cfg.get("model.mixer") if c == "E" else MIXER_LETTERS.get(c) for c in letters if c != "F"))
+    mixer = cfg.get("model.mixer")
+    return [m for m in pattern_mixers(str(cfg.get("model.pattern", "")), mixer if mixer in KINDS else None) if m != FULL]
 
 
 def _label(identity: dict, varying: list[str]) -> str:
@@ -217,7 +212,7 @@ def _label(identity: dict, varying: list[str]) -> str:
     then every other key that differs between the runs loaded and is set here (``model.`` dropped)."""
     mixers = [m for m in _mixers(identity) if m]
     parts = ["+".join(mixers) or "full"]
-    if "swa" in mixers:
+    if any(KINDS[m].has_window for m in mixers):
         parts.append(f"W={identity['model.window']}")
     parts.append(str(identity.get("model.pattern", "")))
     for k in varying:

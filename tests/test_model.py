@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybrid_lightning import build_model, count_params
-from hybrid_lightning.model.plan import mixer_names
+from hybrid_lightning.kinds import mixer_names
 
 EFFICIENT = mixer_names(efficient_only=True)
 PATTERNS = ["F", "E", "EF", "FE", "EEEF"]

@@ -15,7 +15,7 @@ from hybrid_lightning.model import model_flops_per_token
 from hybrid_lightning.bench import gpu
 from hybrid_lightning.bench.training import PlainStep, architectures
 from hybrid_lightning.config import config_to_dict, validate_config
-from hybrid_lightning.model.plan import mixer_names
+from hybrid_lightning.kinds import mixer_names
 
 from conftest import REPO
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.model import resolve_model_config
+from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.mixers.lightning import decay_rates
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
@@ -100,7 +101,7 @@ def mixer(name, seed=0, **model):
     cfg = resolve_model_config({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name,
                                 "mamba2": {"head_dim": 16, "d_state": 8}, **model}, vocab_size=VOCAB)
     spec = layer_plan(cfg)[1]
-    return MIXERS[name][1](cfg, spec)
+    return MIXERS[name](cfg, spec)
 
 
 @pytest.mark.parametrize("name", RECURRENT)
@@ -147,7 +148,7 @@ def test_model_incremental_inference_across_chunks(name):
 
 
 def test_mixers_register_their_letters_and_no_positions():
-    assert {name: MIXERS[name][0] for name in RECURRENT} == {"mamba2": "M", "gated_deltanet": "G", "lightning": "L"}
+    assert {name: KINDS[name].letter for name in RECURRENT} == {"mamba2": "M", "gated_deltanet": "G", "lightning": "L"}
     cfg = resolve_model_config({"n_layers": 4, "pattern": "MGLF", "d_model": 64, "n_heads": 2})
     assert [(s.mixer, s.pos) for s in layer_plan(cfg)] == [
         ("mamba2", None), ("gated_deltanet", None), ("lightning", None), ("full", "rope")]

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hybrid_lightning.bench.recurrent import inputs
+from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model import resolve_model_config
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
@@ -30,7 +31,7 @@ from hybrid_lightning.model.plan import layer_plan
 # scale) gives errors of order 1.
 OUTPUT_TOL = 2e-2
 GRAD_TOL = 4e-2
-RECURRENT = ("mamba2", "gated_deltanet", "lightning")
+RECURRENT = tuple(k.name for k in KINDS.values() if not k.attention)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -82,7 +83,7 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
         cfg = resolve_model_config({"d_model": d_model, "n_heads": max(1, d_model // 64), "n_layers": 4,
                                     "pattern": "EEEF", "mixer": name})
         torch.manual_seed(0)
-        mixer = MIXERS[name][1](cfg, layer_plan(cfg)[1]).to(device)
+        mixer = MIXERS[name](cfg, layer_plan(cfg)[1]).to(device)
         x = torch.randn(2, T, d_model, generator=torch.Generator(device="cpu").manual_seed(2)).to(device)
         results = {}
         for backend in (candidate, reference):

@@ -12,7 +12,7 @@ import numpy as np
 from hybrid_lightning.config import DataConfig
 from hybrid_lightning.data.corpus import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.eval.tasks import TASKS, GenContext, make_sample
+from hybrid_lightning.eval.tasks import GenContext, check_tasks, make_sample
 
 
 def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples: int, seed: int,
@@ -23,9 +23,7 @@ def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples
     Probes are a pure function of (task, length, depth, index, ``seed``): a ``seed`` other than the
     ``eval.seed`` of a run keeps its evaluation probes out of what it trains on.
     """
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise ValueError(f"tasks: {unknown} not among {sorted(TASKS)}")
+    check_tasks(tasks, field="tasks")
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
     tok = load_tokenizer(tokenizer)

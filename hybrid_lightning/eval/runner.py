@@ -21,7 +21,7 @@ from torchmetrics import Metric
 
 from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, short_context_nll, token_nll
-from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample, make_sample
+from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample, check_tasks, make_sample
 
 
 class SumTable(Metric):
@@ -66,7 +66,8 @@ def model_window(model) -> int | None:
 
 def check_lengths(cfg: EvalConfig, tokenizer) -> None:
     """Raises ``ValueError`` (naming eval.lengths or eval.value_tokens) when a probe cannot be built,
-    e.g. a length too short for a task's fixed text; needs no held-out text."""
+    e.g. a length too short for a task's fixed text, or a task that does not exist; needs no held-out text."""
+    check_tasks(cfg.tasks)
     ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), cfg.value_tokens)
     for task, length in itertools.product(cfg.tasks, cfg.lengths):
         make_sample(task, ctx, length, 0.5, 0, cfg.seed)

@@ -343,6 +343,13 @@ TASKS: dict[str, Passkey | Niah | VariableTracking] = {
 }
 
 
+def check_tasks(tasks: Iterable[str], field: str = "eval.tasks") -> None:
+    """A ``ValueError`` naming ``field`` for a task name that is not in ``TASKS``."""
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"{field}: {unknown} not among the accepted tasks {sorted(TASKS)}")
+
+
 def answer_is_unique(s: Sample) -> bool:
     """Every value the answer copies occurs in the prompt only inside the needles."""
     for a, b in s.value_spans:

@@ -10,7 +10,6 @@ cells; a profile's ``gpus_per_node`` is the default for cells with ``train.devic
 
 from __future__ import annotations
 
-import difflib
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ import submitit
 import yaml
 from submitit.core.utils import FailedJobError
 
-from hybrid_lightning.config import TrainConfig, config_to_dict
+from hybrid_lightning.config import TrainConfig, config_to_dict, suggest
 from hybrid_lightning.grid.job import CellJob
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import add_records, now
@@ -57,8 +56,7 @@ def load_profile(path: str | Path | None) -> dict:
         if key in _FROM_CELL:
             raise ValueError(f"profile {path}: '{key}' follows from each cell ({_FROM_CELL[key]}); remove it from the profile")
         if key not in valid:
-            close = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = suggest(key, sorted(valid), cutoff=0.6)
             raise ValueError(f"profile {path}: unknown submitit parameter '{key}'{hint}")
     gpus = profile.get("gpus_per_node", 0)
     if not isinstance(gpus, int) or gpus < 0:

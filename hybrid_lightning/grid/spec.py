@@ -13,7 +13,6 @@ therefore finds each cell's run directory again and resumes it.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
 import json
@@ -27,17 +26,18 @@ import yaml
 
 from hybrid_lightning.config import (
     EvalConfig,
-    GridConfig,
     RunConfig,
     apply_assignments,
     config_to_dict,
+    flatten,
     load_config,
     resolve_paths,
+    suggest,
     validate_config,
-    validate_grid_config,
 )
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.eval.callback import check_probes
+from hybrid_lightning.grid.schema import GridConfig, validate_grid_config
 from hybrid_lightning.training.run import resolve_config
 
 MAX_NAME = 80  # characters; longer names keep a readable prefix and end in a hash
@@ -85,8 +85,7 @@ class Grid:
         by_name = {c.name: c for c in self.cells}
         for name in names:
             if name not in by_name:
-                close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.5)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                hint = suggest(name, by_name)
                 raise ValueError(f"grid {self.name}: no cell named {name!r}{hint}")
         return [by_name[n] for n in names]
 
@@ -193,23 +192,13 @@ def _base_config(spec: GridConfig, grid_path: Path) -> dict:
 
 def _axis_options(key: str, values: list | dict) -> list[_Option]:
     if isinstance(values, dict):  # named presets: the name shows, the settings apply
-        return [_Option({key: preset}, _flatten(settings)) for preset, settings in values.items()]
+        return [_Option({key: preset}, flatten(settings)) for preset, settings in values.items()]
     return [_Option({key: v}, {key: v}) for v in values]
 
 
 def _zip_options(group: dict[str, list]) -> list[_Option]:
     n = len(next(iter(group.values())))
     return [_Option({k: group[k][i] for k in group}, {k: group[k][i] for k in group}) for i in range(n)]
-
-
-def _flatten(settings: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in settings.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _merge(assignments: list[dict[str, Any]], grid_path: Path) -> dict[str, Any]:
@@ -244,8 +233,7 @@ def _check_excludes(spec: GridConfig, label_values: dict[str, list], grid_path: 
     for i, entry in enumerate(spec.exclude):
         for key, value in entry.items():
             if key not in label_values:
-                close = difflib.get_close_matches(str(key), list(label_values), n=1, cutoff=0.5)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
+                hint = suggest(key, label_values)
                 raise ValueError(f"{grid_path}: exclude[{i}]: '{key}' is not an axis{hint} Axes: {list(label_values)}")
             if not any(_same(value, v) for v in label_values[key]):
                 raise ValueError(

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from torch import nn
 
 from hybrid_lightning.config import ModelConfig, validate_config
+from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model.plan import LayerSpec, layer_plan, plan_string
 from hybrid_lightning.model.transformer import HybridLM
 
@@ -57,7 +58,7 @@ def model_flops_per_token(model: HybridLM, T: int) -> float:
     attention = 0.0
     d = model.cfg.d_model
     for spec in model.plan:
-        if spec.mixer in ("full", "swa"):
+        if KINDS[spec.mixer].attention:
             W = min(spec.window or T, T)
             keys = (W * (W + 1) / 2 + (T - W) * W) / T  # mean over queries t of min(t + 1, W)
             attention += 12 * d * keys

@@ -31,7 +31,7 @@ class Block(nn.Module):
         super().__init__()
         self.spec = spec
         self.mixer_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mixer = MIXERS[spec.mixer][1](cfg, spec)
+        self.mixer = MIXERS[spec.mixer](cfg, spec)
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, spec.mlp_hidden)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid_lightning import __version__
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config, validate_config
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config, flatten, validate_config
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model.matching import non_embedding_params
@@ -80,23 +80,13 @@ def git_revision() -> str | None:
         return None
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
     """A run directory belongs to one config; only harmless keys may change between invocations."""
     old = read_config_dict(run_dir)
     if old is None:
         return
     old.pop(PROVENANCE_KEY, None)
-    a, b = _flatten(old), _flatten(config_to_dict(cfg))
+    a, b = flatten(old), flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     blocking = [k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(RESUMABLE_SECTIONS)]
     if blocking:

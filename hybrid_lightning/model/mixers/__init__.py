@@ -1,28 +1,41 @@
-"""The mixer registry. Every mixer maps (B, T, D) -> (B, T, D) behind one contract:
+"""The mixer classes. Every mixer maps (B, T, D) -> (B, T, D) behind one contract:
 
     cls(cfg: ModelConfig, spec: LayerSpec); forward(x, state: dict | None = None) -> y
 
 ``state`` is None for a plain causal forward from position 0, or a dict (empty at first)
 that the mixer reads and updates in place so that a sequence fed in pieces gives the
-same outputs as one full forward. A class attribute ``uses_position = True`` marks
-mixers that take a positional encoding (``model.pos``).
+same outputs as one full forward. What a mixer is (letter, window, positions, options)
+is data in ``hybrid_lightning/kinds.py``; this dict only names the class of each kind.
 
-Adding a mixer: one file beside this one and one line below (name -> (pattern letter, class)).
+Adding a mixer: one file beside this one, one line below and one row in ``kinds.KINDS``.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model.mixers.attention import Attention
 from hybrid_lightning.model.mixers.gated_deltanet import GatedDeltaNet
 from hybrid_lightning.model.mixers.lightning import LightningAttention
 from hybrid_lightning.model.mixers.mamba2 import Mamba2
 
-MIXERS: dict[str, tuple[str, type[nn.Module]]] = {
-    "full": ("F", Attention),
-    "swa": ("S", Attention),
-    "mamba2": ("M", Mamba2),
-    "gated_deltanet": ("G", GatedDeltaNet),
-    "lightning": ("L", LightningAttention),
+MIXERS: dict[str, type[nn.Module]] = {
+    "full": Attention,
+    "swa": Attention,
+    "mamba2": Mamba2,
+    "gated_deltanet": GatedDeltaNet,
+    "lightning": LightningAttention,
 }
+
+
+def check_registry() -> None:
+    """Every kind in the table has a class and every class a kind (run at import and by tests)."""
+    if set(MIXERS) != set(KINDS):
+        raise RuntimeError(
+            f"mixer classes {sorted(MIXERS)} and mixer kinds {sorted(KINDS)} disagree: "
+            "add the class to MIXERS and the row to hybrid_lightning/kinds.py together"
+        )
+
+
+check_registry()

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
 
 class Attention(nn.Module):
-    uses_position = True
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec):
         super().__init__()

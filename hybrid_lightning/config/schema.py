@@ -1,25 +1,18 @@
-"""Typed, frozen run configuration: one YAML file per run, validated once.
+"""The run config's schema: typed, frozen sections, each checking its own constraints.
 
-A run config has the sections ``model``, ``data``, ``train`` and ``eval`` plus
-``seed`` and ``name``. Every field has a default, so an empty file is a valid
-config (the embedded default). ``load_config`` reads YAML, applies
-``--set dotted.key=value`` overrides and validates; every user error is a
-``ValueError`` whose message names the bad field and, for unknown keys, the
-closest valid one.
+A run config has the sections ``model``, ``data``, ``train`` and ``eval`` plus ``seed`` and
+``name``. Every field has a default, so an empty file is a valid config (the embedded default).
+Reading YAML, overrides and turning validation errors into one ``ValueError`` live in
+``config/loading.py``; the grid file's schema in ``grid/schema.py``.
 """
 
 from __future__ import annotations
 
-import difflib
-import typing
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
+from hybrid_lightning.kinds import KINDS, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
 
@@ -43,6 +36,11 @@ class Mamba2Config(_Frozen):
     d_state: int = Field(128, ge=1, description="SSM state size N")
     conv_size: int = Field(4, ge=1, description="taps of the causal depthwise convolution")
 
+    def check(self, model: ModelConfig) -> None:
+        inner = self.expand * model.d_model
+        if inner % self.head_dim:
+            raise ValueError(f"model.mamba2.head_dim={self.head_dim} must divide model.mamba2.expand * model.d_model = {inner}")
+
 
 class _HeadsConfig(_Frozen):
     """Heads of a recurrent mixer; ``ModelConfig.heads`` fills what is left open from the model."""
@@ -50,12 +48,22 @@ class _HeadsConfig(_Frozen):
     n_heads: int | None = Field(None, ge=1, description="None = model.n_heads")
     head_dim: int | None = Field(None, ge=1, description="(query/key) width per head; None = model's head_dim")
 
+    def check(self, model: ModelConfig) -> None:
+        """Constraints that involve the model's other settings (called for mixers the pattern uses)."""
+
 
 class GatedDeltaNetConfig(_HeadsConfig):
     """Gated DeltaNet layers (``G``; Yang, Kautz & Hatamizadeh 2025)."""
 
     expand_v: float = Field(2.0, gt=0, description="value width per head = expand_v * head_dim")
     conv_size: int = Field(4, ge=1, description="taps of the causal depthwise convolution")
+
+    def check(self, model: ModelConfig) -> None:
+        key_dim = model.heads(self)[1]
+        if key_dim * self.expand_v % 1:
+            raise ValueError(
+                f"model.gated_deltanet.expand_v={self.expand_v} times the head width {key_dim} must be a whole number"
+            )
 
 
 class LightningConfig(_HeadsConfig):
@@ -95,8 +103,6 @@ class ModelConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
-        from hybrid_lightning.model.plan import check_pattern, mixer_names
-
         if self.mixer not in mixer_names(efficient_only=True):
             accepted = sorted(mixer_names(efficient_only=True))
             raise ValueError(f"model.mixer: {self.mixer!r} is not one of the accepted mixers {accepted}")
@@ -107,16 +113,9 @@ class ModelConfig(_Frozen):
             raise ValueError(f"model.d_model / model.n_heads = {self.d_model // self.n_heads} must be even (RoPE rotates pairs)")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_kv_heads={self.kv_heads} must divide model.n_heads={self.n_heads}")
-        inner = self.mamba2.expand * self.d_model
-        if "mamba2" in self.mixers_used and inner % self.mamba2.head_dim:
-            raise ValueError(
-                f"model.mamba2.head_dim={self.mamba2.head_dim} must divide model.mamba2.expand * model.d_model = {inner}"
-            )
-        expand_v, key_dim = self.gated_deltanet.expand_v, self.heads(self.gated_deltanet)[1]
-        if "gated_deltanet" in self.mixers_used and key_dim * expand_v % 1:
-            raise ValueError(
-                f"model.gated_deltanet.expand_v={expand_v} times the head width {key_dim} must be a whole number"
-            )
+        for name in self.mixers_used:
+            if KINDS[name].options is not None:
+                getattr(self, KINDS[name].options).check(self)
         if self.match_params is not None:
             check_pattern(self.match_params, self.n_layers, field="model.match_params")
             if self.efficient_mlp_hidden is not None:
@@ -127,10 +126,8 @@ class ModelConfig(_Frozen):
         return self
 
     @property
-    def mixers_used(self) -> set[str]:
-        """The mixer names this model's pattern expands to."""
-        from hybrid_lightning.model.plan import pattern_mixers
-
+    def mixers_used(self) -> list[str]:
+        """The mixer names this model's pattern expands to, in order of first use."""
         return pattern_mixers(self.pattern, self.mixer)
 
     @property
@@ -231,12 +228,8 @@ class TrainConfig(_Frozen):
 
 
 def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:
-    """Checks the probe grid of ``section`` (eval or eval.heads); errors name its keys."""
-    from hybrid_lightning.eval.tasks import TASKS
-
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise ValueError(f"{section}.tasks: {unknown} not among the accepted tasks {sorted(TASKS)}")
+    """Checks the probe grid of ``section`` (eval or eval.heads); errors name its keys. Task names are
+    checked by the evaluation code that owns them (eval/tasks.py ``check_tasks``)."""
     if len(set(tasks)) != len(tasks) or len(set(lengths)) != len(lengths):
         raise ValueError(f"{section}.tasks and {section}.lengths must not repeat an entry")
     if any(n < 2 for n in lengths):
@@ -309,224 +302,3 @@ class RunConfig(_Frozen):
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
-class GridConfig(_Frozen):
-    """A grid file (``ablations/*.yaml``): one base run config and the settings that vary.
-
-    The cells are the cartesian product of the ``axes`` (each a list of values, or a mapping of
-    named presets, each a set of config values) and the ``zip`` groups (keys whose value lists
-    vary together), minus the cells that match an ``exclude`` entry.
-    """
-
-    name: str | None = Field(None, description="grid name; default: the grid file's stem")
-    base: str | dict[str, Any] = Field(
-        default_factory=dict, description="a run config file (relative to the grid file) or an inline run config"
-    )
-    root: str | None = Field(None, description="folder holding the cells' run directories; default runs/<name>")
-    axes: dict[str, Any] = Field(
-        default_factory=dict,
-        description="dotted config key -> list of values, or axis name -> {preset name: {dotted key: value}}",
-    )
-    zip: tuple[dict[str, list[Any]], ...] = Field((), description="groups of dotted keys whose value lists vary together")
-    exclude: tuple[dict[str, Any], ...] = Field((), description="partial assignments (axis: value) whose cells are dropped")
-
-    @model_validator(mode="after")
-    def _check(self) -> GridConfig:
-        for key, values in self.axes.items():
-            if isinstance(values, dict):
-                if not values:
-                    raise ValueError(f"axes.{key}: empty preset axis (it needs at least one named preset)")
-                for preset, settings in values.items():
-                    if not isinstance(settings, dict) or not settings:
-                        raise ValueError(
-                            f"axes.{key}.{preset}: a preset is a non-empty mapping of config keys to values, got {settings!r}"
-                        )
-            elif not isinstance(values, list):
-                raise ValueError(f"axes.{key}: an axis is a list of values or a mapping of named presets, got {values!r}")
-            elif not values:
-                raise ValueError(f"axes.{key}: empty axis (it needs at least one value)")
-        for i, group in enumerate(self.zip):
-            lengths = {key: len(values) for key, values in group.items()}
-            if not group or 0 in lengths.values():
-                raise ValueError(f"zip[{i}]: a zip group needs at least one key with at least one value")
-            if len(set(lengths.values())) > 1:
-                raise ValueError(f"zip[{i}]: the lists of a zip group vary together and need equal lengths, got {lengths}")
-        keys = [*self.axes, *(key for group in self.zip for key in group)]
-        repeated = sorted({key for key in keys if keys.count(key) > 1})
-        if repeated:
-            raise ValueError(f"axes and zip: {repeated} varied more than once")
-        for i, entry in enumerate(self.exclude):
-            if not entry:
-                raise ValueError(f"exclude[{i}]: an empty entry would drop every cell")
-        return self
-
-
-# ---- loading, overriding, validating -------------------------------------------------------------
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"train.lr=3e-4"`` -> (["train", "lr"], 3e-4); the value is parsed as YAML."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--set expects dotted.key=value, got {item!r}")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
-
-
-def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Returns a copy of ``raw`` with each ``dotted.key=value`` set (unknown keys are caught later)."""
-    assignments = {}
-    for item in overrides:
-        path, value = parse_override(item)
-        assignments[".".join(path)] = value
-    return apply_assignments(raw, assignments)
-
-
-def apply_assignments(raw: dict, assignments: Mapping[str, Any]) -> dict:
-    """Returns a copy of ``raw`` with each dotted key set to its value, e.g. ``{"model.window": 128}``."""
-    out = _deep_copy(raw)
-    for key, value in assignments.items():
-        path = key.split(".")
-        node = out
-        for i, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ValueError(f"{key}: {'.'.join(path[: i + 1])} is not a section")
-            node = child
-        node[path[-1]] = value
-    return out
-
-
-def _deep_copy(d: dict) -> dict:
-    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
-
-
-def validate_config(raw: dict | None) -> RunConfig:
-    """Builds a ``RunConfig`` from plain data; every problem becomes one ``ValueError``."""
-    return _validate(RunConfig, raw, "a run config", "config")
-
-
-def validate_grid_config(raw: dict | None) -> GridConfig:
-    """Builds a ``GridConfig`` from a grid file's plain data; every problem becomes one ``ValueError``."""
-    return _validate(GridConfig, raw, "a grid file", "grid")
-
-
-def _validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
-    raw = raw or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{what} must be a mapping, got {type(raw).__name__}")
-    _check_keys(raw, model, "", noun)
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        raise ValueError(f"invalid {noun}: {_describe(e)}") from None
-
-
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Reads a YAML run config (None = the embedded default), applies overrides, validates.
-
-    Relative paths in ``data.files`` and ``data.tokenizer`` are resolved against the
-    config file's folder; those given with ``--set`` against the working directory.
-    """
-    raw: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file not found: {path}")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: a run config must be a YAML mapping")
-        raw.pop(PROVENANCE_KEY, None)  # written by train next to the config; not an input
-        raw = resolve_paths(raw, path.parent)
-        raw.setdefault("name", path.stem)
-    raw = resolve_paths(apply_overrides(raw, overrides), Path.cwd())
-    return validate_config(raw)
-
-
-def resolve_paths(raw: dict, base: Path) -> dict:
-    """Makes relative ``data.files`` and ``data.tokenizer`` paths absolute against ``base``."""
-    data = raw.get("data")
-    if not isinstance(data, dict):
-        return raw
-    data = dict(data)
-    files = data.get("files")
-    if isinstance(files, str):
-        files = [files]
-    if isinstance(files, list):
-        data["files"] = [str((base / f).resolve()) if isinstance(f, str) else f for f in files]
-    tok = data.get("tokenizer")
-    if isinstance(tok, str) and tok != "byte":
-        data["tokenizer"] = str((base / tok).resolve())
-    return {**raw, "data": data}
-
-
-def _check_keys(raw: dict, model: type[BaseModel], prefix: str, noun: str) -> None:
-    """Rejects unknown keys with the closest valid key, recursing into sections."""
-    fields = model.model_fields
-    for key, value in raw.items():
-        where = f"{prefix}{key}"
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
-            raise ValueError(f"unknown {noun} key '{where}'{hint} Valid keys here: {sorted(fields)}")
-        sub = _section_type(fields[key].annotation)
-        if sub is not None and isinstance(value, dict):
-            _check_keys(value, sub, where + ".", noun)
-
-
-def _section_type(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
-
-
-def _describe(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "literal_error":
-            msg = f"{err['input']!r} is not accepted; {msg.lower()}"
-        elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
-            msg = f"{msg} (got {err['input']!r})"
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(lines)
-
-
-def config_to_dict(cfg: RunConfig) -> dict:
-    """Plain YAML-ready data (tuples become lists)."""
-    return cfg.model_dump(mode="json")
-
-
-def dump_config(cfg: RunConfig, extra: dict | None = None) -> str:
-    data = config_to_dict(cfg)
-    if extra:
-        data = {**data, **extra}
-    return yaml.safe_dump(data, sort_keys=False)
-
-
-__all__ = [
-    "DataConfig",
-    "EvalConfig",
-    "GatedDeltaNetConfig",
-    "GridConfig",
-    "HeadsConfig",
-    "LightningConfig",
-    "Mamba2Config",
-    "ModelConfig",
-    "PosConfig",
-    "RunConfig",
-    "SyntheticConfig",
-    "TrainConfig",
-    "apply_assignments",
-    "apply_overrides",
-    "config_to_dict",
-    "dump_config",
-    "load_config",
-    "resolve_paths",
-    "validate_config",
-    "validate_grid_config",
-]

@@ -1,0 +1,177 @@
+"""Reading run configs: YAML, ``--set dotted.key=value`` overrides, validation into one ``ValueError``.
+
+Every user error is a ``ValueError`` whose message names the bad field and, for unknown keys, the
+closest valid one (``suggest``). ``flatten`` turns nested sections into dotted keys; the grid, the
+resume check and analysis all use it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from hybrid_lightning.config.schema import PROVENANCE_KEY, RunConfig, _Frozen
+
+
+def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings to dotted keys, ``{"model": {"window": 8}}`` -> ``{"model.window": 8}``; an
+    empty mapping stays a value (``{"eval.heads": {}}``) so that no key disappears."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def suggest(name: object, choices: Iterable[str], cutoff: float = 0.5, quote: str = "'", prefix: str = "") -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices`` to ``name`` (shown after ``prefix``), or
+    ``""`` when none is close."""
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean {quote}{prefix}{close[0]}{quote}?" if close else ""
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"train.lr=3e-4"`` -> (["train", "lr"], 3e-4); the value is parsed as YAML."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set expects dotted.key=value, got {item!r}")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Returns a copy of ``raw`` with each ``dotted.key=value`` set (unknown keys are caught later)."""
+    assignments = {}
+    for item in overrides:
+        path, value = parse_override(item)
+        assignments[".".join(path)] = value
+    return apply_assignments(raw, assignments)
+
+
+def apply_assignments(raw: dict, assignments: Mapping[str, Any]) -> dict:
+    """Returns a copy of ``raw`` with each dotted key set to its value, e.g. ``{"model.window": 128}``."""
+    out = _deep_copy(raw)
+    for key, value in assignments.items():
+        path = key.split(".")
+        node = out
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ValueError(f"{key}: {'.'.join(path[: i + 1])} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deep_copy(d: dict) -> dict:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def validate_config(raw: dict | None) -> RunConfig:
+    """Builds a ``RunConfig`` from plain data; every problem becomes one ``ValueError``."""
+    return validate(RunConfig, raw, "a run config", "config")
+
+
+def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
+    """``model`` from plain data: unknown keys named with a suggestion, every other problem one ``ValueError``."""
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what} must be a mapping, got {type(raw).__name__}")
+    _check_keys(raw, model, "", noun)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ValueError(f"invalid {noun}: {_describe(e)}") from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Reads a YAML run config (None = the embedded default), applies overrides, validates.
+
+    Relative paths in ``data.files`` and ``data.tokenizer`` are resolved against the
+    config file's folder; those given with ``--set`` against the working directory.
+    """
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file not found: {path}")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a run config must be a YAML mapping")
+        raw.pop(PROVENANCE_KEY, None)  # written by train next to the config; not an input
+        raw = resolve_paths(raw, path.parent)
+        raw.setdefault("name", path.stem)
+    raw = resolve_paths(apply_overrides(raw, overrides), Path.cwd())
+    return validate_config(raw)
+
+
+def resolve_paths(raw: dict, base: Path) -> dict:
+    """Makes relative ``data.files`` and ``data.tokenizer`` paths absolute against ``base``."""
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        return raw
+    data = dict(data)
+    files = data.get("files")
+    if isinstance(files, str):
+        files = [files]
+    if isinstance(files, list):
+        data["files"] = [str((base / f).resolve()) if isinstance(f, str) else f for f in files]
+    tok = data.get("tokenizer")
+    if isinstance(tok, str) and tok != "byte":
+        data["tokenizer"] = str((base / tok).resolve())
+    return {**raw, "data": data}
+
+
+def _check_keys(raw: dict, model: type[BaseModel], prefix: str, noun: str) -> None:
+    """Rejects unknown keys with the closest valid key, recursing into sections."""
+    fields = model.model_fields
+    for key, value in raw.items():
+        where = f"{prefix}{key}"
+        if key not in fields:
+            hint = suggest(key, fields, prefix=prefix)
+            raise ValueError(f"unknown {noun} key '{where}'{hint} Valid keys here: {sorted(fields)}")
+        sub = _section_type(fields[key].annotation)
+        if sub is not None and isinstance(value, dict):
+            _check_keys(value, sub, where + ".", noun)
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _describe(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "literal_error":
+            msg = f"{err['input']!r} is not accepted; {msg.lower()}"
+        elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+def config_to_dict(cfg: RunConfig) -> dict:
+    """Plain YAML-ready data (tuples become lists)."""
+    return cfg.model_dump(mode="json")
+
+
+def dump_config(cfg: RunConfig, extra: dict | None = None) -> str:
+    data = config_to_dict(cfg)
+    if extra:
+        data = {**data, **extra}
+    return yaml.safe_dump(data, sort_keys=False)

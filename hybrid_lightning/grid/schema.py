@@ -1,0 +1,66 @@
+"""The grid file's schema (``ablations/*.yaml``): one base run config and the settings that vary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from hybrid_lightning.config.loading import validate
+from hybrid_lightning.config.schema import _Frozen
+
+
+class GridConfig(_Frozen):
+    """A grid file (``ablations/*.yaml``): one base run config and the settings that vary.
+
+    The cells are the cartesian product of the ``axes`` (each a list of values, or a mapping of
+    named presets, each a set of config values) and the ``zip`` groups (keys whose value lists
+    vary together), minus the cells that match an ``exclude`` entry.
+    """
+
+    name: str | None = Field(None, description="grid name; default: the grid file's stem")
+    base: str | dict[str, Any] = Field(
+        default_factory=dict, description="a run config file (relative to the grid file) or an inline run config"
+    )
+    root: str | None = Field(None, description="folder holding the cells' run directories; default runs/<name>")
+    axes: dict[str, Any] = Field(
+        default_factory=dict,
+        description="dotted config key -> list of values, or axis name -> {preset name: {dotted key: value}}",
+    )
+    zip: tuple[dict[str, list[Any]], ...] = Field((), description="groups of dotted keys whose value lists vary together")
+    exclude: tuple[dict[str, Any], ...] = Field((), description="partial assignments (axis: value) whose cells are dropped")
+
+    @model_validator(mode="after")
+    def _check(self) -> GridConfig:
+        for key, values in self.axes.items():
+            if isinstance(values, dict):
+                if not values:
+                    raise ValueError(f"axes.{key}: empty preset axis (it needs at least one named preset)")
+                for preset, settings in values.items():
+                    if not isinstance(settings, dict) or not settings:
+                        raise ValueError(
+                            f"axes.{key}.{preset}: a preset is a non-empty mapping of config keys to values, got {settings!r}"
+                        )
+            elif not isinstance(values, list):
+                raise ValueError(f"axes.{key}: an axis is a list of values or a mapping of named presets, got {values!r}")
+            elif not values:
+                raise ValueError(f"axes.{key}: empty axis (it needs at least one value)")
+        for i, group in enumerate(self.zip):
+            lengths = {key: len(values) for key, values in group.items()}
+            if not group or 0 in lengths.values():
+                raise ValueError(f"zip[{i}]: a zip group needs at least one key with at least one value")
+            if len(set(lengths.values())) > 1:
+                raise ValueError(f"zip[{i}]: the lists of a zip group vary together and need equal lengths, got {lengths}")
+        keys = [*self.axes, *(key for group in self.zip for key in group)]
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(f"axes and zip: {repeated} varied more than once")
+        for i, entry in enumerate(self.exclude):
+            if not entry:
+                raise ValueError(f"exclude[{i}]: an empty entry would drop every cell")
+        return self
+
+
+def validate_grid_config(raw: dict | None) -> GridConfig:
+    """Builds a ``GridConfig`` from a grid file's plain data; every problem becomes one ``ValueError``."""
+    return validate(GridConfig, raw, "a grid file", "grid")
