@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig, load_config
 
-DEMO_GRID = Path(__file__).resolve().parents[1] / "ablations" / "demo.yaml"
 ConfigLoader = Callable[[argparse.Namespace], RunConfig]
+
+
+def demo_grid() -> Path:
+    """``ablations/demo.yaml``: the source tree's when run from a clone, else the copy installed with the
+    package (``hybrid_lightning.ablations``, see pyproject.toml)."""
+    src = Path(__file__).resolve().parents[1] / "ablations" / "demo.yaml"
+    if src.is_file():
+        return src
+    return Path(str(importlib.resources.files("hybrid_lightning.ablations") / "demo.yaml"))
 
 
 def _add_config_args(p: argparse.ArgumentParser, optional: bool = True) -> None:
@@ -84,9 +93,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from analysis.report import analyze
     from hybrid_lightning.grid import load_grid, submit_grid
 
-    grid = load_grid(args.grid, args.root)
+    grid_file = args.grid or demo_grid()
+    grid = load_grid(grid_file, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print(f"report written to {analyze(grid.root, args.out, grid=args.grid)}")
+    print(f"report written to {analyze(grid.root, args.out, grid=grid_file)}")
     return code
 
 
@@ -104,7 +114,7 @@ def _add_analysis_parsers(sub) -> None:
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("demo", help="train a demo grid locally, then analyse it (grid submit --executor local + analyze)")
-    p.add_argument("--grid", default=str(DEMO_GRID), help="grid file (default: ablations/demo.yaml)")
+    p.add_argument("--grid", help="grid file (default: ablations/demo.yaml, installed with the package)")
     p.add_argument("--root", help="folder of the cells' run directories (default: runs/<grid name>)")
     p.add_argument("--parallel", type=int, default=2, metavar="N", help="cells trained at once (default 2)")
     p.add_argument("--out", help="analysis output folder (default: <root>/analysis)")

@@ -20,11 +20,8 @@ def scalars(run_dir, tag):
 
 def test_train_200_steps_loss_falls(tmp_path):
     run_dir = tmp_path / "run"
-    t0 = time.perf_counter()
     r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")
-    elapsed = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr[-3000:]
-    assert elapsed < 120, elapsed
     loss = scalars(run_dir, "train/loss")
     assert loss[-1][0] == 199 and len(loss) == 20
     assert loss[-1][1] < 0.7 * loss[0][1], loss
