@@ -157,6 +157,8 @@ def cmd_grid_cancel(args: argparse.Namespace) -> int:
 
 
 def _add_grid_parser(sub) -> None:
+    from hybrid_lightning.grid.executor import EXECUTORS
+
     grid = sub.add_parser("grid", help="ablation grids: plan, submit (SLURM or local), status, cancel")
     actions = grid.add_subparsers(dest="grid_command", required=True, metavar="ACTION")
 
@@ -174,7 +176,8 @@ def _add_grid_parser(sub) -> None:
     speed.add_argument("--tflops", type=float, metavar="TFLOPS",
                        help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
     p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
-    p.add_argument("--executor", choices=["slurm", "local"], required=True, help="SLURM job arrays, or this machine")
+    p.add_argument("--executor", choices=list(EXECUTORS), required=True,
+                   help="; ".join(f"{name}: {cls.help}" for name, cls in EXECUTORS.items()))
     p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
     p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)

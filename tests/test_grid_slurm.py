@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from hybrid_lightning.grid import cell_states, load_grid
-from hybrid_lightning.grid.state import read_jobs, squeue_jobs
+from hybrid_lightning.grid.slurm import squeue_jobs
+from hybrid_lightning.grid.state import read_jobs
 from hybrid_lightning.rundir import checkpoint_is_valid, read_status
 
 from conftest import REPO, run_cli

@@ -1,12 +1,16 @@
-"""Running cells on this machine without SLURM: the same cells and run directories, N at a time.
+"""The ``local`` executor: cells run on this machine without SLURM, the same cells and run
+directories, N at a time.
 
 Each cell is one ``hybrid-lightning train <cell config> --run-dir <run dir>`` process whose output
 goes to ``<root>/.grid/logs/<cell>.log``; the submitting process waits for all of them and prints
-one line per start and end (and, every minute, where the running cells are).
+one line per start and end (and, every minute, where the running cells are). A job record holds
+the submitting process and, once the cell started, the cell's process (both with their start
+times, so that a reused pid is not taken for them) and its exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -17,31 +21,108 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.config import dump_config
+from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.grid.state import cell_states, lock, now, process_start, read_jobs, write_jobs
+from hybrid_lightning.grid.state import add_records, cell_states, lock, now, read_jobs, write_jobs
 
 PROGRESS_EVERY_S = 60.0
 POLL_S = 0.5
 
 
+@register
+class LocalExecutor(Executor):
+    """This machine: ``submit`` claims the cells in the job records, ``run`` trains them
+    ``parallel`` at a time in this process."""
+
+    name = "local"
+    help = "this machine, --parallel cells at a time"
+
+    def check(self) -> None:
+        if self.profile is not None:
+            raise ValueError(f"--profile does not apply to --executor {self.name}")
+        if self.parallel < 1:
+            raise ValueError(f"--parallel must be at least 1, got {self.parallel}")
+
+    def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
+        """Claims ``cells`` for this process and writes their config files."""
+        configs = grid.state_dir / "cells"
+        configs.mkdir(parents=True, exist_ok=True)
+        records = {}
+        for cell in cells:
+            path = configs / f"{cell.name}.yaml"
+            path.write_text(dump_config(cell.config))
+            records[cell.name] = {
+                "executor": self.name, "host": socket.gethostname(), "submitter": os.getpid(),
+                "submitter_start": process_start(os.getpid()), "pid": None, "config": str(path),
+                "log": str(grid.state_dir / "logs" / f"{cell.name}.log"), "submitted": now(),
+            }
+        add_records(grid, records)
+
+    def run(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> int:
+        """Trains the claimed ``cells``; exit code 1 when one did not finish."""
+        left = run_local(grid, cells, self.parallel, say)
+        say(f"grid {grid.name}: {len(cells) - left} of {len(cells)} cell(s) finished" + (
+            f"; see `hybrid-lightning grid status {grid.path}`" if left else ""))
+        return min(left, 1)
+
+    def cancel(self, records: list[dict]) -> None:
+        """SIGTERM to the cells' processes; a cell not started yet is skipped by its submitter."""
+        for record in records:
+            if record.get("pid"):
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(record["pid"], signal.SIGTERM)
+
+    def live_states(self, records: list[dict]) -> list[str | None]:
+        return [_live_state(r) for r in records]
+
+    def job_id(self, record: dict) -> str | None:
+        return str(record["pid"]) if record.get("pid") else None
+
+    def abandoned(self, record: dict) -> bool:
+        """Queued by a submit that ended before starting it."""
+        return not record.get("pid") and not record.get("cancelled")
+
+    def failure(self, record: dict) -> str | None:
+        code = record.get("exit")
+        return f"exit code {code}; see the log" if code not in (None, 0) else None
+
+
+def _live_state(record: dict) -> str | None:
+    """running while the cell's process lives, pending while its submitter does (not cancelled)."""
+    if record.get("host") != socket.gethostname():
+        return None  # another machine's processes cannot be checked from here
+    if record.get("pid"):
+        return "running" if process_alive(record["pid"], record.get("pid_start")) else None
+    if record.get("cancelled"):
+        return None
+    return "pending" if process_alive(record.get("submitter"), record.get("submitter_start")) else None
+
+
+def process_alive(pid: int | None, start: str | None) -> bool:
+    """Whether process ``pid`` exists, is not a zombie, and started at ``start`` (so a reused pid is not it)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    stat = process_start(pid)
+    return stat is None or start is None or stat == start
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat``), None for a zombie or without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
 def _mine(record: dict | None) -> bool:
     return bool(record) and record.get("host") == socket.gethostname() and record.get("submitter") == os.getpid()
-
-
-def queue_local(grid: Grid, cells: list[Cell]) -> dict[str, dict]:
-    """Job records that claim ``cells`` for this process (called under the grid lock), and their config files."""
-    configs = grid.state_dir / "cells"
-    configs.mkdir(parents=True, exist_ok=True)
-    records = {}
-    for cell in cells:
-        path = configs / f"{cell.name}.yaml"
-        path.write_text(dump_config(cell.config))
-        records[cell.name] = {
-            "executor": "local", "host": socket.gethostname(), "submitter": os.getpid(),
-            "submitter_start": process_start(os.getpid()), "pid": None, "config": str(path),
-            "log": str(grid.state_dir / "logs" / f"{cell.name}.log"), "submitted": now(),
-        }
-    return records
 
 
 def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str], None]) -> int:

@@ -1,4 +1,5 @@
-"""Submitting cells to SLURM with submitit: profiles, per-cell resources, job arrays.
+"""The ``slurm`` executor: cells submitted with submitit as job arrays; their state from ``squeue``,
+slurmstepd's last words in the log and submitit's result files.
 
 A profile (``slurm/<cluster>.yaml``) is a mapping of submitit ``AutoExecutor`` parameters:
 ``timeout_min``, ``cpus_per_task``, ``mem_gb``, ``slurm_partition``, ``slurm_array_parallelism``,
@@ -10,6 +11,11 @@ cells; a profile's ``gpus_per_node`` is the default for cells with ``train.devic
 
 from __future__ import annotations
 
+import getpass
+import os
+import pickle
+import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +25,7 @@ import yaml
 from submitit.core.utils import FailedJobError
 
 from hybrid_lightning.config import TrainConfig, config_to_dict, suggest
+from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.job import CellJob
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import add_records, now
@@ -31,6 +38,102 @@ _FROM_CELL = {
     "slurm_ntasks_per_node": "train.devices", "slurm_gpus_per_node": "train.devices (and gpus_per_node)",
     "slurm_num_gpus": "train.devices (and gpus_per_node)", "slurm_gpus_per_task": "train.devices (and gpus_per_node)",
 }
+# slurmstepd's last words in a job's log when it is killed: "*** JOB 12 ON node CANCELLED AT <time> [DUE TO ...] ***"
+_KILLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
+# squeue's states of a live job that read as grid states; the others show lower-cased (e.g. completing)
+_LIVE_STATES = {
+    "RUNNING": "running", "CONFIGURING": "running", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued",
+    "REQUEUE_FED": "requeued",
+}
+
+
+@register
+class SlurmExecutor(Executor):
+    """Job arrays on a SLURM cluster, one per distinct resource request (``submit_slurm``); a
+    record holds the job id (``<array>_<task>``), the log of task 0 and submitit's result file."""
+
+    name = "slurm"
+    help = "SLURM job arrays through submitit, with --profile"
+
+    def check(self) -> None:
+        self.settings = load_profile(self.profile)
+        check_slurm()
+
+    def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
+        submit_slurm(grid, cells, self.settings, say)
+
+    def cancel(self, records: list[dict]) -> None:
+        out = subprocess.run(["scancel", *(r["job_id"] for r in records)], capture_output=True, text=True, timeout=60)
+        if out.returncode:
+            raise ValueError(f"scancel failed: {out.stderr.strip()}")
+
+    def live_states(self, records: list[dict]) -> list[str | None]:
+        queue = squeue_jobs()
+        return [_grid_state(*queue[r["job_id"]]) if r["job_id"] in queue else None for r in records]
+
+    def job_id(self, record: dict) -> str | None:
+        return record["job_id"]
+
+    def ending(self, record: dict) -> tuple[str, str] | None:
+        """(time, cause) from slurmstepd's last words in the log: cause '' for scancel, else e.g. 'TIME LIMIT'."""
+        log = record.get("log")
+        if not log or not Path(log).is_file():
+            return None
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 20000))
+            tail = f.read().decode(errors="replace")
+        # A requeue also kills the job step, but the job goes on: not an ending.
+        found = [(when, cause) for when, cause in _KILLED.findall(tail) if cause != "JOB REQUEUE"]
+        return found[-1] if found else None
+
+    def failure(self, record: dict) -> str | None:
+        """The last line of the traceback submitit pickled for a job that raised."""
+        result = record.get("result")
+        if not result or not Path(result).is_file():
+            return None
+        try:
+            with open(result, "rb") as f:
+                kind, payload = pickle.load(f)
+        except Exception:  # a result being written or unreadable says nothing
+            return None
+        if kind != "error":
+            return None
+        lines = [line for line in str(payload).strip().splitlines() if line.strip()]
+        return lines[-1] if lines else None
+
+
+def _grid_state(state: str, restarts: int) -> str:
+    """A live job's ``squeue`` state and restart count as a grid state."""
+    if state == "PENDING":
+        return "requeued" if restarts else "pending"
+    return _LIVE_STATES.get(state, state.lower())
+
+
+def check_slurm() -> None:
+    """A ``ValueError`` when SLURM's commands are missing or its controller does not answer."""
+    for tool in ("sbatch", "squeue", "scancel"):
+        if shutil.which(tool) is None:
+            raise ValueError(f"SLURM is not available here: '{tool}' is not on PATH (use --executor local to run without SLURM)")
+    squeue_jobs()
+
+
+def squeue_jobs() -> dict[str, tuple[str, int]]:
+    """The user's SLURM jobs as ``{job id: (state, restart count)}``; array tasks as ``<array>_<task>``."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "-u", getpass.getuser(), "-O", "JobArrayID:|,State:|,RestartCnt:|"],
+            capture_output=True, text=True, timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"SLURM is unreachable: squeue failed ({e})") from None
+    if out.returncode:
+        raise ValueError(f"SLURM is unreachable: squeue failed: {out.stderr.strip() or out.returncode}")
+    jobs = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 3:
+            jobs[parts[0].strip()] = (parts[1].strip(), int(parts[2]) if parts[2].strip().isdigit() else 0)
+    return jobs
 
 
 def _valid_keys() -> set[str]:
@@ -129,7 +232,7 @@ def submit_slurm(grid: Grid, cells: list[Cell], profile: dict, say: Callable[[st
             raise ValueError(f"sbatch refused the jobs of {len(group)} cell(s): {str(e).strip()}") from None
         add_records(grid, {
             cell.name: {
-                "executor": "slurm", "job_id": job.job_id, "log": str(job.paths.stdout),
+                "executor": SlurmExecutor.name, "job_id": job.job_id, "log": str(job.paths.stdout),
                 "result": str(job.paths.result_pickle), "submitted": now(),
             }
             for cell, job in zip(group, jobs)
@@ -140,10 +243,3 @@ def submit_slurm(grid: Grid, cells: list[Cell], profile: dict, say: Callable[[st
             f"submitted {len(group)} cell(s) as SLURM job {array} "
             f"({nodes} node(s) x {tasks} task(s), {gpus} GPU(s) per node each); logs in {folder}"
         )
-
-
-def cancel_slurm(job_ids: list[str]) -> None:
-    if job_ids:
-        out = subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60)
-        if out.returncode:
-            raise ValueError(f"scancel failed: {out.stderr.strip()}")

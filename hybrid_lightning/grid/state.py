@@ -1,45 +1,34 @@
 """Where each cell of a grid stands, from its run directory and its job records.
 
-``<root>/.grid/jobs.json`` holds, per cell, the jobs submitted for it (newest last): SLURM job
-ids, or local process ids. A cell's state combines the newest job (alive or not, per ``squeue``
-or the process table), the run's ``status.json`` and, for a job that ended early, the reason in
-its log. States:
+``<root>/.grid/jobs.json`` holds, per cell, the jobs submitted for it (newest last), each record
+naming the executor that wrote it (``grid/executor.py``). A cell's state combines the newest
+job (alive or not, as its executor tells), the run's ``status.json`` and, for a job that ended
+early, what its executor knows of the ending. States:
 
     not submitted   no job and no run directory
     pending         queued, never started
-    running         a job is training it (other SLURM states of a live job show as they are, e.g. completing)
+    running         a job is training it (other live states an executor reports show as they are, e.g. completing)
     requeued        queued again after a timeout or preemption; it will resume
     done            reached train.max_steps
     failed          the job ended early (the reason is shown)
-    cancelled       cancelled (``grid cancel`` or ``scancel``)
+    cancelled       cancelled (``grid cancel``, or the executor's own, e.g. ``scancel``)
     incomplete      a partial run and no job: stopped (e.g. a local submit interrupted), or max_steps raised
 """
 
 from __future__ import annotations
 
 import datetime
-import getpass
 import json
-import os
-import re
-import shutil
-import socket
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
+from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.rundir import read_events, read_status, write_atomic
 
 JOBS_FILE = "jobs.json"
-# slurmstepd's last words in a job's log when it is killed: "*** JOB 12 ON node CANCELLED AT <time> [DUE TO ...] ***"
-_KILLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
-_SLURM_LIVE_STATES = {
-    "RUNNING": "running", "CONFIGURING": "running", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued",
-    "REQUEUE_FED": "requeued",
-}
 
 
 @dataclass
@@ -90,56 +79,6 @@ def now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
-def check_slurm() -> None:
-    """A ``ValueError`` when SLURM's commands are missing or its controller does not answer."""
-    for tool in ("sbatch", "squeue", "scancel"):
-        if shutil.which(tool) is None:
-            raise ValueError(f"SLURM is not available here: '{tool}' is not on PATH (use --executor local to run without SLURM)")
-    squeue_jobs()
-
-
-def squeue_jobs() -> dict[str, tuple[str, int]]:
-    """The user's SLURM jobs as ``{job id: (state, restart count)}``; array tasks as ``<array>_<task>``."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "-u", getpass.getuser(), "-O", "JobArrayID:|,State:|,RestartCnt:|"],
-            capture_output=True, text=True, timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ValueError(f"SLURM is unreachable: squeue failed ({e})") from None
-    if out.returncode:
-        raise ValueError(f"SLURM is unreachable: squeue failed: {out.stderr.strip() or out.returncode}")
-    jobs = {}
-    for line in out.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) >= 3:
-            jobs[parts[0].strip()] = (parts[1].strip(), int(parts[2]) if parts[2].strip().isdigit() else 0)
-    return jobs
-
-
-def process_alive(pid: int | None, start: str | None) -> bool:
-    """Whether process ``pid`` exists, is not a zombie, and started at ``start`` (so a reused pid is not it)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    stat = process_start(pid)
-    return stat is None or start is None or stat == start
-
-
-def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat``), None for a zombie or without /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
 def _last_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, tuple[int, float]]:
     """The newest (step, value) of each tag in the run's TensorBoard events (steps purged on resume excluded)."""
     acc = read_events(run_dir, scalars=1)
@@ -150,52 +89,31 @@ def _last_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, tuple[int, 
     return {t: (events[-1].step, events[-1].value) for t, events in series.items() if events}  # a resume may purge all
 
 
-def _log_ending(log: str | None) -> tuple[str, str] | None:
-    """(time, cause) when slurmstepd killed the job: cause '' for scancel, else e.g. 'TIME LIMIT'."""
-    if not log or not Path(log).is_file():
-        return None
-    with open(log, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - 20000))
-        tail = f.read().decode(errors="replace")
-    # A requeue also kills the job step, but the job goes on: not an ending.
-    found = [(when, cause) for when, cause in _KILLED.findall(tail) if cause != "JOB REQUEUE"]
-    return found[-1] if found else None
-
-
-def _result_error(record: dict) -> str | None:
-    """The last line of the traceback submitit pickled for a job that raised."""
-    result = record.get("result")
-    if not result or not Path(result).is_file():
-        return None
-    import pickle
-
-    try:
-        with open(result, "rb") as f:
-            kind, payload = pickle.load(f)
-    except Exception:  # a result being written or unreadable says nothing
-        return None
-    if kind != "error":
-        return None
-    lines = [line for line in str(payload).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else None
-
-
-def cell_states(grid: Grid, cells: list[Cell] | None = None, slurm_jobs: dict | None = None) -> list[CellState]:
-    """The state of each cell (all by default). ``squeue`` is asked once, only if a SLURM job is on record.
+def cell_states(grid: Grid, cells: list[Cell] | None = None) -> list[CellState]:
+    """The state of each cell (all by default). Each executor on record is asked once about all
+    of its jobs (e.g. one ``squeue``).
 
     Args:
         grid: the expanded grid.
         cells: the cells to report; default all.
-        slurm_jobs: ``squeue_jobs()`` when the caller already has it.
     """
     cells = grid.cells if cells is None else cells
     jobs = read_jobs(grid)
-    if slurm_jobs is None and any(r[-1].get("executor") == "slurm" for r in jobs.values() if r):
-        slurm_jobs = squeue_jobs()
-    return [_cell_state(c, (jobs.get(c.name) or [None])[-1], slurm_jobs or {}) for c in cells]
+    records = {c.name: jobs[c.name][-1] for c in cells if jobs.get(c.name)}
+    executors = {name: executor_class(name)() for name in {r["executor"] for r in records.values()}}
+    live = {}
+    for name, executor in executors.items():
+        mine = [cell for cell, r in records.items() if r["executor"] == name]
+        live.update(zip(mine, executor.live_states([records[cell] for cell in mine])))
+    rows = []
+    for cell in cells:
+        record = records.get(cell.name)
+        rows.append(_cell_state(cell, record, record and executors[record["executor"]], live.get(cell.name)))
+    return rows
 
 
-def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
+def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live: str | None) -> CellState:
+    """``record`` is the cell's newest job record, ``executor`` the one that wrote it, ``live`` its live state."""
     status = read_status(cell.run_dir) or {}
     max_steps = cell.config.train.max_steps
     scalars = _last_scalars(cell.run_dir, ("train/loss", "longctx/score"))
@@ -206,18 +124,16 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
         cell.name, "not submitted", False, step, max_steps, scalars.get("train/loss", (0, None))[1],
         scalars.get("longctx/score", (0, None))[1], None, None, None, str(cell.run_dir),
     )
-    if record is not None and (record.get("executor") == "slurm" or record.get("pid")):
-        row.job_id = record.get("job_id") or str(record["pid"])
-        row.log = record.get("log")
+    if record is not None and (job_id := executor.job_id(record)) is not None:
+        row.job_id, row.log = job_id, record.get("log")
     if status.get("state") == "done" and status.get("step", 0) >= max_steps:
         row.state, row.step = "done", status["step"]
         return row
-    live = _live_state(record, slurm_jobs)
     if live is not None:
         row.state, row.live = live, True
         return row
-    if record is not None and record.get("executor") == "local" and not record.get("pid") and not record.get("cancelled"):
-        record = None  # queued by a local submit that ended before starting it
+    if record is not None and executor.abandoned(record):
+        record = None
     if status.get("state") == "done":  # done at fewer steps than the grid now asks
         row.state, row.reason = "incomplete", f"trained {status.get('step')} steps; train.max_steps is now {max_steps}"
         return row
@@ -226,7 +142,7 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
             row.state = "failed" if status.get("state") == "failed" else "incomplete"
             row.reason = status.get("error")
         return row
-    ending = _log_ending(record.get("log"))
+    ending = executor.ending(record)
     if record.get("cancelled") or (ending is not None and ending[1] == ""):
         row.state, row.reason = "cancelled", f"cancelled at {ending[0]}" if ending else "cancelled"
     elif status.get("state") == "failed":
@@ -236,31 +152,6 @@ def _cell_state(cell: Cell, record: dict | None, slurm_jobs: dict) -> CellState:
     elif status.get("state") == "interrupted":  # e.g. the local executor stopped by Ctrl-C
         row.state, row.reason = "incomplete", f"stopped at step {status.get('step')}" + (f" ({status['error']})" if status.get("error") else "")
     else:
-        exit_code = record.get("exit")
         row.state = "failed"
-        row.reason = _result_error(record) or (
-            f"exit code {exit_code}; see the log" if exit_code not in (None, 0) else f"the job ended at step {step or 0}/{max_steps}; see the log"
-        )
+        row.reason = executor.failure(record) or f"the job ended at step {step or 0}/{max_steps}; see the log"
     return row
-
-
-def _live_state(record: dict | None, slurm_jobs: dict) -> str | None:
-    """pending / running / requeued (or another SLURM state) while the record's job is alive, else
-    None. A cancelled job stays live until it is gone: its process may still write."""
-    if record is None:
-        return None
-    if record.get("executor") == "slurm":
-        found = slurm_jobs.get(record.get("job_id"))
-        if found is None:
-            return None
-        state, restarts = found
-        if state == "PENDING":
-            return "requeued" if restarts else "pending"
-        return _SLURM_LIVE_STATES.get(state, state.lower())
-    if record.get("host") != socket.gethostname():
-        return None  # another machine's processes cannot be checked from here
-    if record.get("pid"):
-        return "running" if process_alive(record["pid"], record.get("pid_start")) else None
-    if record.get("cancelled"):
-        return None
-    return "pending" if process_alive(record.get("submitter"), record.get("submitter_start")) else None
