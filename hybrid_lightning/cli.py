@@ -60,7 +60,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.command import evaluate_checkpoint
+    from hybrid_lightning.offline import evaluate_checkpoint
     from hybrid_lightning.eval.report import report_path, table
 
     overrides = list(args.overrides)
@@ -183,7 +183,7 @@ def cmd_probes(args: argparse.Namespace) -> int:
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from hybrid_lightning.eval.ablation import parse_heads
-    from hybrid_lightning.eval.command import heads_checkpoint
+    from hybrid_lightning.offline import heads_checkpoint
     from hybrid_lightning.eval.heads_report import ablation_table, heads_path, heads_table
 
     if args.mask_top is not None:
