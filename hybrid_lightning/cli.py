@@ -73,10 +73,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planned_cells(grid) -> list[tuple[str, Path]]:
+    """A grid's cells as analysis takes them: (name, run directory)."""
+    return [(c.name, c.run_dir) for c in grid.cells]
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from analysis.report import analyze
 
-    print(f"report written to {analyze(args.dir, args.out, args.metric, args.grid, findings=args.findings)}")
+    planned = None
+    if args.grid is not None:
+        from hybrid_lightning.grid import load_grid
+
+        planned = _planned_cells(load_grid(args.grid, args.dir))
+    print(f"report written to {analyze(args.dir, args.out, args.metric, planned, findings=args.findings)}")
     return 0
 
 
@@ -86,7 +96,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     grid = load_grid(args.grid, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print(f"report written to {analyze(grid.root, args.out, grid=args.grid)}")
+    print(f"report written to {analyze(grid.root, args.out, planned=_planned_cells(grid))}")
     return code
 
 
