@@ -35,7 +35,7 @@ import pandas as pd
 
 from analysis import tables
 from analysis.load import Runs
-from hybrid_lightning.grid.report import si
+from hybrid_lightning.units import si
 
 SCORE = "longctx/token_acc"
 SCORE_BEYOND = "longctx/token_acc_beyond"

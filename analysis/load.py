@@ -1,5 +1,6 @@
 """Run directories into tidy tables. Reads only the run-directory contract (README, "The run
-directory"): ``config.yaml``, ``status.json``, the TensorBoard scalars and ``eval/*.json``.
+directory"; its paths and readers are ``hybrid_lightning.rundir``'s): ``config.yaml`` with its
+provenance (layer plan, parameter counts), ``status.json``, the TensorBoard scalars and ``eval/*.json``.
 
     runs = load_runs(find_runs("runs/window-nope"))
     runs.metrics   # one row per run x step x metric, with the varying config values as columns
@@ -10,21 +11,29 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from analysis.scores import record_scores
-from hybrid_lightning.config import flatten
-from hybrid_lightning.kinds import FULL, KINDS, pattern_mixers
-from hybrid_lightning.rundir import read_events
+from hybrid_lightning.config import PROVENANCE_KEY, flatten
+from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, KINDS, pattern_mixers
+from hybrid_lightning.rundir import (
+    CONFIG_FILE,
+    GRID_DIR,
+    LAYERS_KEY,
+    PARAM_FIELDS,
+    PARAMS_KEY,
+    eval_files,
+    read_config_dict,
+    read_eval_record,
+    read_events,
+    read_status,
+)
 
-CONFIG_FILE, STATUS_FILE, EVAL_DIR, GRID_DIR = "config.yaml", "status.json", "eval", ".grid"
 # TensorBoard scalars read by default; the others are skipped while reading.
 TAGS = ("train/loss", "train/tokens", "val/loss", "val/synthetic_loss", "val/retrieval_acc")
 HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of heads_step_<k>.json "total"
@@ -35,9 +44,10 @@ NOT_IDENTITY = {
     "train.checkpoint_every_n_steps", "train.keep_checkpoints", "train.val_every_n_steps", "train.val_batches",
     "train.compile", "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk",
 }
-NOT_IDENTITY_PREFIXES = ("provenance.", "eval.")
-RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files")  # configs' own columns
-_EVAL_RE = re.compile(r"^(heads_)?step_(\d+)\.json$")
+NOT_IDENTITY_PREFIXES = ("eval.",)
+PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)  # the provenance's parameter counts
+# configs' own columns
+RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files", "mixers", "windowed", *PARAM_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -46,7 +56,10 @@ class Runs:
 
     configs: one row per run: ``run``, ``path``, ``state`` (status.json; ``no status.json`` without one),
         ``status_step``, ``tokens_per_step``, ``arch`` (the identity: config without seed and
-        bookkeeping, as JSON), ``label`` (readable ``arch``), ``eval_files``, and every flattened config key.
+        bookkeeping, as JSON), ``label`` (readable ``arch``), ``eval_files``, ``mixers`` (the efficient
+        mixers, ``+``-joined), ``windowed`` (a layer attends within a window), ``embedding_params``,
+        ``non_embedding_params``, ``total_params`` (missing for runs whose provenance lacks the counts),
+        and every flattened config key (provenance left out).
     metrics: run, step, tokens, metric, value, then ``label``, ``seed`` and the config keys that
         differ between runs. Metrics: the TensorBoard ``TAGS``, ``heads/<HEAD_TOTALS>`` and the
         long-context scores ``longctx/<score>`` and ``longctx/<score>_beyond`` (analysis/scores.py).
@@ -90,16 +103,11 @@ def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
 def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
     """(long-context records, head totals with step and tokens, head rows, layer rows, ablation rows) of eval/*.json."""
     records, totals, heads, layers, ablations = [], [], [], [], []
-    folder = Path(run_dir) / EVAL_DIR
-    for path in sorted(folder.glob("*step_*.json")) if folder.is_dir() else []:
-        match = _EVAL_RE.match(path.name)
-        if match is None:
+    for kind, _, path in eval_files(run_dir):
+        report = read_eval_record(path)
+        if report is None:  # being written: the next analysis reads it
             continue
-        try:
-            report = json.loads(path.read_text())
-        except ValueError:  # being written: the next analysis reads it
-            continue
-        if match[1]:
+        if kind == "heads":
             totals.append({"step": report["step"], "tokens": report["tokens"], **report["total"]})
             heads += report["heads"]
             layers += report["layers"]
@@ -110,13 +118,11 @@ def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
 
 
 def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
-    config = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
-    try:
-        status = json.loads((run_dir / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        status = {}
+    config = read_config_dict(run_dir) or {}
+    provenance = config.pop(PROVENANCE_KEY, None) or {}
     records, totals, heads, layers, ablations = read_evals(run_dir)
-    return {"config": flat_config(config), "status": status, "scalars": read_scalars(run_dir, tags), "records": records,
+    return {"config": flat_config(config), "plan": provenance.get(LAYERS_KEY), "params": provenance.get(PARAMS_KEY) or {},
+            "status": read_status(run_dir) or {}, "scalars": read_scalars(run_dir, tags), "records": records,
             "totals": totals, "heads": heads, "layers": layers, "ablations": ablations}
 
 
@@ -152,21 +158,24 @@ def _common_parent(dirs: list[Path]) -> Path:
 
 def _configs(names: list[str], dirs: list[Path], raw: list[dict]) -> pd.DataFrame:
     """One row per run; see ``Runs.configs``."""
-    rows = []
+    rows, plans = [], []
     for name, path, r in zip(names, dirs, raw):
-        cfg = {k: v for k, v in r["config"].items() if not k.startswith("provenance.")}
+        mixers, windowed = _mixer_plan(r["config"], r["plan"])
+        plans.append((mixers, windowed))
+        params = {column: r["params"].get(f) for column, f in zip(PARAM_COLUMNS, PARAM_FIELDS)}
         rows.append({"run": name, "path": str(path), "state": r["status"].get("state", "no status.json"),
-                     "status_step": r["status"].get("step"), "tokens_per_step": _tokens_per_step(cfg, r),
-                     "eval_files": bool(r["records"] or r["totals"]), **cfg})
+                     "status_step": r["status"].get("step"), "tokens_per_step": _tokens_per_step(r["config"], r),
+                     "eval_files": bool(r["records"] or r["totals"]), "mixers": "+".join(mixers), "windowed": windowed,
+                     **params, **r["config"]})
     configs = pd.DataFrame(rows)
     if configs.empty:
-        return pd.DataFrame(columns=["run", "path", "state", "status_step", "tokens_per_step", "eval_files", "arch", "label", "seed"])
-    identities = [_identity(row) for row in configs.to_dict("records")]
+        return pd.DataFrame(columns=[*RUN_COLUMNS, "arch", "label", "seed"])
+    identities = [_identity(row, *plan) for row, plan in zip(configs.to_dict("records"), plans)]
     configs["arch"] = [json.dumps(i, sort_keys=True, default=str) for i in identities]
     keys = list(dict.fromkeys(k for i in identities for k in i))
     # keys with two values or more among the runs that have them (a key a run lacks does not apply to it)
     varying = [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
-    configs["label"] = [_label(i, varying) for i in identities]
+    configs["label"] = [_label(i, varying, *plan) for i, plan in zip(identities, plans)]
     return configs
 
 
@@ -184,35 +193,41 @@ def _tokens_per_step(cfg: dict, r: dict) -> float:
     return float(cfg.get("train.batch_size", 16) * cfg.get("train.seq_len", 128) * world)
 
 
-def _identity(cfg: dict) -> dict:
+def _mixer_plan(cfg: dict, plan: list[dict] | None) -> tuple[list[str], bool]:
+    """(the efficient mixers of the model in order of first use, whether any layer attends within a window).
+
+    From the layer plan training recorded in the provenance (``rundir.LAYERS_KEY``), so that a mixer this
+    process does not know is still named; for runs written before that, from ``model.pattern`` and
+    ``model.mixer`` with ``hybrid_lightning.kinds`` (letters it does not know are left out)."""
+    if plan:
+        return list(dict.fromkeys(layer["kind"] for layer in plan if layer["kind"] != FULL)), any(
+            layer["window"] is not None for layer in plan)
+    mixer = cfg.get("model.mixer")
+    mixers = [m for m in pattern_mixers(str(cfg.get("model.pattern", "")), mixer if mixer in KINDS else None) if m != FULL]
+    return mixers, any(KINDS[m].has_window for m in mixers)
+
+
+def _identity(cfg: dict, mixers: list[str], windowed: bool) -> dict:
     """The config keys that make an architecture (and budget): no seed, bookkeeping or evaluation keys; the
-    window only where the model has SWA layers, the mixer only where ``E`` occurs in the pattern, each
-    positional encoding only where the model has layers of its kind."""
+    window only where the model has windowed layers, the mixer only where ``E`` occurs in the pattern, each
+    positional encoding only where the model has layers of its kind (``mixers``, ``windowed``: ``_mixer_plan``)."""
     pattern = str(cfg.get("model.pattern", ""))
-    mixers = _mixers(cfg)
     out = {}
     for k, v in cfg.items():
         if k in NOT_IDENTITY or k.startswith(NOT_IDENTITY_PREFIXES) or k in RUN_COLUMNS:
             continue
-        if ((k == "model.window" and not any(KINDS[m].has_window for m in mixers)) or (k == "model.mixer" and "E" not in pattern)
-                or (k == "model.pos.full" and "F" not in pattern) or (k == "model.pos.efficient" and not mixers)):
+        if ((k == "model.window" and not windowed) or (k == "model.mixer" and EFFICIENT_LETTER not in pattern)
+                or (k == "model.pos.full" and KINDS[FULL].letter not in pattern) or (k == "model.pos.efficient" and not mixers)):
             continue
         out[k] = None if isinstance(v, float) and pd.isna(v) else v  # a key other runs have and this one lacks
     return out
 
 
-def _mixers(cfg: dict) -> list[str]:
-    """The efficient mixers in the model's pattern, in order of first use."""
-    mixer = cfg.get("model.mixer")
-    return [m for m in pattern_mixers(str(cfg.get("model.pattern", "")), mixer if mixer in KINDS else None) if m != FULL]
-
-
-def _label(identity: dict, varying: list[str]) -> str:
-    """E.g. ``swa W=128 EEEF pos.full=nope``: the mixers (``full`` for none), the SWA window, the pattern,
+def _label(identity: dict, varying: list[str], mixers: list[str], windowed: bool) -> str:
+    """E.g. ``swa W=128 EEEF pos.full=nope``: the mixers (``full`` for none), the window, the pattern,
     then every other key that differs between the runs loaded and is set here (``model.`` dropped)."""
-    mixers = [m for m in _mixers(identity) if m]
-    parts = ["+".join(mixers) or "full"]
-    if any(KINDS[m].has_window for m in mixers):
+    parts = ["+".join(mixers) or FULL]
+    if windowed:
         parts.append(f"W={identity['model.window']}")
     parts.append(str(identity.get("model.pattern", "")))
     for k in varying:

@@ -11,20 +11,21 @@ import pandas as pd
 from analysis import figures, tables
 from analysis.load import Runs, find_runs, load_runs
 from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
-from hybrid_lightning.grid.report import si
+from hybrid_lightning.units import si
 
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
 
 
-def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc", grid: str | Path | None = None,
-            workers: int | None = None, findings: bool = False) -> Path:
+def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
+            planned: list[tuple[str, Path]] | None = None, workers: int | None = None, findings: bool = False) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
 
     Args:
         folder: a grid root or any folder of run directories (searched recursively, ``.grid/`` skipped).
         out: output folder; default ``<folder>/analysis``.
         metric: the long-context score (``analysis.metrics.METRICS``).
-        grid: the grid file whose planned cells the report compares with the runs found.
+        planned: the cells of a grid as (name, run directory): the report lists those without a run
+            directory (the command line reads them from ``--grid``).
         workers: processes reading runs; default up to 4, one per CPU.
         findings: open the report with the verdicts on the paper's three findings (analysis/findings.py).
     Returns: the path of report.md.
@@ -37,7 +38,6 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     out = Path(out) if out is not None else folder / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(dirs, root=folder, workers=workers or min(4, os.cpu_count() or 1))
-    planned = _planned_cells(grid, folder) if grid is not None else None
     sections = [f"# Analysis of {folder}\n",
                 f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
                 f"(`--metric {metric}`): {METRIC_TEXT[metric]}. Spread over seeds: min-max range (figures, "
@@ -60,20 +60,12 @@ def _findings(runs: Runs, out: Path) -> str:
 
     table = findings(runs)
     _write(table, out, "findings.csv")
-    from hybrid_lightning.config import load_config
-    from hybrid_lightning.model.matching import non_embedding_params
-
     c = runs.configs
-    params = pd.Series([non_embedding_params(load_config(Path(p) / "config.yaml").model) for p in c["path"]])
-    budget = c["train.max_steps"] * c["tokens_per_step"]
-    n = (budget / params.to_numpy())
     return "\n".join([
         "## Findings of the paper at this scale\n",
         "Each verdict follows a fixed rule from the tables below (`analysis/findings.py` states the rules); "
         "`no signal`: the phenomenon the test looks at did not appear in any run; `not tested`: the runs lack "
-        f"what the test needs. These runs: {len(c)}, {si(params.min())}-{si(params.max())} "
-        f"non-embedding parameters N, {si(budget.min())}-{si(budget.max())} training tokens "
-        f"({n.min():.3g}N-{n.max():.3g}N).\n",
+        f"what the test needs. These runs: {len(c)}, {_scale(c)}.\n",
         _md(table),
         "\nWhat a proper test needs: the paper's scale (15M-477M non-embedding parameters, 100N-1000N tokens: "
         "`ablations/paper.yaml`), natural long documents rather than synthetic retrieval sequences, at least 3 "
@@ -81,10 +73,19 @@ def _findings(runs: Runs, out: Path) -> str:
     ])
 
 
-def _planned_cells(grid: str | Path, folder: Path) -> list[tuple[str, Path]]:
-    from hybrid_lightning.grid import load_grid
-
-    return [(c.name, c.run_dir) for c in load_grid(grid, folder).cells]
+def _scale(configs: pd.DataFrame) -> str:
+    """Non-embedding parameters N (from each run's provenance), training tokens and tokens per parameter;
+    ``unknown`` for the runs whose provenance lacks the counts (written before training recorded them)."""
+    budget = configs["train.max_steps"] * configs["tokens_per_step"]
+    params = pd.to_numeric(configs["non_embedding_params"], errors="coerce")
+    tokens = f"{si(budget.min())}-{si(budget.max())} training tokens"
+    known = params.notna()
+    if not known.any():
+        return f"unknown non-embedding parameters N, {tokens}"
+    n = budget[known] / params[known]
+    unknown = "" if known.all() else f"; N unknown for {int((~known).sum())} of {len(known)} runs"
+    return (f"{si(params.min())}-{si(params.max())} non-embedding parameters N, {tokens} "
+            f"({n.min():.3g}N-{n.max():.3g}N{unknown})")
 
 
 def _missing(runs: Runs, planned: list[tuple[str, Path]] | None, tag: str) -> str:

@@ -69,7 +69,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.command import evaluate_checkpoint
+    from hybrid_lightning.offline import evaluate_checkpoint
     from hybrid_lightning.eval.report import report_path, table
 
     overrides = list(args.overrides)
@@ -82,10 +82,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planned_cells(grid) -> list[tuple[str, Path]]:
+    """A grid's cells as analysis takes them: (name, run directory)."""
+    return [(c.name, c.run_dir) for c in grid.cells]
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from analysis.report import analyze
 
-    print(f"report written to {analyze(args.dir, args.out, args.metric, args.grid, findings=args.findings)}")
+    planned = None
+    if args.grid is not None:
+        from hybrid_lightning.grid import load_grid
+
+        planned = _planned_cells(load_grid(args.grid, args.dir))
+    print(f"report written to {analyze(args.dir, args.out, args.metric, planned, findings=args.findings)}")
     return 0
 
 
@@ -96,7 +106,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     grid_file = args.grid or demo_grid()
     grid = load_grid(grid_file, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print(f"report written to {analyze(grid.root, args.out, grid=grid_file)}")
+    print(f"report written to {analyze(grid.root, args.out, planned=_planned_cells(grid))}")
     return code
 
 
@@ -196,7 +206,7 @@ def cmd_probes(args: argparse.Namespace) -> int:
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from hybrid_lightning.eval.ablation import parse_heads
-    from hybrid_lightning.eval.command import heads_checkpoint
+    from hybrid_lightning.offline import heads_checkpoint
     from hybrid_lightning.eval.heads_report import ablation_table, heads_path, heads_table
 
     if args.mask_top is not None:

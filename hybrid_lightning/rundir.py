@@ -1,10 +1,14 @@
 """The run-directory contract that training writes and the grid, callbacks and analysis read:
 
-    <run_dir>/config.yaml          resolved config + provenance (git revision, package version)
+    <run_dir>/config.yaml          resolved config + provenance (git revision, package version, time,
+                                   the layer plan and the parameter counts)
     <run_dir>/status.json          {"state": running|done|failed, "step", "max_steps", "error"?}
     <run_dir>/checkpoints/last.ckpt and step_<N>.ckpt (periodic)
     <run_dir>/events.out.tfevents.*  TensorBoard scalars and images (read_events)
-    <run_dir>/eval/                evaluation records (JSON)
+    <run_dir>/eval/step_<k>.json   long-context evaluation records (EVAL_KINDS, write_eval_record)
+    <run_dir>/eval/heads_step_<k>.json  retrieval-head scores and ablations
+
+A grid keeps its own state in ``<root>/.grid/`` (GRID_DIR), beside its cells' run directories.
 """
 
 from __future__ import annotations
@@ -15,18 +19,27 @@ import os
 import re
 import warnings
 import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import yaml
 
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, validate_config
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, dump_config, validate_config
 
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"
 CKPT_DIR = "checkpoints"
 LAST_CKPT = "last.ckpt"
 EVAL_DIR = "eval"
+GRID_DIR = ".grid"  # a grid's state (job records, lock, logs, cell configs) under its root; not a run
 _STEP_RE = re.compile(r"step_(\d+)\.ckpt$")
+# Evaluation record kind -> file name prefix in EVAL_DIR: <prefix><step>.json.
+EVAL_KINDS = {"longctx": "step_", "heads": "heads_step_"}
+_EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)\.json$")
+# What training adds to config.yaml's provenance besides git revision, version and time: the layer
+# plan (one entry per layer with LAYER_FIELDS) and the parameter counts (PARAM_FIELDS).
+LAYERS_KEY, LAYER_FIELDS = "layers", ("layer", "kind", "letter", "window", "pos")
+PARAMS_KEY, PARAM_FIELDS = "params", ("embedding", "non_embedding", "total")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -40,6 +53,11 @@ def read_config_dict(run_dir: Path) -> dict | None:
     if not path.is_file():
         return None
     return yaml.safe_load(path.read_text()) or {}
+
+
+def write_config(run_dir: Path, cfg: RunConfig, provenance: Mapping) -> None:
+    """Writes ``config.yaml``: the resolved config and its ``provenance`` section."""
+    write_atomic(Path(run_dir) / CONFIG_FILE, dump_config(cfg, {PROVENANCE_KEY: dict(provenance)}))
 
 
 def read_run_config(run_dir: Path) -> RunConfig:
@@ -61,6 +79,60 @@ def read_status(run_dir: Path) -> dict | None:
 
 def write_status(run_dir: Path, **fields) -> None:
     write_atomic(Path(run_dir) / STATUS_FILE, json.dumps(fields, indent=1))
+
+
+def eval_path(run_dir: Path, kind: str, step: int) -> Path:
+    """The file of the ``kind`` (``EVAL_KINDS``) evaluation record at ``step``."""
+    return Path(run_dir) / EVAL_DIR / f"{EVAL_KINDS[kind]}{step}.json"
+
+
+def eval_files(run_dir: Path) -> list[tuple[str, int, Path]]:
+    """The run's evaluation records as (kind, step, path), sorted by file name; other files skipped."""
+    folder = Path(run_dir) / EVAL_DIR
+    kinds = {prefix: kind for kind, prefix in EVAL_KINDS.items()}
+    found = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = _EVAL_RE.match(path.name)
+        if match is not None:
+            found.append((kinds[match[1]], int(match[2]), path))
+    return found
+
+
+def read_eval_record(path: Path) -> dict | None:
+    """An evaluation record, or None while it cannot be read (being written elsewhere: read it next time)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_eval_record(run_dir: Path, kind: str, record: dict, merge: Mapping[str, Sequence[str]] | None = None,
+                      derived: Callable[[dict], dict] | None = None) -> Path:
+    """Writes (or merges into) the ``kind`` record at ``record["step"]``; returns its path.
+
+    Args:
+        run_dir: the run directory.
+        kind: a key of ``EVAL_KINDS``.
+        record: the new record.
+        merge: list field -> the row fields that identify a row: rows of the existing file whose key
+            the new record's rows lack are kept, before the new rows. Other fields are replaced.
+        derived: fields computed from the merged record (e.g. a score over all rows), set last.
+    """
+    path = eval_path(run_dir, kind, record["step"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged, merge = dict(record), merge or {}
+    old = (read_eval_record(path) or {}) if merge else {}
+    for name, keys in merge.items():
+        def key(row: dict) -> tuple:
+            return tuple(json.dumps(row[k]) for k in keys)  # JSON: fields may hold lists
+
+        new = record.get(name, [])
+        replaced = {key(r) for r in new}
+        merged[name] = [r for r in old.get(name, []) if key(r) not in replaced] + new
+    if derived is not None:
+        merged.update(derived(merged))
+    write_atomic(path, json.dumps(merged, indent=1))
+    return path
 
 
 def read_events(run_dir: Path, scalars: int = 0):

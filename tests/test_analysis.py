@@ -358,7 +358,30 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     assert "NoPE 0.500 (seeds 0.400-0.600) vs RoPE 0.700 (0.600-0.800)" in nope["evidence"] and "cost +0.3000" in nope["evidence"]
     report = analyze(root, root.parent / "out-findings", workers=1, findings=True).read_text()
     assert report.index("## Findings") < report.index("## 1. Emergence") and "| 2. retrieval heads | laziness | reproduced |" in report
+    assert "These runs: 6, unknown non-embedding parameters N, 640-640 training tokens." in report  # no counts in provenance
     assert pd.read_csv(root.parent / "out-findings" / "findings.csv")["verdict"].size == 8
+
+
+def test_provenance_plan_names_mixers_and_gives_parameter_counts(tmp_path):
+    """A run whose provenance holds the layer plan is labelled from it, a mixer this process does not know
+    included (no model is built); its parameter counts reach the configs and the findings' scale."""
+    root = tmp_path / "grid"
+    kinds = [("hyena", "H", None)] * 3 + [("full", "F", "rope")]
+    config = run_config(0)
+    config["model"]["mixer"] = "hyena"
+    config["provenance"] = {"layers": [{"layer": i, "kind": k, "letter": letter, "window": None, "pos": pos}
+                                       for i, (k, letter, pos) in enumerate(kinds)],
+                            "params": {"embedding": 100, "non_embedding": 2000, "total": 2100}}
+    fabricate(root / "hyena", config, "done", {"train/tokens": tokens_scalars(39)}, token_acc=(0.0, 0.1, 0.2, 0.3))
+    fabricate(root / "swa", run_config(0), "done", {"train/tokens": tokens_scalars(39)}, token_acc=(0.0, 0.2, 0.4, 0.6))
+    c = load_runs(find_runs(root), root=root).configs.set_index("run")
+    assert c.loc["hyena", "label"] == "hyena EEEF" and c.loc["swa", "label"] == "swa W=16 EEEF"
+    assert (c.loc["hyena", "mixers"], c.loc["hyena", "windowed"]) == ("hyena", False)
+    assert c.loc["hyena", ["embedding_params", "non_embedding_params", "total_params"]].tolist() == [100, 2000, 2100]
+    assert c.loc["swa", ["non_embedding_params"]].isna().all() and c.loc["swa", "windowed"]
+    report = analyze(root, tmp_path / "out", workers=1, findings=True).read_text()
+    assert ("These runs: 2, 2k-2k non-embedding parameters N, 640-640 training tokens (0.32N-0.32N; N unknown for 1 of 2 runs)."
+            in report)
 
 
 def ablation_row(selection, heads, length, acc, masked_acc, n=2, task="passkey", k=2, seed=None):

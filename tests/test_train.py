@@ -7,7 +7,16 @@ import time
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hybrid_lightning.rundir import checkpoint_is_valid, read_run_config, read_status
+from hybrid_lightning.config import PROVENANCE_KEY
+from hybrid_lightning.model import build_model, count_params
+from hybrid_lightning.rundir import (
+    LAYERS_KEY,
+    PARAMS_KEY,
+    checkpoint_is_valid,
+    read_config_dict,
+    read_run_config,
+    read_status,
+)
 
 from conftest import TINY, run_cli
 
@@ -31,7 +40,15 @@ def test_train_200_steps_loss_falls(tmp_path):
     assert dict(scalars(run_dir, "train/tokens"))[199] == 200 * 8 * 128
     # the run-directory contract
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "checkpoints" / "step_0000100.ckpt").is_file()
-    assert read_run_config(run_dir).train.max_steps == 200
+    cfg = read_run_config(run_dir)
+    assert cfg.train.max_steps == 200
+    # provenance: what analysis reads without building the model
+    provenance = read_config_dict(run_dir)[PROVENANCE_KEY]
+    counts = count_params(build_model(cfg.model))
+    assert provenance[PARAMS_KEY] == {k: counts[k] for k in ("embedding", "non_embedding", "total")}
+    assert provenance[LAYERS_KEY] == [{k: layer[k] for k in ("layer", "kind", "letter", "window", "pos")}
+                                      for layer in counts["layers"]]
+    assert [(layer["letter"], layer["window"]) for layer in provenance[LAYERS_KEY]] == [("S", 32), ("F", None)]  # pattern EF
     assert read_status(run_dir)["state"] == "done"
     # running it again: nothing to do, exit 0
     again = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")

@@ -1,3 +1,4 @@
 """Long-context evaluation: probe generators (tasks), teacher-forced scoring with incremental
 states (scoring), one evaluation summed across ranks (runner), reports and their files (report),
-the training callback (callback) and the offline command (command)."""
+and the training callbacks (callback); the offline commands on a checkpoint are in
+``hybrid_lightning/offline.py``."""

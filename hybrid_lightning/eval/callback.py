@@ -15,20 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
-import torch
 
 from hybrid_lightning.config import EvalConfig, RunConfig
 from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
 from hybrid_lightning.eval.heads_report import heads_scalars, score_image, write_heads
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
-
-AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a Lightning precision string (None for true precisions)."""
-    return AUTOCAST.get(str(precision))
+from hybrid_lightning.precision import autocast_dtype
 
 
 class PeriodicEvaluation(L.Callback, abc.ABC):

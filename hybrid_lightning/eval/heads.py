@@ -39,7 +39,6 @@ cache's keys.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 
 import numpy as np
@@ -49,7 +48,7 @@ from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
 from hybrid_lightning.eval.scoring import STATS, score_samples
 from hybrid_lightning.eval.tasks import GenContext, Sample
-from hybrid_lightning.model.attention import causal_mask
+from hybrid_lightning.model.attention import attention_probs
 from hybrid_lightning.model.mixers.attention import Attention
 
 # Per (layer, head) sums over samples: per-sample means over answer steps of hits, token hits,
@@ -154,16 +153,6 @@ def head_stats(probs: torch.Tensor, valid: torch.Tensor, source: torch.Tensor, s
     return torch.stack([hits / n, token_hits / n, in_span / n, span_mass / n, source_mass / n, hits, in_span], dim=-1)
 
 
-def answer_attention(q: torch.Tensor, k: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Attention weights (B, H, nq, nk) fp32 of the queries q (B, H, nq, Dh) at the last nq of the
-    key positions of k (B, Hkv, nk, Dh), causal and within ``window``."""
-    q = q.float()
-    k = k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, nk, Dh)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, nq, nk)
-    scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], window, q.device), float("-inf"))
-    return scores.softmax(dim=-1)
-
-
 class RetrievalHeads:
     """The retrieval-head probes of an ``eval:`` config (its ``heads`` section), scored by ``run``.
 
@@ -220,7 +209,7 @@ class RetrievalHeads:
         valid, source, span, token = (torch.from_numpy(np.stack(t)).to(device) for t in zip(*targets))
         H = model.cfg.n_heads
         for (index, mixer), capture in zip(layers, captures):
-            probs = answer_attention(capture.queries(), capture.keys(), mixer.window)
+            probs = attention_probs(capture.queries(), capture.keys(), mixer.window)  # (B, H, nq, nk)
             per = head_stats(probs, valid, source[..., capture.lo :], span[..., capture.lo :], token[..., capture.lo :])
             heads.update(index * H + torch.arange(H), (per * (weight * kept)[:, None, None]).sum(dim=0))
 

@@ -4,12 +4,11 @@ README.md)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.rundir import EVAL_DIR, write_atomic
+from hybrid_lightning.rundir import eval_path, write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
 # Fields that identify an ablation row; a newer row replaces an older one with the same key.
@@ -132,21 +131,10 @@ def ablation_table(report: dict) -> str:
 
 
 def heads_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / EVAL_DIR / f"heads_step_{step}.json"
+    return eval_path(run_dir, "heads", step)
 
 
 def write_heads(run_dir: Path, report: dict) -> Path:
     """Writes ``eval/heads_step_<step>.json``: the report's scores replace the file's; ablation rows
     of the file that the report does not replace are kept."""
-    path = heads_path(run_dir, report["step"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    merged = {**report, "ablation": report.get("ablation", [])}
-    if path.is_file():
-        def key(row: dict) -> tuple:
-            return tuple(json.dumps(row[k]) for k in ABLATION_KEY)
-
-        new = {key(r) for r in merged["ablation"]}
-        old = json.loads(path.read_text()).get("ablation", [])
-        merged["ablation"] = [r for r in old if key(r) not in new] + merged["ablation"]
-    write_atomic(path, json.dumps(merged, indent=1))
-    return path
+    return write_eval_record(run_dir, "heads", report, {"ablation": ABLATION_KEY})

@@ -3,13 +3,12 @@ heatmap, a printed table, and the ``eval/step_<k>.json`` files (format in README
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.rundir import EVAL_DIR, write_atomic
+from hybrid_lightning.rundir import eval_path, write_eval_record
 
 # Fields that identify a row of each list in a report; a newer row replaces an older one with the same key.
 ROW_KEYS = {
@@ -114,20 +113,10 @@ def table(report: dict) -> str:
 
 
 def report_path(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / EVAL_DIR / f"step_{step}.json"
+    return eval_path(run_dir, "longctx", step)
 
 
 def write_report(run_dir: Path, report: dict) -> Path:
     """Writes (or merges into) ``eval/step_<step>.json``: rows of an existing file that the new
-    report does not cover are kept, the others replaced."""
-    path = report_path(run_dir, report["step"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    merged = dict(report)
-    if path.is_file():
-        old = json.loads(path.read_text())
-        for name, keys in ROW_KEYS.items():
-            new = {tuple(r[k] for k in keys) for r in report[name]}
-            merged[name] = [r for r in old.get(name, []) if tuple(r[k] for k in keys) not in new] + report[name]
-    merged["score"] = score(merged)
-    write_atomic(path, json.dumps(merged, indent=1))
-    return path
+    report does not cover are kept, the others replaced; the score is that of the merged rows."""
+    return write_eval_record(run_dir, "longctx", report, ROW_KEYS, lambda merged: {"score": score(merged)})

@@ -9,6 +9,7 @@ from hybrid_lightning.config import ModelConfig
 
 from hybrid_lightning.grid.spec import Cell, Grid, format_value
 from hybrid_lightning.grid.state import CellState
+from hybrid_lightning.units import si
 
 
 def cell_tokens(cell: Cell) -> int:
@@ -61,13 +62,6 @@ def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows
     )
-
-
-def si(n: float) -> str:
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.3g}"
 
 
 def plan_table(grid: Grid, rows: list[dict]) -> str:

@@ -38,11 +38,11 @@ from hybrid_lightning.config import (
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.eval.callback import check_probes
 from hybrid_lightning.grid.schema import GridConfig, validate_grid_config
+from hybrid_lightning.rundir import GRID_DIR
 from hybrid_lightning.training.run import resolve_config
 
 MAX_NAME = 80  # characters; longer names keep a readable prefix and end in a hash
 _SAFE = re.compile(r"^[A-Za-z0-9._+=,\-]+$")
-STATE_DIR = ".grid"  # under the grid's root: job records, lock, logs, cell configs
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Grid:
 
     @property
     def state_dir(self) -> Path:
-        return self.root / STATE_DIR
+        return self.root / GRID_DIR
 
     def select(self, names: list[str] | tuple[str, ...]) -> list[Cell]:
         """The cells named (all when none), or a ``ValueError`` naming an unknown one."""

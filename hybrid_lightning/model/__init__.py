@@ -8,8 +8,9 @@ from torch import nn
 
 from hybrid_lightning.config import ModelConfig, validate_config
 from hybrid_lightning.kinds import KINDS
+from hybrid_lightning.model.matching import matched_plan
 from hybrid_lightning.model.plan import LayerSpec, layer_plan, plan_string
-from hybrid_lightning.model.transformer import HybridLM
+from hybrid_lightning.model.transformer import HybridLM, count_params
 
 BYTE_VOCAB = 257  # 256 bytes + end-of-document
 
@@ -26,25 +27,8 @@ def resolve_model_config(cfg: ModelConfig | Mapping, vocab_size: int | None = No
 
 def build_model(cfg: ModelConfig | Mapping, vocab_size: int | None = None) -> HybridLM:
     """Builds the hybrid LM from the ``model:`` section (a dict or a ``ModelConfig``)."""
-    return HybridLM(resolve_model_config(cfg, vocab_size))
-
-
-def count_params(model: HybridLM) -> dict:
-    """Parameter counts: embedding (input embedding + untied output head), non-embedding, per layer."""
-    emb = model.embed.weight.numel()
-    if model.lm_head.weight is not model.embed.weight:
-        emb += model.lm_head.weight.numel()
-    layers = []
-    for spec, block in zip(model.plan, model.layers):
-        mixer = sum(p.numel() for p in block.mixer.parameters())
-        mlp = sum(p.numel() for p in block.mlp.parameters())
-        norms = sum(p.numel() for p in block.mixer_norm.parameters()) + sum(p.numel() for p in block.mlp_norm.parameters())
-        layers.append(
-            {"layer": spec.index, "kind": spec.mixer, "letter": spec.letter, "window": spec.window, "pos": spec.pos,
-             "mixer": mixer, "mlp": mlp, "norm": norms, "total": mixer + mlp + norms}
-        )
-    non_emb = sum(layer["total"] for layer in layers) + sum(p.numel() for p in model.norm.parameters())
-    return {"embedding": emb, "non_embedding": non_emb, "total": emb + non_emb, "layers": layers}
+    cfg = resolve_model_config(cfg, vocab_size)
+    return HybridLM(cfg, matched_plan(cfg))
 
 
 __all__ = ["BYTE_VOCAB", "HybridLM", "LayerSpec", "build_model", "count_params", "layer_plan", "plan_string", "resolve_model_config"]

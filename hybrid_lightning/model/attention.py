@@ -104,12 +104,20 @@ def causal_mask(Tq: int, Tk: int, window: int | None, device: torch.device | Non
     return allowed
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Plain softmax attention over explicit scores; q, k, v: (B, H, T*, Dh) with equal heads."""
+def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Softmax attention weights (B, H, Tq, Tk), in at least fp32, of queries q (B, H, Tq, Dh) over keys
+    k (B, Hkv, Tk, Dh), Hkv dividing H: causal, within ``window``, queries aligned to the end of the keys."""
     dtype = torch.promote_types(q.dtype, torch.float32)  # at least fp32 scores and softmax
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, Tk, Dh)
     scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], window, q.device), float("-inf"))
-    return (scores.softmax(dim=-1) @ v.to(dtype)).to(q.dtype)
+    return scores.softmax(dim=-1)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Plain softmax attention over explicit scores (``attention_probs``); q, k, v: (B, H, T*, Dh) with equal heads."""
+    probs = attention_probs(q, k, window)  # (B, H, Tq, Tk)
+    return (probs @ v.to(probs.dtype)).to(q.dtype)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_lightning.config import ModelConfig
+from hybrid_lightning.model.plan import LayerSpec, layer_plan
+from hybrid_lightning.model.transformer import HybridLM, count_params
 
 MATCH_TOLERANCE = 0.02  # largest accepted relative deviation from the reference
 FULL_PATTERN = "F"  # the default reference: all layers full attention
@@ -37,12 +39,14 @@ class ParamMatch:
 @functools.cache
 def non_embedding_params(cfg: ModelConfig) -> int:
     """Counts without allocating: the model is built on the meta device (once per config)."""
-    from hybrid_lightning.model import count_params
-    from hybrid_lightning.model.transformer import HybridLM
-
     with torch.device("meta"):
-        model = HybridLM(cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2}))
+        model = HybridLM(cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2}), matched_plan(cfg))
     return count_params(model)["non_embedding"]
+
+
+def matched_plan(cfg: ModelConfig) -> tuple[LayerSpec, ...]:
+    """The layer plan of ``cfg``, its non-full layers at the matched width where ``cfg.match_params`` is set."""
+    return layer_plan(cfg, match_params(cfg).width if cfg.match_params is not None else None)
 
 
 def param_report(cfg: ModelConfig) -> ParamMatch:

@@ -3,7 +3,8 @@
 ``model.pattern`` is a string over ``F`` (full attention), ``E`` (the efficient mixer
 named by ``model.mixer``) and the letter of any registered mixer (``S`` = SWA, ...),
 tiled to fill ``model.n_layers``: ``EEEF`` with 8 layers is ``EEEFEEEF``; ``SSMF`` mixes
-SWA and Mamba-2 layers explicitly.
+SWA and Mamba-2 layers explicitly. A parameter-matched model (``model.match_params``) gets its
+non-full width from ``model.matching.matched_plan``, which solves it by counting unmatched models.
 """
 
 from __future__ import annotations
@@ -34,19 +35,22 @@ class LayerSpec:
         return KINDS[self.mixer].letter
 
 
-def layer_plan(cfg: ModelConfig) -> tuple[LayerSpec, ...]:
+def layer_plan(cfg: ModelConfig, efficient_width: int | None = None) -> tuple[LayerSpec, ...]:
     """Expands ``cfg.pattern`` into one spec per layer (``cfg`` is already validated).
 
-    Full-attention layers get ``cfg.mlp_width``; the others ``cfg.efficient_mlp_width``, or with
-    ``cfg.match_params`` the width that matches the reference's parameter count (model/matching.py).
+    Args:
+        cfg: the ``model:`` section.
+        efficient_width: SwiGLU width of the non-full layers, required with ``cfg.match_params`` (the
+            matched width, ``model.matching.matched_plan``); default ``cfg.efficient_mlp_width``.
+            Full-attention layers get ``cfg.mlp_width``.
     """
+    if efficient_width is None:
+        if cfg.match_params is not None:
+            raise ValueError("model.match_params: the matched width is solved by model.matching.matched_plan; "
+                             "build the model with build_model")
+        efficient_width = cfg.efficient_mlp_width
     letters = by_letter()
     tiled = cfg.pattern * (cfg.n_layers // len(cfg.pattern))
-    efficient_width = cfg.efficient_mlp_width
-    if cfg.match_params is not None:
-        from hybrid_lightning.model.matching import match_params
-
-        efficient_width = match_params(cfg).width
     specs = []
     for i, ch in enumerate(tiled):
         mixer = cfg.mixer if ch == EFFICIENT_LETTER else letters[ch]

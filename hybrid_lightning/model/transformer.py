@@ -45,14 +45,18 @@ class HybridLM(nn.Module):
 
     For incremental inference pass ``states=model.new_states()`` and keep passing the same
     list: each layer carries its KV cache or recurrent state from one call to the next.
+
+    Args:
+        cfg: the ``model:`` section, its vocabulary size set.
+        plan: the layers; default ``layer_plan(cfg)`` (``build_model`` passes a matched model's plan).
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, plan: tuple[LayerSpec, ...] | None = None):
         super().__init__()
         if cfg.vocab_size is None:
             raise ValueError("model.vocab_size must be set (build_model fills it from the tokenizer)")
         self.cfg = cfg
-        self.plan = layer_plan(cfg)
+        self.plan = plan if plan is not None else layer_plan(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, spec) for spec in self.plan)
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
@@ -80,3 +84,21 @@ class HybridLM(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, None if states is None else states[i])
         return self.lm_head(self.norm(x))
+
+
+def count_params(model: HybridLM) -> dict:
+    """Parameter counts: embedding (input embedding + untied output head), non-embedding, per layer."""
+    emb = model.embed.weight.numel()
+    if model.lm_head.weight is not model.embed.weight:
+        emb += model.lm_head.weight.numel()
+    layers = []
+    for spec, block in zip(model.plan, model.layers):
+        mixer = sum(p.numel() for p in block.mixer.parameters())
+        mlp = sum(p.numel() for p in block.mlp.parameters())
+        norms = sum(p.numel() for p in block.mixer_norm.parameters()) + sum(p.numel() for p in block.mlp_norm.parameters())
+        layers.append(
+            {"layer": spec.index, "kind": spec.mixer, "letter": spec.letter, "window": spec.window, "pos": spec.pos,
+             "mixer": mixer, "mlp": mlp, "norm": norms, "total": mixer + mlp + norms}
+        )
+    non_emb = sum(layer["total"] for layer in layers) + sum(p.numel() for p in model.norm.parameters())
+    return {"embedding": emb, "non_embedding": non_emb, "total": emb + non_emb, "layers": layers}

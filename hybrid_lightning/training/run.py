@@ -13,17 +13,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid_lightning import __version__
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config, flatten, validate_config
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, flatten, validate_config
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.model import HybridLM, count_params
 from hybrid_lightning.model.matching import non_embedding_params
 from hybrid_lightning.rundir import (
     CKPT_DIR,
-    CONFIG_FILE,
     LAST_CKPT,
+    LAYER_FIELDS,
+    LAYERS_KEY,
+    PARAM_FIELDS,
+    PARAMS_KEY,
     find_resume_checkpoint,
     read_config_dict,
-    write_atomic,
+    write_config,
     write_status,
 )
 
@@ -80,6 +84,19 @@ def git_revision() -> str | None:
         return None
 
 
+def provenance(model: HybridLM) -> dict:
+    """The ``provenance`` section of config.yaml: git revision, package version, time, and what analysis
+    reads without building the model: the layer plan and the parameter counts (rundir.LAYERS_KEY, PARAMS_KEY)."""
+    counts = count_params(model)
+    return {
+        "git_revision": git_revision(),
+        "package_version": __version__,
+        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        LAYERS_KEY: [{k: layer[k] for k in LAYER_FIELDS} for layer in counts["layers"]],
+        PARAMS_KEY: {k: counts[k] for k in PARAM_FIELDS},
+    }
+
+
 def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
     """A run directory belongs to one config; only harmless keys may change between invocations."""
     old = read_config_dict(run_dir)
@@ -115,14 +132,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     trainer, module, datamodule = build_trainer(cfg, run_dir, resume[1] if resume else 0, callbacks)
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        provenance = {
-            PROVENANCE_KEY: {
-                "git_revision": git_revision(),
-                "package_version": __version__,
-                "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            }
-        }
-        write_atomic(run_dir / CONFIG_FILE, dump_config(cfg, provenance))
+        write_config(run_dir, cfg, provenance(module.model))
     if resume is not None:
         print(f"{run_dir}: resuming from {resume[0].name} at step {resume[1]}")
     _status(trainer, run_dir, "running", resume[1] if resume else 0, cfg)

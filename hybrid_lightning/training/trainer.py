@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -15,6 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
+from hybrid_lightning.precision import resolve_precision
 from hybrid_lightning.rundir import CKPT_DIR
 from hybrid_lightning.training.callbacks import StepProgressBar, Throughput
 from hybrid_lightning.training.system import LMSystem
@@ -24,13 +24,6 @@ from hybrid_lightning.training.system import LMSystem
 for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.*command is available.*",
                  ".*isn't resumable.*", ".*Checkpoint directory .* exists and is not empty.*"):
     warnings.filterwarnings("ignore", message=_pattern)
-
-
-def resolve_precision(cfg: RunConfig) -> str:
-    if cfg.train.precision != "auto":
-        return "32-true" if cfg.train.precision == "32" else cfg.train.precision
-    gpu = cfg.train.accelerator == "gpu" or (cfg.train.accelerator == "auto" and torch.cuda.is_available())
-    return "bf16-mixed" if gpu else "32-true"
 
 
 def build_trainer(
@@ -67,7 +60,7 @@ def build_trainer(
         devices=t.devices,
         num_nodes=t.num_nodes,
         strategy=t.strategy,
-        precision=resolve_precision(cfg),
+        precision=resolve_precision(t),
         logger=logger,
         callbacks=callbacks,
         plugins=plugins,

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from hybrid_lightning.config import RunConfig, apply_overrides, config_to_dict, validate_config
+from hybrid_lightning.precision import autocast_dtype, resolve_precision
 from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
 
 
@@ -31,9 +32,7 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     changed by ``eval.*`` overrides. On the machine that trained the run, evaluating it gives the
     callbacks' numbers for the same weights: same probes, same batches, same precision."""
     from hybrid_lightning.data.datamodule import LMDataModule
-    from hybrid_lightning.eval.callback import autocast_dtype
     from hybrid_lightning.model import build_model
-    from hybrid_lightning.training.trainer import resolve_precision
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
@@ -56,7 +55,7 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     data = LMDataModule(cfg)
     data.setup()
     return Checkpoint(cfg, model, data, int(state["global_step"]) - 1, int(state["tokens_seen"]),
-                      autocast_dtype(resolve_precision(cfg)))
+                      autocast_dtype(resolve_precision(cfg.train)))
 
 
 def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:

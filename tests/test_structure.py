@@ -1,0 +1,170 @@
+"""The package's import graph, read from the source with ``ast``: no cycle between modules, and no import
+from a lower layer back up (layers, low to high: kinds and config < model < data < eval < training < grid
+< cli, the offline commands and bench; ``analysis`` sits beside the command line and reads the run
+directory only, README "The run directory")."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PACKAGES = ("hybrid_lightning", "analysis")
+# The layers, low to high: a module imports only from its own layer and those below. A name covers the
+# module and everything under it; the most specific name decides.
+LAYERS = [
+    ("hybrid_lightning", "hybrid_lightning.kinds", "hybrid_lightning.units"),  # the root holds the version; its API is lazy
+    ("hybrid_lightning.config", "hybrid_lightning.precision", "hybrid_lightning.rundir"),
+    ("hybrid_lightning.model",),
+    ("hybrid_lightning.data",),
+    ("hybrid_lightning.eval",),
+    ("hybrid_lightning.training",),
+    ("hybrid_lightning.grid",),
+    ("hybrid_lightning.cli", "hybrid_lightning.__main__", "hybrid_lightning.offline", "hybrid_lightning.bench", "analysis"),
+]
+# analysis sits beside the command line but reads the run directory only: it imports from these layers
+# (and itself), never the model, data, evaluation, training or grid code.
+ANALYSIS_READS = 1
+# Imports allowed to run from a lower layer back up, (importer, imported) -> why. At most one.
+EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def layer(module: str) -> int:
+    """The index in ``LAYERS`` of the most specific name covering ``module``."""
+    covering = [(len(name), i) for i, names in enumerate(LAYERS) for name in names if within(module, name)]
+    assert covering, f"{module} is in no layer: add it to LAYERS in tests/test_structure.py"
+    return max(covering)[1]
+
+
+def within(module: str, name: str) -> bool:
+    return module == name or module.startswith(name + ".")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``name`` imports anywhere in its file (top level, functions, ``TYPE_CHECKING``).
+    ``from P import X`` is an import of ``P.X`` where that is a module, else of ``P``; a package's
+    ``__init__`` counts as importing what it imports, so its re-exports lead on to their modules."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import a.b.c` of a name inside a module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as [a, b, ..., a], or None (depth-first search, three colours)."""
+    colour = dict.fromkeys(graph, 0)  # 0 unseen, 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        colour[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if colour[nxt] == 1:
+                return path[path.index(nxt):] + [nxt]
+            if colour[nxt] == 0 and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        colour[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if colour[node] == 0 and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` that run up the layers, or out of what analysis may read; ``EXCEPTIONS`` left out."""
+    wrong = []
+    for importer, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            up = layer(target) > layer(importer)
+            outside = within(importer, "analysis") and not within(target, "analysis") and layer(target) > ANALYSIS_READS
+            if (up or outside) and (importer, target) not in EXCEPTIONS:
+                wrong.append(f"{importer} (layer {layer(importer)}) imports {target} (layer {layer(target)})")
+    return wrong
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_the_graph_sees_every_kind_of_import(graph):
+    """Function-local imports, relative imports, ``from package import submodule`` and re-exports count."""
+    assert "hybrid_lightning.training.trainer" in graph["hybrid_lightning.training.run"]  # imported inside train()
+    assert "hybrid_lightning.model.mixers.attention" in graph["hybrid_lightning.model.mixers"]  # a re-export
+    assert "hybrid_lightning.config.schema" in graph["hybrid_lightning.config.loading"]
+    assert "hybrid_lightning.rundir" in graph["analysis.load"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle(graph):
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_from_a_lower_layer_up(graph):
+    wrong = violations(graph)
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+    assert len(EXCEPTIONS) <= 1
+
+
+def test_the_layer_check_reports_imports_up():
+    graph = {"hybrid_lightning.eval.callback": {"hybrid_lightning.training.trainer", "hybrid_lightning.model"},
+             "hybrid_lightning.config.schema": {"hybrid_lightning.kinds", "hybrid_lightning.data.corpus"},
+             "analysis.load": {"hybrid_lightning.rundir", "analysis.scores", "hybrid_lightning.grid.report"},
+             "hybrid_lightning.kinds": {"hybrid_lightning.model.plan"}}
+    assert violations(graph) == [
+        "analysis.load (layer 7) imports hybrid_lightning.grid.report (layer 6)",
+        "hybrid_lightning.config.schema (layer 1) imports hybrid_lightning.data.corpus (layer 3)",
+        "hybrid_lightning.eval.callback (layer 4) imports hybrid_lightning.training.trainer (layer 5)",
+        "hybrid_lightning.kinds (layer 0) imports hybrid_lightning.model.plan (layer 2)",
+    ]
+
+
+def test_analysis_runs_without_the_model_or_training_code():
+    """At run time too: importing analysis loads neither torch nor the model, training, grid, data or
+    evaluation code (the package's root imports its API lazily)."""
+    code = ("import sys, analysis.report, analysis.findings, analysis.load; "
+            "print(' '.join(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hybrid_lightning.'))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = r.stdout.split()
+    assert "hybrid_lightning.rundir" in loaded
+    assert not [m for m in loaded if m == "torch" or layer(m) > ANALYSIS_READS], loaded
