@@ -76,7 +76,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from analysis.report import analyze
 
-    print(f"report written to {analyze(args.dir, args.out, args.metric, args.grid, findings=args.findings)}")
+    report = analyze(args.dir, args.out, args.metric, args.grid, findings=args.findings)
+    if args.findings:
+        print((report.parent / "findings.md").read_text())
+    print(f"report written to {report}")
     return 0
 
 
