@@ -1,6 +1,6 @@
 """Verdicts on the paper's three findings (README, "Analysis"), each decided by a fixed rule from the
 runs' tables with statistics over seeds (analysis/stats.py). ``analyze --findings`` puts them at the top
-of the report, in ``findings.csv`` (one row per test) and ``findings_comparisons.csv``.
+of the report (also ``findings.md``), in ``findings.csv`` (one row per test) and ``findings_comparisons.csv``.
 
 Every test states its effect, a 95% bootstrap CI over seeds, a two-sided permutation p, the p after
 Holm's adjustment over all the tests of its finding, and the seeds per arm (an arm: the runs of one
@@ -23,8 +23,8 @@ of ``val/retrieval_acc`` and the retrieval heads of eval/heads_step_<k>.json:
    full-attention layers minus the share of full-attention heads among its scored heads (> 0: retrieval
    heads concentrate in full layers); p: the retrieval marks moved among each run's heads
    (``stats.stratified_p``). *Ablation*: per run, the probe token accuracy drop (lengths within training)
-   from masking the top-K heads minus the mean drop of the K-random draws; p: the top-K masking swapped
-   with each run's random draws. *Laziness*: among SWA hybrids with RoPE full layers, the rank
+   from masking the top-K heads minus the mean drop of the K-random draws (mean over its checkpoints and
+   K); p: the top-K masking swapped with the random draws of its checkpoint and K. *Laziness*: among SWA hybrids with RoPE full layers, the rank
    correlation between the window and the first step from which every later scoring has a retrieval head
    (a run without one ranks after every run with one); > 0: larger windows form heads later.
 3. NoPE. For each pair of architectures differing only in ``model.pos.full``: the score beyond the training
@@ -243,24 +243,28 @@ def _ablation(runs: Runs) -> _Test:
     if a.empty or not {"top", "random"} <= set(a["selection"]):
         return _Test(f, "ablation", verdict="not tested", evidence="no run has both a top-K and a random-K head ablation")
     a = a[a["within"]]  # within the training length, where retrieval can have formed
-    draws = a.groupby(["run", "selection", "seed"], dropna=False)["token_drop"].mean().reset_index()
-    top = draws[draws["selection"] == "top"].groupby("run")["token_drop"].mean()
-    random = draws[draws["selection"] == "random"].groupby("run")["token_drop"]
-    per = pd.DataFrame({"top": top, "random": random.mean(), "draws": random.size()}).dropna()
-    # share of a run's random draws at least as harmful as its top-K (with the top-K itself counted)
-    as_harmful = {run: (1 + (g["token_drop"] >= per.loc[run, "top"]).sum()) / (1 + len(g))
-                  for run, g in draws[draws["selection"] == "random"].groupby("run") if run in per.index}
-    k = ", ".join(sorted({str(int(x)) for x in a["k"].dropna()}))
-    # null: within each run, the top-K masking is one more random draw of K heads
-    strata = [(np.r_[per.loc[run, "top"], g["token_drop"].to_numpy()], np.r_[True, np.zeros(len(g), bool)])
-              for run, g in draws[draws["selection"] == "random"].groupby("run") if run in per.index]
-    comparison = Comparison.paired(f"top-K drop - random-K drop (K = {k})", (per["top"] - per["random"]).to_numpy(),
-                                   stats.stratified_p(strata), +1)
+    keys = ["run", "step", "k"]  # one masking experiment: a checkpoint and a K
+    draws = a.groupby([*keys, "selection", "seed"], dropna=False)["token_drop"].mean().reset_index()
+    random = draws[draws["selection"] == "random"]
+    per = pd.DataFrame({"top": draws[draws["selection"] == "top"].groupby(keys)["token_drop"].mean(),
+                        "random": random.groupby(keys)["token_drop"].mean(),
+                        "draws": random.groupby(keys).size()}).dropna()
+    if per.empty:
+        return _Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both top-K and random-K maskings")
+    # null: within each experiment, the top-K masking is one more random draw of K heads
+    strata = {key: (np.r_[per.loc[key, "top"], g["token_drop"].to_numpy()], np.r_[True, np.zeros(len(g), bool)])
+              for key, g in random.groupby(keys) if key in per.index}
+    # share of the maskings at least as harmful as the top-K (the top-K counted among them)
+    as_harmful = {key: (v >= v[0]).mean() for key, (v, _) in strata.items()}
+    by_run = per.groupby(level="run")[["top", "random"]].mean()
+    k = ", ".join(sorted({str(int(x)) for x in per.index.get_level_values("k")}))
+    comparison = Comparison.paired(f"top-K drop - random-K drop (K = {k})", (by_run["top"] - by_run["random"]).to_numpy(),
+                                   stats.stratified_p(list(strata.values())), +1)
     return _Test(f, "ablation", [comparison],
-                 f"probe token accuracy drop over {len(per)} runs: top-K heads {per['top'].mean():.3f}, random K heads "
-                 f"{per['random'].mean():.3f}; per run: "
-                 + "; ".join(f"{run}: {r['top']:.3f} vs {r['random']:.3f} (random draws: {int(r['draws'])}, "
-                             f"as harmful: {as_harmful[run]:.2f})" for run, r in per.iterrows()))
+                 f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, random K "
+                 f"heads {by_run['random'].mean():.3f}; per run, step and K: "
+                 + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (random draws: {int(r['draws'])}, "
+                             f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
 
 
 def _laziness(runs: Runs) -> _Test:

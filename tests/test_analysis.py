@@ -283,7 +283,7 @@ def test_analyze_a_real_tiny_grid(tmp_path):
     for png in ["emergence.png", "laziness.png", "head_maps.png"] + [f"niah/{c.replace(',', '_')}.png" for c in cells]:
         assert (out / png).stat().st_size > 10_000 and f"]({png})" in report, png
     summary = pd.read_csv(out / "summary.csv")
-    assert sorted(summary["label"]) == ["F pos.full=rope", "EF pos.full=nope", "EF pos.full=rope"]
+    assert sorted(summary["label"]) == ["EF pos.full=nope", "EF pos.full=rope", "F pos.full=rope"]
     assert (summary["budget_tokens"] == 16 * 4 * 256).all() and summary["val_loss"].between(1, 8).all()
     assert summary["score"].notna().all() and summary["max_head_score"].notna().all()
     curves = pd.read_csv(out / "emergence_curves.csv")
@@ -410,7 +410,7 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     verdict = findings(runs).set_index("test").loc["ablation"]
     assert verdict["verdict"] == "inconclusive" and verdict["effect"] == pytest.approx(0.7) and verdict["seeds"] == "1"
     assert "top-K heads 0.900, random K heads 0.200" in verdict["evidence"]
-    assert "s0: 0.900 vs 0.200 (random draws: 2, as harmful: 0.33)" in verdict["evidence"]
+    assert "s0 step 39 K=2: 0.900 vs 0.200 (random draws: 2, as harmful: 0.33)" in verdict["evidence"]
     analyze(root, tmp_path / "out", workers=1)
     assert len(pd.read_csv(tmp_path / "out" / "ablation.csv")) == 5
     assert "## 6. Head ablations" in (tmp_path / "out" / "report.md").read_text()
