@@ -160,6 +160,6 @@ def head_maps(maps: pd.DataFrame, threshold: float = 0.1) -> Figure:
     for ax in axes[len(labels):]:
         ax.set_visible(False)
     if image is not None:
-        fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="retrieval score (share of answer tokens copied)")
+        fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="retrieval score\n(share of answer tokens copied)")
     fig.suptitle(wrap("Retrieval score per head at the last scored step, mean over seeds"), fontsize=9)
     return fig

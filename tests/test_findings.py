@@ -270,3 +270,14 @@ def test_analyze_findings_states_effect_ci_p_and_seeds(tmp_path, capsys):
     assert {"effect", "ci_low", "ci_high", "p", "p_holm", "seeds", "reason"} <= set(tests.columns)
     comparisons = pd.read_csv(tmp_path / "out" / "findings_comparisons.csv")
     assert len(comparisons) == 2 and set(comparisons["verdict"]) == {"reproduced"}
+
+
+def test_three_seeds_say_when_no_p_can_be_small_enough(tmp_path):
+    """3 seeds per arm, every NoPE seed far above every RoPE seed: the permutation p is 2/20 = 0.1 at best, so
+    the verdict is inconclusive and says that more seeds, not a larger effect, are missing."""
+    acc = lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
+    arm(tmp_path, "rope", 3, token_acc=acc)
+    arm(tmp_path, "nope", 3, pos_full="nope", token_acc=acc, beyond=lambda s: 0.3 + 0.001 * s)
+    beyond = verdicts(tmp_path).loc["beyond: pos.full=rope"]
+    assert beyond["p"] == pytest.approx(0.1) and beyond["ci_low"] > 0
+    assert_inconclusive(beyond, "with 3/3 seeds no p can fall below 0.1")
