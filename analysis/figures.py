@@ -1,9 +1,12 @@
 """The report's figures (matplotlib, Agg): each a function of tables from analysis/tables.py that
-returns a ``Figure``; ``save`` writes it as PNG."""
+returns a ``Figure``; ``save`` writes it as PNG. Legends sit outside the axes (right of them, in the
+space constrained layout makes for them) and titles are wrapped, so that neither covers data nor runs
+off the figure however many architectures there are."""
 
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -13,12 +16,27 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 DPI = 110
+TITLE_WIDTH = 90  # characters per title line at the suptitle's font size
 
 
 def save(fig: Figure, path: Path) -> Path:
+    """Writes ``fig`` as PNG. Every figure here uses constrained layout, which fits legends beside the axes
+    and wrapped titles inside the figure (``bbox_inches="tight"`` would cost a second render per figure)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path
+
+
+def wrap(title: str, width: int = TITLE_WIDTH) -> str:
+    """A title broken into lines of at most ``width`` characters."""
+    return textwrap.fill(title, width)
+
+
+def _legend(ax) -> None:
+    """The curves' legend of ``ax`` right of it, its top level with the axes' top (below the figure's title), in
+    one column (two beyond 12 entries); constrained layout narrows the axes to make room for it."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, fontsize=7,
+              ncols=1 if len(ax.get_legend_handles_labels()[1]) <= 12 else 2)
 
 
 def file_name(name: str) -> str:
@@ -55,8 +73,8 @@ def emergence(curve: pd.DataFrame, ylabel: str) -> Figure:
     ax.axhline(0, color="grey", lw=0.6, ls=":")
     _token_axis(ax)
     ax.set_ylabel(ylabel)
-    ax.set_title("Emergence of long-context ability (line: seed mean, band: min-max over seeds)", fontsize=9)
-    ax.legend(fontsize=7)
+    fig.suptitle(wrap("Emergence of long-context ability (line: seed mean, band: min-max over seeds)"), fontsize=9)
+    _legend(ax)
     ax.grid(alpha=0.3)
     return fig
 
@@ -81,9 +99,8 @@ def laziness(head_curves: dict[str, pd.DataFrame], threshold_line: float | None)
         ax.grid(alpha=0.3)
     if threshold_line is not None:
         axes[1].axhline(threshold_line, color="grey", lw=0.8, ls="--", label=f"threshold {threshold_line:g}")
-    axes[0].legend(fontsize=7)
-    axes[1].legend(fontsize=7)
-    fig.suptitle("Retrieval-head formation by SWA window (line: seed mean, band: min-max over seeds)", fontsize=9)
+    _legend(axes[1])
+    fig.suptitle(wrap("Retrieval-head formation by SWA window (line: seed mean, band: min-max over seeds)"), fontsize=9)
     return fig
 
 
@@ -104,7 +121,7 @@ def niah_heatmap(cells: pd.DataFrame, title: str, value_label: str) -> Figure:
         ax.set_ylabel("needle depth (0 = start, 1 = end)", fontsize=8)
         ax.set_title(task, fontsize=9)
     fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=value_label.replace(" (", "\n("))  # unit on a line of its own
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(wrap(title, 20 + 30 * len(tasks)), fontsize=9)
     return fig
 
 
@@ -139,10 +156,10 @@ def head_maps(maps: pd.DataFrame, threshold: float = 0.1) -> Figure:
         ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer (bold: full attention)", fontsize=8)
-        ax.set_title(label, fontsize=8)
+        ax.set_title(wrap(label, 45), fontsize=8)
     for ax in axes[len(labels):]:
         ax.set_visible(False)
     if image is not None:
-        fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="retrieval score (share of answer tokens copied)")
-    fig.suptitle("Retrieval score per head at the last scored step, mean over seeds", fontsize=9)
+        fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label="retrieval score\n(share of answer tokens copied)")
+    fig.suptitle(wrap("Retrieval score per head at the last scored step, mean over seeds"), fontsize=9)
     return fig

@@ -1,180 +1,287 @@
 """Verdicts on the paper's three findings (README, "Analysis"), each decided by a fixed rule from the
-runs' tables, with the numbers it rests on. ``analyze --findings`` puts them at the top of the report
-and in ``findings.csv``.
+runs' tables with statistics over seeds (analysis/stats.py). ``analyze --findings`` puts them at the top
+of the report (also ``findings.md``), in ``findings.csv`` (one row per test) and ``findings_comparisons.csv``.
 
-The rules use the chance-corrected probe score ``longctx/token_acc`` (answer-token accuracy minus
-chance, analysis/scores.py) and the retrieval heads of eval/heads_step_<k>.json:
+Every test states its effect, a 95% bootstrap CI over seeds, a two-sided permutation p, the p after
+Holm's adjustment over all the tests of its finding, and the seeds per arm (an arm: the runs of one
+architecture). A test is ``reproduced`` with at least ``stats.MIN_SEEDS`` seeds per compared arm and an
+adjusted p < ``stats.ALPHA`` in the direction the paper states, ``refuted`` when significant in the
+opposite direction, otherwise ``inconclusive`` with the reason (too few seeds, CI spans 0, p too high);
+``no signal`` where what the test looks at appeared in no run, ``not tested`` where the runs lack what it
+needs. The tests use the chance-corrected probe score ``longctx/token_acc`` (analysis/scores.py), the rise
+of ``val/retrieval_acc`` and the retrieval heads of eval/heads_step_<k>.json:
 
-1. Emergence, of the probe score and of the rise of ``val/retrieval_acc`` over the mean of each
-   run's first ``START_VALIDATIONS`` validations (in-context retrieval on synthetic sequences at the training length). Signal: some
-   architecture ends with a seed-mean value >= ``SIGNAL``. *Speed*: the
-   tokens at which each seed first reaches half the best architecture's final score; the design sets
-   the speed when two architectures' seed ranges of those tokens do not overlap (an architecture
-   that never reaches it counts as later than every token seen). *Convergence*: the spread of the
-   architectures' seed-mean scores at the last common evaluation is below half its largest value
-   during training.
-2. Mechanism. *Where*: at each SWA hybrid's last scoring, the share of its retrieval heads that lie in
-   full-attention layers (>= ``FULL_SHARE`` reproduces; heads in fewer than ``MIN_RUNS`` runs: no signal). *Ablation*: masking the top-K heads lowers
-   probe token accuracy (probes within the training length) by at least ``ABLATION_DROP`` and by at
-   least twice as much as masking K random heads (mean over the ablated runs). *Laziness*: among the SWA hybrids with RoPE on their
-   full layers, the first step from which every later scoring has a retrieval head (so a head that
-   comes and goes does not count; mean over seeds; never = after the last step) does not decrease as
-   the window grows and increases at least once.
-3. NoPE. For each pair of architectures differing only in ``model.pos.full``: the score beyond the
-   training length is higher with NoPE in every seed (the lowest NoPE seed above the highest RoPE
-   seed), and the validation loss rises by at most ``LOSS_COST`` nats per token.
+1. Emergence, of the probe score and of the rise of ``val/retrieval_acc`` over the mean of each run's first
+   ``START_VALIDATIONS`` validations. Signal: some architecture ends with a seed-mean value >= ``SIGNAL``.
+   *Speed*: the tokens at which each seed first reaches one absolute level, ``SPEED_FRACTION`` of the lowest
+   seed peak among the architectures every seed of which rises to ``SIGNAL`` (so every compared seed reaches
+   it; an architecture that does not is left out, never counted as slower). p: permutation test of the
+   spread of the architectures' mean tokens; effect: slowest minus fastest mean. *Convergence*: the
+   spread (standard deviation) of the architectures' seed means at the evaluation halfway through the
+   common steps minus at the last common one; positive when they draw together.
+2. Mechanism. *Where*: per SWA-hybrid run with retrieval heads at its last scoring, the share of them in
+   full-attention layers minus the share of full-attention heads among its scored heads (> 0: retrieval
+   heads concentrate in full layers); p: the retrieval marks moved among each run's heads
+   (``stats.stratified_p``). *Ablation*: per run, the probe token accuracy drop (lengths within training)
+   from masking the top-K heads minus the mean drop of the K-random draws (mean over its checkpoints and
+   K); p: the top-K masking swapped with the random draws of its checkpoint and K. *Laziness*: among SWA hybrids with RoPE full layers, the rank
+   correlation between the window and the first step from which every later scoring has a retrieval head
+   (a run without one ranks after every run with one); > 0: larger windows form heads later.
+3. NoPE. For each pair of architectures differing only in ``model.pos.full``: the score beyond the training
+   length, NoPE minus RoPE (> 0), and the short-context cost, NoPE minus RoPE ``val/loss`` minus
+   ``LOSS_COST`` (< 0: the cost is below ``LOSS_COST`` nats per token).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from analysis import tables
+from analysis import stats, tables
 from analysis.load import Runs
+from analysis.stats import Comparison
+from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.units import si
 
 SCORE = "longctx/token_acc"
 SCORE_BEYOND = "longctx/token_acc_beyond"
 RETRIEVAL = "val/retrieval_acc"
 START_VALIDATIONS = 3  # the rise of val/retrieval_acc is over the mean of a run's first 3 validations
-MIN_RUNS = 2  # retrieval heads must be present in at least this many runs to count as a signal
 SIGNAL = 0.05  # answer-token accuracy above chance that counts as retrieval
-FULL_SHARE = 0.8
-ABLATION_DROP = 0.05
-LOSS_COST = 0.02  # nats per token
+SPEED_FRACTION = 0.5  # the speed level: this share of the lowest seed peak among the compared architectures
+LOSS_COST = 0.02  # nats per token: the short-context cost NoPE may have
+TEST_COLUMNS = ["finding", "test", "verdict", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
+                "reason", "evidence"]
+COMPARISON_COLUMNS = ["finding", "test", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
+                      "verdict", "reason"]
+
+
+@dataclass
+class _Test:
+    """One test of a finding: its comparisons (none where the verdict is fixed) and its evidence in words."""
+
+    finding: str
+    test: str
+    comparisons: list[Comparison] = field(default_factory=list)
+    evidence: str = ""
+    verdict: str = ""  # fixed verdict (``no signal``, ``not tested``, ``inconclusive``) where nothing is compared
+    reason: str = ""
 
 
 def findings(runs: Runs) -> pd.DataFrame:
-    """One row per test: finding, test, verdict (``reproduced``, ``not reproduced``, ``no signal``,
-    ``not tested``), evidence (the numbers, in words)."""
-    rows = [*_emergence(runs), *_mechanism(runs), *_nope(runs)]
-    return pd.DataFrame(rows, columns=["finding", "test", "verdict", "evidence"])
+    """One row per test (``TEST_COLUMNS``); see ``verdicts``."""
+    return verdicts(runs)[0]
 
 
-def _row(finding: str, test: str, verdict: str, evidence: str) -> dict:
-    return {"finding": finding, "test": test, "verdict": verdict, "evidence": evidence}
+def verdicts(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(tests, comparisons). tests: one row per test: finding, test, verdict (``reproduced``, ``refuted``,
+    ``inconclusive``, ``no signal``, ``not tested``), compared (the comparison the verdict rests on), effect,
+    ci_low, ci_high (95% bootstrap over seeds), p, p_holm (Holm over the finding's tests), seeds (per arm,
+    ``5/5``), reason (why inconclusive), evidence (the numbers, in words). comparisons: every comparison
+    made, with its own verdict."""
+    tests, comparisons = [], []
+    for group in (_emergence(runs), _mechanism(runs), _nope(runs)):
+        stats.adjust([c for t in group for c in t.comparisons])
+        for t in group:
+            tests.append(_row(t))
+            comparisons += [{"finding": t.finding, "test": t.test, "compared": c.what, "effect": c.effect, "unit": c.unit,
+                             "ci_low": c.ci[0], "ci_high": c.ci[1], "p": c.p, "p_holm": c.p_adj,
+                             "seeds": stats.seeds_text(c.seeds), **dict(zip(("verdict", "reason"), c.verdict()))}
+                            for c in t.comparisons]
+    return pd.DataFrame(tests, columns=TEST_COLUMNS), pd.DataFrame(comparisons, columns=COMPARISON_COLUMNS)
 
 
-def _si(tokens: float) -> str:
-    return "never" if math.isinf(tokens) or math.isnan(tokens) else si(tokens)
+def _row(t: _Test) -> dict:
+    """A test's verdict from its comparisons: reproduced where some comparison is and none is refuted,
+    refuted the other way round, else inconclusive; the numbers of the comparison it rests on."""
+    row = {"finding": t.finding, "test": t.test, "verdict": t.verdict, "compared": "", "effect": math.nan, "unit": "",
+           "ci_low": math.nan, "ci_high": math.nan, "p": math.nan, "p_holm": math.nan, "seeds": "", "reason": t.reason,
+           "evidence": t.evidence}
+    if not t.comparisons:
+        return row
+    decided = [(c, *c.verdict()) for c in t.comparisons]
+    by = {v: [d for d in decided if d[1] == v] for v in ("reproduced", "refuted")}
+    if by["reproduced"] and by["refuted"]:
+        shown, verdict = by["reproduced"][0], "inconclusive"
+        reason = f"{len(by['reproduced'])} comparisons reproduced, {len(by['refuted'])} refuted"
+    else:
+        pool = by["reproduced"] or by["refuted"] or decided
+        shown = min(pool, key=lambda d: (_nan_last(d[0].p_adj), -abs(d[0].effect)))
+        verdict, reason = shown[1], shown[2]
+    c = shown[0]
+    return row | {"verdict": verdict, "compared": c.what, "effect": c.effect, "unit": c.unit, "ci_low": c.ci[0], "ci_high": c.ci[1],
+                  "p": c.p, "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds), "reason": reason}
 
 
-def _emergence(runs: Runs) -> list[dict]:
-    rows = _emergence_of(runs.metrics, SCORE, "probes")
+def _nan_last(p: float) -> float:
+    return math.inf if math.isnan(p) else p
+
+
+def _emergence(runs: Runs) -> list[_Test]:
+    tests = _emergence_of(runs.metrics, SCORE, "probes")
     # In-context retrieval at the training length on synthetic validation sequences: each run's rise
     # over the mean of its first validations (chance is not logged for it).
     acc = runs.metrics[runs.metrics["metric"] == RETRIEVAL].sort_values("step")
     start = acc.groupby("run")["value"].transform(lambda v: v.iloc[:START_VALIDATIONS].mean())
     rise = acc.assign(value=acc["value"] - start)
-    return rows + _emergence_of(rise, RETRIEVAL, "val/retrieval_acc rise")
+    return tests + _emergence_of(rise, RETRIEVAL, "val/retrieval_acc rise")
 
 
-def _emergence_of(metrics: pd.DataFrame, tag: str, what: str) -> list[dict]:
+def _emergence_of(metrics: pd.DataFrame, tag: str, what: str) -> list[_Test]:
     f = "1. emergence speed"
     curve = tables.curves(metrics, tag)
     if curve.empty:
-        return [_row(f, f"speed ({what})", "not tested", f"no run has logged {tag}")]
+        return [_Test(f, f"speed ({what})", verdict="not tested", evidence=f"no run has logged {tag}")]
     final = curve.sort_values("step").groupby("label").last()["mean"]
-    best = final.max()
     finals = ", ".join(f"{label}: {v:.3f}" for label, v in final.sort_values(ascending=False).items())
-    if best < SIGNAL:
-        text = f"final {what} below {SIGNAL} for every architecture ({finals})"
-        return [_row(f, f"speed ({what})", "no signal", text), _row(f, f"convergence ({what})", "no signal", text)]
-    target = best / 2
-    d = metrics[metrics["metric"] == tag]
-    first = {}  # label -> per-seed tokens of the first evaluation at or above the target
-    for (label, run), r in d.groupby(["label", "run"]):
-        hit = r[r["value"] >= target]
-        first.setdefault(label, []).append(hit["tokens"].min() if len(hit) else math.inf)
-    ranges = {label: (min(v), max(v)) for label, v in first.items()}
-    order = sorted(ranges, key=lambda k: (ranges[k][0], ranges[k][1]))
-    separated = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]
-                 if ranges[a][1] < ranges[b][0] and not math.isinf(ranges[a][1])]
-    speed = ("reproduced" if separated else "not reproduced",
-             f"target {target:.3f} (half the best final {what}; finals {finals}); tokens to reach it, seed range: "
-             + "; ".join(f"{k}: {_si(ranges[k][0])}-{_si(ranges[k][1])}" for k in order)
-             + (f". Separated pairs: {len(separated)}, e.g. {separated[0][0]} before {separated[0][1]}" if separated
-                else ". No two architectures' seed ranges are apart"))
-    # Spread across architectures over the evaluations all of them have reached.
-    common = curve.pivot_table(index="step", columns="label", values="mean").dropna()
-    spread = (common.max(axis=1) - common.min(axis=1)) if len(common.columns) > 1 else pd.Series(dtype=float)
-    if spread.empty:
-        conv = ("not tested", "fewer than two architectures share evaluation steps")
-    else:
-        converged = spread.iloc[-1] < spread.max() / 2
-        conv = ("reproduced" if converged else "not reproduced",
-                f"spread of the architectures' seed-mean {what}: {spread.max():.3f} at step {spread.idxmax()}, "
-                f"{spread.iloc[-1]:.3f} at the last common step {spread.index[-1]}")
-    return [_row(f, f"speed ({what})", *speed), _row(f, f"convergence ({what})", *conv)]
+    if final.max() < SIGNAL:
+        text = f"final seed-mean {what} below {SIGNAL} for every architecture ({finals})"
+        return [_Test(f, f"speed ({what})", verdict="no signal", evidence=text),
+                _Test(f, f"convergence ({what})", verdict="no signal", evidence=text)]
+    # each run's values at the steps every seed of its architecture has reached: run x step
+    d = metrics[metrics["metric"] == tag].merge(curve[["label", "step"]], on=["label", "step"])
+    values = d.pivot_table(index="run", columns="step", values="value")
+    tokens = d.pivot_table(index="run", columns="step", values="tokens")
+    arms = {label: sorted(g["run"].unique()) for label, g in d.groupby("label")}
+    return [_speed(f, what, values, tokens, arms), _convergence(f, what, values, arms, finals)]
 
 
-def _mechanism(runs: Runs) -> list[dict]:
-    f = "2. retrieval heads"
-    c = runs.configs
-    swa = c[c["model.mixer"].eq("swa") & c["model.pattern"].astype(str).str.contains("E")]["run"]
-    rows = []
-    h = runs.heads[runs.heads["run"].isin(swa)]
+def _speed(f: str, what: str, values: pd.DataFrame, tokens: pd.DataFrame, arms: dict[str, list[str]]) -> _Test:
+    peaks = values.max(axis=1)
+    reach = {label: runs for label, runs in arms.items() if peaks[runs].min() >= SIGNAL}
+    left_out = sorted(set(arms) - set(reach))
+    out = f"; left out (a seed stays below {SIGNAL}): {', '.join(left_out)}" if left_out else ""
+    if len(reach) < 2:
+        return _Test(f, f"speed ({what})", verdict="inconclusive", reason=f"fewer than two architectures reach {SIGNAL} in every seed",
+                     evidence=f"architectures whose every seed reaches {SIGNAL}: {', '.join(reach) or 'none'}{out}")
+    level = SPEED_FRACTION * min(peaks[runs].min() for runs in reach.values())
+    # tokens at the first evaluation at or above the level: every seed of these arms has one
+    first = pd.Series(tokens.to_numpy()[np.arange(len(values)), values.ge(level).to_numpy().argmax(axis=1)], values.index)
+    samples = {label: first[runs].to_numpy(float) for label, runs in reach.items()}
+    order = sorted(samples, key=lambda k: samples[k].mean())
+    fastest, slowest = order[0], order[-1]
+    arms = [samples[k] for k in order]
+    comparison = Comparison(f"{slowest} - {fastest}", float(samples[slowest].mean() - samples[fastest].mean()),
+                            stats.bootstrap_ci([samples[slowest], samples[fastest]]),
+                            stats.permutation_p(arms, _spread, upper=True), 0, tuple(len(a) for a in arms), "tokens")
+    means = "; ".join(f"{k}: {si(samples[k].mean())} ({len(samples[k])} seed{'s' * (len(samples[k]) > 1)})" for k in order)
+    return _Test(f, f"speed ({what})", [comparison],
+                 f"level {level:.3f}; mean tokens to reach it: {means}{out}. p: spread of the {len(arms)} "
+                 "architectures' means under relabelling of seeds")
+
+
+def _spread(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Between-architecture sum of squares of the arms' means (the one-way ANOVA numerator): (B, N) -> (B,)."""
+    grand = x.mean(axis=1)
+    return sum((groups == g).sum() * (x[:, groups == g].mean(axis=1) - grand) ** 2 for g in np.unique(groups))
+
+
+def _spread_shrink(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Rows (value halfway, value at the last common step): the standard deviation of the arms' means halfway
+    minus at the end; positive when the architectures draw together. (B, N, 2) -> (B,)."""
+    means = np.stack([x[:, groups == g].mean(axis=1) for g in np.unique(groups)], axis=1)  # (B, arms, 2)
+    sd = means.std(axis=1)  # (B, 2)
+    return sd[:, 0] - sd[:, 1]
+
+
+def _convergence(f: str, what: str, values: pd.DataFrame, arms: dict[str, list[str]], finals: str) -> _Test:
+    test = f"convergence ({what})"
+    common = values.dropna(axis=1)
+    steps = list(common.columns)
+    if len(arms) < 2 or len(steps) < 2:
+        return _Test(f, test, verdict="not tested", evidence="fewer than two architectures or common evaluation steps")
+    middle = steps[(len(steps) - 1) // 2]  # the evaluation halfway through the common steps
+    rows = [common.loc[runs, [middle, steps[-1]]].to_numpy(float) for runs in arms.values()]
+    comparison = Comparison.of(f"spread at step {middle} - at step {steps[-1]}", rows, +1, _spread_shrink)
+    sd = [np.std([r[:, i].mean() for r in rows]) for i in (0, 1)]
+    return _Test(f, test, [comparison], f"standard deviation of the {len(arms)} architectures' seed means: "
+                 f"{sd[0]:.3f} at step {middle}, {sd[1]:.3f} at step {steps[-1]}; finals {finals}")
+
+
+def _swa_hybrids(c: pd.DataFrame) -> pd.Series:
+    """Runs whose model.mixer has a window and appears in the pattern."""
+    windowed = c["model.mixer"].map(lambda m: m in KINDS and KINDS[m].has_window)
+    return windowed & c["model.pattern"].astype(str).str.contains("E")
+
+
+def _mechanism(runs: Runs) -> list[_Test]:
+    return [_where(runs), _ablation(runs), _laziness(runs)]
+
+
+def _where(runs: Runs) -> _Test:
+    f, c = "2. retrieval heads", runs.configs
+    h = runs.heads[runs.heads["run"].isin(c[_swa_hybrids(c)]["run"])]
     if h.empty:
-        rows.append(_row(f, "where", "not tested", "no SWA hybrid has retrieval-head scores"))
-    else:
-        last = h[h["step"] == h.groupby("run")["step"].transform("max")]
-        ret = last[last["retrieval"].astype(bool)]
-        by_kind = ret.groupby("kind").size().to_dict()
-        n = len(ret)
-        share = by_kind.get("full", 0) / n if n else float("nan")
-        evidence = (f"retrieval heads at the last scoring of {last['run'].nunique()} SWA hybrids: {n} "
-                    f"({by_kind.get('full', 0)} in full-attention layers, {by_kind.get('swa', 0)} in SWA layers)")
-        with_heads = ret["run"].nunique()
-        evidence += f" in {with_heads} runs"
-        verdict = "no signal" if with_heads < MIN_RUNS else ("reproduced" if share >= FULL_SHARE else "not reproduced")
-        rows.append(_row(f, "where", verdict,
-                         evidence + ("" if n == 0 else f"; share in full layers {share:.2f} (rule: >= {FULL_SHARE})")))
-    rows.append(_ablation(runs))
-    rows.append(_laziness(runs))
-    return rows
+        return _Test(f, "where", verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
+    last = h[h["step"] == h.groupby("run")["step"].transform("max")]
+    full = last["kind"].eq("full")
+    ret = last["retrieval"].astype(bool)
+    per_run = pd.DataFrame({"heads": full.groupby(last["run"]).mean(), "retrieval": ret.groupby(last["run"]).sum(),
+                            "retrieval_full": (ret & full).groupby(last["run"]).sum()})
+    with_heads = per_run[per_run["retrieval"] > 0]
+    evidence = (f"{int(per_run['retrieval'].sum())} retrieval heads at the last scoring of {len(per_run)} SWA hybrids, "
+                f"{int(per_run['retrieval_full'].sum())} in full-attention layers, in {len(with_heads)} runs")
+    if with_heads.empty:
+        return _Test(f, "where", verdict="no signal", evidence=evidence)
+    excess = with_heads["retrieval_full"] / with_heads["retrieval"] - with_heads["heads"]
+    # null: within each run, the retrieval heads are any heads of that run (as many)
+    p = stats.stratified_p([(g["kind"].eq("full").to_numpy(), g["retrieval"].astype(bool).to_numpy())
+                            for _, g in last[last["run"].isin(with_heads.index)].groupby("run")])
+    comparison = Comparison.paired("share of retrieval heads in full layers - share of heads there", excess.to_numpy(), p, +1)
+    return _Test(f, "where", [comparison], evidence + "; per run: "
+                 + ", ".join(f"{run}: {r['retrieval_full']:.0f}/{r['retrieval']:.0f} vs {r['heads']:.2f}"
+                             for run, r in with_heads.iterrows()))
 
 
-def _ablation(runs: Runs) -> dict:
+def _ablation(runs: Runs) -> _Test:
     f = "2. retrieval heads"
     a = tables.ablation(runs.ablations, runs.configs)
     if a.empty or not {"top", "random"} <= set(a["selection"]):
-        return _row(f, "ablation", "not tested", "no run has both a top-K and a random-K head ablation")
+        return _Test(f, "ablation", verdict="not tested", evidence="no run has both a top-K and a random-K head ablation")
     a = a[a["within"]]  # within the training length, where retrieval can have formed
-    per = a.groupby(["run", "selection"])["token_drop"].mean().unstack()
-    per = per.dropna(subset=["top", "random"])
-    top, rnd = per["top"].mean(), per["random"].mean()
-    ok = top >= ABLATION_DROP and top >= 2 * rnd
-    k = ", ".join(sorted({str(int(x)) for x in a["k"].dropna()}))
-    draws = a[a["selection"] == "random"].groupby("run")["seed"].nunique()
-    return _row(f, "ablation", "reproduced" if ok else "not reproduced",
-                f"probe token accuracy drop over {len(per)} runs (K = {k}): top-K heads {top:.3f}, random K heads "
-                f"{rnd:.3f} (rule: top >= {ABLATION_DROP} and >= 2x random); per run: "
-                + "; ".join(f"{run}: {r['top']:.3f} vs {r['random']:.3f} (random draws: {draws.get(run, 0)})"
-                            for run, r in per.iterrows()))
+    keys = ["run", "step", "k"]  # one masking experiment: a checkpoint and a K
+    draws = a.groupby([*keys, "selection", "seed"], dropna=False)["token_drop"].mean().reset_index()
+    random = draws[draws["selection"] == "random"]
+    per = pd.DataFrame({"top": draws[draws["selection"] == "top"].groupby(keys)["token_drop"].mean(),
+                        "random": random.groupby(keys)["token_drop"].mean(),
+                        "draws": random.groupby(keys).size()}).dropna()
+    if per.empty:
+        return _Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both top-K and random-K maskings")
+    # null: within each experiment, the top-K masking is one more random draw of K heads
+    strata = {key: (np.r_[per.loc[key, "top"], g["token_drop"].to_numpy()], np.r_[True, np.zeros(len(g), bool)])
+              for key, g in random.groupby(keys) if key in per.index}
+    # share of the maskings at least as harmful as the top-K (the top-K counted among them)
+    as_harmful = {key: (v >= v[0]).mean() for key, (v, _) in strata.items()}
+    by_run = per.groupby(level="run")[["top", "random"]].mean()
+    k = ", ".join(sorted({str(int(x)) for x in per.index.get_level_values("k")}))
+    comparison = Comparison.paired(f"top-K drop - random-K drop (K = {k})", (by_run["top"] - by_run["random"]).to_numpy(),
+                                   stats.stratified_p(list(strata.values())), +1)
+    return _Test(f, "ablation", [comparison],
+                 f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, random K "
+                 f"heads {by_run['random'].mean():.3f}; per run, step and K: "
+                 + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (random draws: {int(r['draws'])}, "
+                             f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
 
 
-def _laziness(runs: Runs) -> dict:
+def _laziness(runs: Runs) -> _Test:
     f, c = "2. retrieval heads", runs.configs
-    rope = c[c["model.mixer"].eq("swa") & c["model.pattern"].astype(str).str.contains("E") & c["model.pos.full"].eq("rope")]
+    rope = c[_swa_hybrids(c) & c["model.pos.full"].eq("rope")]
     first = _stable_first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
     if first["window"].nunique() < 2:
-        return _row(f, "laziness", "not tested", "fewer than two SWA windows with retrieval-head scores")
-    after = int(runs.metrics["step"].max()) + 1  # a seed without a head counts as forming it after the last step
-    by_window = first.assign(step=first["first_step"].fillna(after)).groupby("window")
-    evidence = ("first step with a retrieval head, per window (seeds; never = none by the end): "
+        return _Test(f, "laziness", verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
+    by_window = first.groupby("window")
+    evidence = ("first step with a retrieval head for good, per window (seeds; never = none by the end): "
                 + "; ".join(f"W={int(w)}: {', '.join('never' if np.isnan(x) else str(int(x)) for x in g['first_step'])}"
                             for w, g in by_window))
     if first["first_step"].isna().all():
-        return _row(f, "laziness", "no signal", evidence)
-    means = by_window["step"].mean().sort_index().tolist()
-    monotone = all(a <= b for a, b in zip(means, means[1:])) and any(a < b for a, b in zip(means, means[1:]))
-    return _row(f, "laziness", "reproduced" if monotone else "not reproduced",
-                evidence + " (rule: the seed-mean first step never falls and rises at least once as the window grows; "
-                "a seed without a head counts as one step after the last)")
+        return _Test(f, "laziness", verdict="no signal", evidence=evidence)
+    arms = [g["first_step"].fillna(np.inf).to_numpy(float) for _, g in by_window]  # never ranks last
+    comparison = Comparison.of("rank correlation of window and first-head step", arms, +1, stats.rank_correlation)
+    return _Test(f, "laziness", [comparison], evidence)
 
 
 def _stable_first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
@@ -185,33 +292,61 @@ def _stable_first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.Data
     return tables.first_heads(pd.concat([metrics[metrics["metric"] != "heads/retrieval_heads"], stable]), configs)
 
 
-def _nope(runs: Runs) -> list[dict]:
+def _nope(runs: Runs) -> list[_Test]:
     f, c = "3. NoPE on full layers", runs.configs
     arch = c.drop_duplicates("label").set_index("label")["arch"].map(json.loads)
     groups: dict[str, dict[str, str]] = {}
     for label, identity in arch.items():
-        if identity.get("model.mixer") == "swa" and "model.pos.full" in identity:
+        mixer = identity.get("model.mixer")
+        if mixer in KINDS and KINDS[mixer].has_window and "model.pos.full" in identity:
             rest = json.dumps({k: v for k, v in identity.items() if k != "model.pos.full"}, sort_keys=True, default=str)
             groups.setdefault(rest, {})[identity["model.pos.full"]] = label
     pairs = [p for p in groups.values() if {"rope", "nope"} <= p.keys()]
     if not pairs:
-        return [_row(f, "long context and short-context cost", "not tested", "no SWA hybrid pair differing only in model.pos.full")]
+        return [_Test(f, "beyond and cost", verdict="not tested", evidence="no SWA hybrid pair differing only in model.pos.full")]
     beyond = tables.final_values(runs.metrics, SCORE_BEYOND).set_index("run")["value"]
     loss = tables.final_values(runs.metrics, "val/loss").set_index("run")["value"]
     runs_of = c.groupby("label")["run"].agg(list)
-    rows = []
+    tests = []
     for p in pairs:
-        nb, rb = beyond.reindex(runs_of[p["nope"]]).dropna(), beyond.reindex(runs_of[p["rope"]]).dropna()
-        nl, rl = loss.reindex(runs_of[p["nope"]]).dropna(), loss.reindex(runs_of[p["rope"]]).dropna()
-        if nb.empty or rb.empty or nl.empty or rl.empty:
-            rows.append(_row(f, p["rope"], "not tested", "a run of the pair lacks the score beyond the training length or val/loss"))
-            continue
-        better = nb.min() > rb.max()
-        cost = nl.mean() - rl.mean()
-        verdict = "reproduced" if better and cost <= LOSS_COST else "not reproduced"
-        rows.append(_row(f, p["rope"], verdict,
-                         f"score beyond the training length, NoPE {nb.mean():.3f} (seeds {nb.min():.3f}-{nb.max():.3f}) vs "
-                         f"RoPE {rb.mean():.3f} ({rb.min():.3f}-{rb.max():.3f}); val/loss NoPE {nl.mean():.4f} vs RoPE "
-                         f"{rl.mean():.4f} (cost {cost:+.4f} nats; rule: every NoPE seed above every RoPE seed and cost "
-                         f"<= {LOSS_COST})"))
-    return rows
+        nope, rope = runs_of[p["nope"]], runs_of[p["rope"]]
+        nb, rb = beyond.reindex(nope).dropna().to_numpy(), beyond.reindex(rope).dropna().to_numpy()
+        nl, rl = loss.reindex(nope).dropna().to_numpy(), loss.reindex(rope).dropna().to_numpy()
+        pair = f"{p['nope']} vs {p['rope']}"
+        if len(nb) and len(rb):
+            tests.append(_Test(f, f"beyond: {p['rope']}", [Comparison.of("NoPE - RoPE score beyond", [nb, rb], +1)],
+                               f"{pair}: score beyond the training length NoPE {nb.mean():.3f} vs RoPE {rb.mean():.3f}"))
+        else:
+            tests.append(_Test(f, f"beyond: {p['rope']}", verdict="not tested", evidence=f"{pair}: a run lacks {SCORE_BEYOND}"))
+        if len(nl) and len(rl):
+            cost = Comparison.of(f"NoPE - RoPE val/loss - {LOSS_COST}", [nl - LOSS_COST, rl], -1, unit="nats")
+            tests.append(_Test(f, f"cost: {p['rope']}", [cost], f"{pair}: val/loss NoPE {nl.mean():.4f} vs RoPE "
+                               f"{rl.mean():.4f} (cost {nl.mean() - rl.mean():+.4f} nats; allowed {LOSS_COST})"))
+        else:
+            tests.append(_Test(f, f"cost: {p['rope']}", verdict="not tested", evidence=f"{pair}: a run lacks val/loss"))
+    return tests
+
+
+def markdown(tests: pd.DataFrame, comparisons: pd.DataFrame) -> str:
+    """The findings table (verdict, effect with its CI, p and Holm p, seeds per arm, reason) and, below it,
+    the details: each test's evidence and every comparison it made."""
+    lines = ["| finding | test | verdict | effect [95% CI] | p (Holm) | seeds per arm | reason |", "|---|---|---|---|---|---|---|"]
+    for t in tests.itertuples(index=False):
+        numbers = ["", "", ""] if not t.compared else [
+            f"{_num(t.effect)}{_unit(t.unit)} [{_num(t.ci_low)}, {_num(t.ci_high)}]", f"{t.p:.3g} ({t.p_holm:.3g})", t.seeds]
+        lines.append(f"| {t.finding} | {t.test} | {t.verdict} | {' | '.join(numbers)} | {t.reason} |")
+    lines += ["", "### Details", ""]
+    for t in tests.itertuples(index=False):
+        lines.append(f"- **{t.finding}, {t.test}**: {t.evidence}.")
+        for c in comparisons[(comparisons["finding"] == t.finding) & (comparisons["test"] == t.test)].itertuples(index=False):
+            lines.append(f"  - {c.compared}: {_num(c.effect)}{_unit(c.unit)} [95% CI {_num(c.ci_low)}, {_num(c.ci_high)}], "
+                         f"p {c.p:.3g}, Holm {c.p_holm:.3g}, seeds {c.seeds}: {c.verdict}" + (f"; {c.reason}" if c.reason else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _unit(unit) -> str:
+    return f" {unit}" if isinstance(unit, str) and unit else ""
+
+
+def _num(v: float) -> str:
+    return "nan" if pd.isna(v) else si(v)

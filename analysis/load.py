@@ -9,6 +9,7 @@ provenance (layer plan, parameter counts), ``status.json``, the TensorBoard scal
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -48,6 +49,9 @@ NOT_IDENTITY_PREFIXES = ("eval.",)
 PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)  # the provenance's parameter counts
 # configs' own columns
 RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files", "mixers", "windowed", *PARAM_COLUMNS)
+# Labels name the config keys that differ between the runs loaded, these three by a short name or none.
+LABEL_NAMES = {"model.mixer": "", "model.window": "W", "model.pattern": ""}
+LABEL_MAX, VALUE_MAX = 48, 16  # characters of a label and of one value in it (legends stay readable)
 
 
 @dataclass(frozen=True)
@@ -172,10 +176,7 @@ def _configs(names: list[str], dirs: list[Path], raw: list[dict]) -> pd.DataFram
         return pd.DataFrame(columns=[*RUN_COLUMNS, "arch", "label", "seed"])
     identities = [_identity(row, *plan) for row, plan in zip(configs.to_dict("records"), plans)]
     configs["arch"] = [json.dumps(i, sort_keys=True, default=str) for i in identities]
-    keys = list(dict.fromkeys(k for i in identities for k in i))
-    # keys with two values or more among the runs that have them (a key a run lacks does not apply to it)
-    varying = [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
-    configs["label"] = [_label(i, varying, *plan) for i, plan in zip(identities, plans)]
+    configs["label"] = _labels(identities, plans)
     return configs
 
 
@@ -223,17 +224,59 @@ def _identity(cfg: dict, mixers: list[str], windowed: bool) -> dict:
     return out
 
 
-def _label(identity: dict, varying: list[str], mixers: list[str], windowed: bool) -> str:
-    """E.g. ``swa W=128 EEEF pos.full=nope``: the mixers (``full`` for none), the window, the pattern,
-    then every other key that differs between the runs loaded and is set here (``model.`` dropped)."""
-    parts = ["+".join(mixers) or FULL]
-    if windowed:
-        parts.append(f"W={identity['model.window']}")
-    parts.append(str(identity.get("model.pattern", "")))
-    for k in varying:
-        if k not in ("model.pattern", "model.mixer", "model.window") and identity.get(k) is not None:
-            parts.append(f"{k.removeprefix('model.')}={identity[k]}")
-    return " ".join(parts)
+def _labels(identities: list[dict], plans: list[tuple[list[str], bool]]) -> list[str]:
+    """One label per run (``_label``), from the keys that differ between the runs: those with two values or
+    more among the runs that have them (a key a run lacks does not apply to it). Distinct architectures
+    whose labels would coincide once shortened get a 4-character hash of their identity appended; where no
+    key differs, the label names the model (``_model``)."""
+    keys = list(dict.fromkeys(k for i in identities for k in i))
+    varying = [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
+    names = _short_names(varying)
+    shown = {k: _distinct_parts([i[k] for i in identities if i.get(k) is not None]) for k in names}
+    labels = [_label({k: shown[k][v] for k, v in i.items() if k in shown and v is not None}, names) or _model(i, *plan)
+              for i, plan in zip(identities, plans)]
+    archs = [json.dumps(i, sort_keys=True, default=str) for i in identities]
+    shared = {label for label in labels if len({a for a, other in zip(archs, labels) if other == label}) > 1}
+    return [f"{label} #{hashlib.sha1(a.encode()).hexdigest()[:4]}" if label in shared else label
+            for label, a in zip(labels, archs)]
+
+
+def _short_names(varying: list[str]) -> dict[str, str]:
+    """Varying key -> its name in labels: ``W`` for the window, nothing for the mixer and the pattern (their
+    value says what they are), else the key without its section (``pos.full``, ``lr``), or the whole key
+    where two keys would share a name. In the order mixer, window, pattern, then the config's."""
+    first = [k for k in LABEL_NAMES if k in varying]
+    rest = [k for k in varying if k not in LABEL_NAMES]
+    short = {k: k.split(".", 1)[-1] for k in rest}
+    return {**{k: LABEL_NAMES[k] for k in first},
+            **{k: name if list(short.values()).count(name) == 1 else k for k, name in short.items()}}
+
+
+def _label(values: dict[str, str], names: dict[str, str]) -> str:
+    """E.g. ``W=128 pos.full=nope``: the keys in ``names`` that this run has (``values``: key -> its text), as
+    ``name=value`` (the value alone where the name is empty), at most ``LABEL_MAX`` characters."""
+    label = " ".join(f"{name}={values[k]}" if name else values[k] for k, name in names.items() if k in values)
+    return label if len(label) <= LABEL_MAX else label[:LABEL_MAX - 1].rstrip() + "…"
+
+
+def _model(identity: dict, mixers: list[str], windowed: bool) -> str:
+    """The label where no key differs: the mixers (``full`` for none), the window, the pattern (``swa W=128
+    EEEF``); ``mixers`` and ``windowed`` as ``_mixer_plan`` gives them."""
+    window = [f"W={identity['model.window']}"] if windowed else []
+    return " ".join(["+".join(mixers) or FULL, *window, str(identity.get("model.pattern", ""))])
+
+
+def _distinct_parts(values: list) -> dict:
+    """Value -> its text in labels: floats as ``%g``; paths without the leading and trailing folders all of
+    them share (``/data/a/train.jsonl``, ``/data/b/train.jsonl``: ``a``, ``b``); at most ``VALUE_MAX``
+    characters."""
+    texts = {v: f"{v:g}" if isinstance(v, float) else str(v) for v in dict.fromkeys(values)}
+    if len(texts) > 1 and all("/" in t for t in texts.values()):
+        parts = [t.strip("/").split("/") for t in texts.values()]
+        head = len(os.path.commonprefix(parts))
+        tail = len(os.path.commonprefix([p[head:][::-1] for p in parts]))
+        texts = {v: "/".join(p[head:len(p) - tail]) or p[-1] for v, p in zip(texts, parts)}
+    return {v: t if len(t) <= VALUE_MAX else t[:VALUE_MAX - 1] + "…" for v, t in texts.items()}
 
 
 def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[pd.DataFrame, ...]:

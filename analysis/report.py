@@ -56,20 +56,28 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
 
 
 def _findings(runs: Runs, out: Path) -> str:
-    from analysis.findings import findings
+    from analysis.findings import markdown, verdicts
 
-    table = findings(runs)
-    _write(table, out, "findings.csv")
+    tests, comparisons = verdicts(runs)
+    _write(tests, out, "findings.csv")
+    _write(comparisons, out, "findings_comparisons.csv")
+    table = markdown(tests, comparisons)
+    (out / "findings.md").write_text(table)
     c = runs.configs
     return "\n".join([
         "## Findings of the paper at this scale\n",
-        "Each verdict follows a fixed rule from the tables below (`analysis/findings.py` states the rules); "
-        "`no signal`: the phenomenon the test looks at did not appear in any run; `not tested`: the runs lack "
-        f"what the test needs. These runs: {len(c)}, {_scale(c)}.\n",
-        _md(table),
+        "Each verdict follows a fixed rule (`analysis/findings.py` states the rules): the effect over seeds with "
+        "its 95% bootstrap CI, a permutation p and the p after Holm's adjustment over the tests of the finding; "
+        "`reproduced` needs 3 seeds per compared arm and an adjusted p < 0.05 in the paper's direction, "
+        "`refuted` the same in the opposite one, otherwise `inconclusive` with the reason; `no signal`: the "
+        "phenomenon the test looks at did not appear in any run; `not tested`: the runs lack what the test "
+        f"needs. These runs: {len(c)}, {_scale(c)}. CSV: `findings.csv` (one row per test), "
+        "`findings_comparisons.csv`.\n",
+        table,
         "\nWhat a proper test needs: the paper's scale (15M-477M non-embedding parameters, 100N-1000N tokens: "
-        "`ablations/paper.yaml`), natural long documents rather than synthetic retrieval sequences, at least 3 "
-        "seeds wherever a claim is about timing, and evaluations dense around the step where retrieval emerges.\n",
+        "`ablations/paper.yaml`), natural long documents rather than synthetic retrieval sequences, at least 5 "
+        "seeds per compared arm (a permutation p of two arms of 3 seeds cannot fall below 0.10), and evaluations "
+        "dense around the step where retrieval emerges.\n",
     ])
 
 

@@ -95,7 +95,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         from hybrid_lightning.grid import load_grid
 
         planned = _planned_cells(load_grid(args.grid, args.dir))
-    print(f"report written to {analyze(args.dir, args.out, args.metric, planned, findings=args.findings)}")
+    report = analyze(args.dir, args.out, args.metric, planned, findings=args.findings)
+    if args.findings:
+        print((report.parent / "findings.md").read_text())
+    print(f"report written to {report}")
     return 0
 
 
