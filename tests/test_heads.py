@@ -298,6 +298,8 @@ def test_recurrent_layers_are_not_applicable_and_pieces_carry_their_state(letter
                          "init_std": 0.4}).double()
     one = RetrievalHeads(eval_config(GRID, batch_size=4), TOK, HELD_OUT).run(model, step=0, tokens=0)
     assert [x["applicable"] for x in one["layers"]] == [False, True, True]
-    assert {r["layer"] for r in one["heads"]} == {1, 2} and max(r["score"] for r in one["heads"]) > 0
+    # some hits by chance (Wu et al.'s token test), so that the comparison below compares something
+    assert {r["layer"] for r in one["heads"]} == {1, 2} and max(r["token_score"] for r in one["heads"]) > 0
     pieces = RetrievalHeads(eval_config(GRID, batch_size=4, chunk_tokens=97), TOK, HELD_OUT).run(model, step=0, tokens=0)
     assert_same_scores(one, pieces)
+

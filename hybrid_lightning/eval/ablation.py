@@ -89,9 +89,9 @@ def ablate(model, ev: LongContextEval, heads: list[tuple[int, int]], *, selectio
            step: int, tokens: int, dtype: torch.dtype | None = None) -> list[dict]:
     """Runs ``ev`` with and without ``heads`` masked; one row per (task, length), pooled over depths:
     exact match, token accuracy and answer loss unmasked and masked, and the chance levels."""
-    base = ev.run(model, step=step, tokens=tokens, dtype=dtype)["records"]
+    base = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     with masked(model, heads):
-        after = ev.run(model, step=step, tokens=tokens, dtype=dtype)["records"]
+        after = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     rows = []
     for task, length in dict.fromkeys((r["task"], r["length"]) for r in base):
         b, a = pool(base, task=task, length=length), pool(after, task=task, length=length)
