@@ -11,9 +11,10 @@ The generation score is RULER's (Hsieh et al. 2024, NVIDIA/RULER ``scripts/eval`
 decoding of the task's budget of new tokens (``Sample.generate_tokens``) after the prompt,
 the output decoded to text and scored with ``string_match_all`` (the share of the reference
 values found in it, case-insensitive) and ``string_match_part`` (1 if any is found), so values
-count in any order and anywhere in the output. Decoding continues from the state the
-teacher-forced pass reaches at the end of the batch's shortest prompt, one token per call for
-the whole batch: rows with longer prompts feed their own prompt tokens until it ends.
+count in any order and anywhere in the output. Decoding continues from a copy of the state the
+teacher-forced pass reaches at the end of the batch's shortest prompt (the prompt is fed once;
+the copy holds a second KV cache of the full-attention layers), one token per call for the whole
+batch: rows with longer prompts feed their own prompt tokens until they end.
 
 Long inputs go through the model in pieces of ``chunk`` tokens with ``model.new_states()``:
 full-attention layers keep their KV cache, sliding-window layers only their last W-1 keys,
