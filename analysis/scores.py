@@ -9,7 +9,7 @@ then averages over (task, length):
     token_acc   teacher-forced answer-token accuracy minus its chance level (the accuracy of a
                 model that knows the values' distribution but retrieves nothing); 0 = no retrieval
     loss_gain   chance loss minus answer loss, nats per answer token; 0 = no retrieval
-    exact       exact match of the whole answer (``longctx/score``)
+    exact       exact match of the whole answer (``longctx/exact``)
 
 ``<score>_beyond`` is the same over the lengths above the run's ``train.seq_len`` only.
 """

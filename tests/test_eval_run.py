@@ -5,14 +5,16 @@ command gives the callback's numbers on the same checkpoint."""
 import io
 import json
 
+import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import TINY, run_cli
+from hybrid_lightning.eval.report import pool
 
 EVAL = ["--set", "eval.every_n_steps=10", "--set", "eval.tasks=[passkey,niah_single_2]", "--set", "eval.lengths=[512]",
         "--set", "eval.depths=[0.0,1.0]", "--set", "eval.position_sequences=1", "--set", "eval.position_length=400",
-        "--set", "eval.longppl_context=64", "--set", "train.checkpoint_every_n_steps=20"]
+        "--set", "eval.longppl_context=64", "--set", "train.checkpoint_every_n_steps=20", "--set", "eval.generate_every_n_steps=20"]
 
 
 def events(run_dir):
@@ -36,7 +38,10 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     train(run_dir, 35)  # evaluations after steps 10, 20, 30 and at the end (35)
     acc = events(run_dir)
     steps = [9, 19, 29, 34]  # the step of the last training batch, as TensorBoard shows train/loss
-    for tag in ("longctx/passkey/len_512", "longctx/niah_single_2/len_512", "longctx/score",
+    for tag in ("longctx/match_all", "longctx/passkey/match_all", "longctx/niah_single_2/match_part"):
+        assert [e.step for e in acc.Scalars(tag)] == [19, 34], tag  # generation at multiples of 20 steps and at the end
+    for tag in ("longctx/passkey/len_512", "longctx/niah_single_2/len_512", "longctx/score", "longctx/exact",
+                "longctx/passkey/exact",
                 "longctx/passkey/token_acc_out_window", "longctx/passkey/answer_loss_out_window",
                 "longctx/passkey/chance_loss", "longctx/position_loss/000256-000400", "longctx/ppl_long"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag
@@ -49,7 +54,16 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     assert first["tokens"] == 30 * 8 * 128 and first["window"] == 32
     rec = first["records"][0]
     assert {"step", "tokens", "task", "length", "depth", "in_window", "n", "accuracy", "token_accuracy",
-            "answer_loss", "chance_token_accuracy", "chance_loss", "answer_tokens", "distance"} <= rec.keys()
+            "answer_loss", "chance_token_accuracy", "chance_loss", "answer_tokens", "distance", "generated",
+            "generated_exact", "match_all", "match_part"} <= rec.keys()
+    # the headline is the graded score, exact match and the generation score beside it
+    graded = [pool(first["records"], task=t, length=512) for t in ("passkey", "niah_single_2")]
+    assert first["score"] == pytest.approx(sum(p["token_accuracy"] - p["chance_token_accuracy"] for p in graded) / 2)
+    assert first["exact"] == pytest.approx(sum(p["accuracy"] for p in graded) / 2)
+    assert first["match_all"] is None and rec["generated"] == 0 and rec["match_all"] is None  # no generation at step 30
+    generated = json.loads((run_dir / "eval" / "step_19.json").read_text())
+    assert 0 <= generated["match_all"] <= 1 and all(r["generated"] == r["n"] for r in generated["records"])
+    assert acc.Scalars("longctx/score")[2].value == pytest.approx(first["score"])
     assert {(r["task"], r["depth"]) for r in first["records"]} == {(t, d) for t in ("passkey", "niah_single_2") for d in (0.0, 1.0)}
 
     # a crash after the evaluation at step 30 but before any later checkpoint: resume from step 20

@@ -1,6 +1,8 @@
 """C2: a model that copies the needle scores 100%, an untrained model and models that cannot see
 the needle score about chance; piecewise evaluation equals one forward; DDP sums equal one process."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -10,9 +12,11 @@ from conftest import on_ranks
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
+from hybrid_lightning.eval.report import headline as report_headline
 from hybrid_lightning.eval.report import pool, scalars
 from hybrid_lightning.eval.runner import LongContextEval
-from hybrid_lightning.eval.tasks import make_sample
+from hybrid_lightning.eval.scoring import STATS, ruler_output, score_samples, string_match_all, string_match_part
+from hybrid_lightning.eval.tasks import GenContext, make_sample
 from hybrid_lightning.model.plan import LayerSpec
 
 TOK = ByteTokenizer()
@@ -22,7 +26,7 @@ TASKS = ["passkey", "niah_single_1", "niah_single_3", "niah_multivalue", "vt"]
 
 def eval_config(**kw):
     base = {"tasks": TASKS, "lengths": [1000], "depths": [0.0, 0.5, 1.0], "samples": 2, "position_sequences": 2,
-            "position_length": 600, "longppl_context": 64, "batch_size": 4}
+            "position_length": 600, "longppl_context": 64, "batch_size": 4, "vt_example": False}  # vt's example: test_eval_tasks
     return validate_config({"eval": {**base, **kw}}).eval
 
 
@@ -91,6 +95,10 @@ def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window
     for r in report["records"]:
         assert r["accuracy"] == 1.0 and r["token_accuracy"] == 1.0 and r["answer_loss"] < 1e-6, r
         assert r["in_window"] is None
+        # its greedy generation starts with the answer and holds every reference value
+        assert r["generated"] == r["n"] and r["generated_exact"] == 1.0 and r["match_all"] == 1.0 and r["match_part"] == 1.0, r
+    assert report_headline(report)["score"] == pytest.approx(1.0 - sum(pool(report["records"], task=t)["chance_token_accuracy"]
+                                                                        for t in TASKS) / len(TASKS))
     # window 300: needles at depth 1.0 lie inside it, those at 0.0 and 0.5 (> 400 tokens back) do not
     window = 300
     report = ev.run(CopyOracle(samples, window), step=0, tokens=0)
@@ -99,13 +107,17 @@ def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window
     assert {r["depth"] for r in outside} >= {0.0, 0.5} and all(r["depth"] == 1.0 for r in inside)
     assert all(r["accuracy"] == 1.0 for r in inside) and inside
     for r in outside:  # about chance where no value is visible: nothing exact, graded measures near the prior's
-        if r["depth"] == 1.0 or r["task"] == "vt":
-            continue  # needles at the end, or a chain spread after its depth: some visible, some not
+        if r["depth"] == 1.0 or r["task"] in ("vt", "niah_multivalue"):
+            continue  # needles at the end, or others at their own random depths: some visible, some not
         assert r["accuracy"] == 0.0
         assert r["token_accuracy"] < r["chance_token_accuracy"] + 0.15, r
         assert r["answer_loss"] > 0.8 * r["chance_loss"], r
+    for r in report["records"]:  # generation and teacher forcing agree on single-value tasks
+        if r["task"] in ("passkey", "niah_single_1", "niah_single_3"):
+            assert r["generated_exact"] == r["accuracy"], r
     tags = scalars(report)
     assert tags["longctx/passkey/token_acc_in_window"] == 1.0 and tags["longctx/passkey/token_acc_out_window"] < 0.3
+    assert 0 < tags["longctx/match_all"] < 1 and tags["longctx/exact"] == report_headline(report)["exact"]
 
 
 @pytest.mark.parametrize("pattern, window", [("EF", 64), ("E", 16)])
@@ -162,3 +174,50 @@ def test_gpu_bf16_evaluation_matches_cpu_fp32():
         assert a["answer_loss"] == pytest.approx(b["answer_loss"], rel=0.03)
     for a, b in zip(cpu["position_loss"], gpu["position_loss"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=0.03)
+
+
+def test_string_match_scores_of_hand_made_outputs():
+    refs = ["1234567", "7654321", "AbC-dEf"]
+    assert string_match_all("The values are 1234567 and abc-def.", refs) == pytest.approx(2 / 3)
+    assert string_match_part("The values are 1234567 and abc-def.", refs) == 1.0
+    assert string_match_all("7654321, 1234567, ABC-DEF", refs) == 1.0  # any order, any case
+    assert string_match_all("123456 76543210", refs) == pytest.approx(1 / 3)  # a substring counts, as in RULER
+    assert string_match_part("nothing here", refs) == 0.0 and string_match_all("", refs) == 0.0
+    assert ruler_output(" \x00 GVCAV\tGBGIR \n") == "GVCAV\nGBGIR"
+
+
+def reference_greedy(model, prompt: np.ndarray, n: int) -> np.ndarray:
+    """Greedy decoding by a whole forward per token, no incremental state."""
+    ids = torch.from_numpy(prompt)[None]
+    for _ in range(n):
+        ids = torch.cat([ids, model(ids)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt) :].numpy()
+
+
+def test_generation_exact_match_equals_teacher_forced_exact_match():
+    """On single-value tasks a sample is answered exactly by teacher forcing if and only if greedy
+    generation starts with the answer. A tiny random model gets none of the true answers; giving each
+    probe the model's own greedy continuation (a plain decoder, no incremental state) as its answer
+    makes both measures 1, and one changed token makes both 0. Passkey answers of different lengths
+    make prompts of different lengths in one batch."""
+    torch.manual_seed(0)
+    model = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 16}).double().eval()
+    ctx = GenContext(TOK, HELD_OUT)
+    probes = [make_sample(t, ctx, 500, d, i) for t in ("passkey", "niah_single_1") for d in (0.0, 1.0) for i in range(3)]
+    assert len({len(p.prompt) for p in probes}) > 1
+    rows = []
+    for p in probes:
+        own = reference_greedy(model, p.prompt, len(p.answer))
+        wrong = own.copy()
+        wrong[-1] = (wrong[-1] + 1) % 256
+        rows += [p, replace(p, answer=own, references=(TOK.decode(own),)), replace(p, answer=wrong)]
+    stats, _ = score_samples(model, rows, 64, None, None, torch.device("cpu"), TOK)
+    s = dict(zip(STATS, stats.T.tolist()))
+    assert s["generated"] == [1.0] * len(rows)
+    assert s["gen_exact"] == s["exact"]
+    assert s["exact"] == [0.0, 1.0, 0.0] * len(probes)
+    assert s["match_all"][1::3] == [1.0] * len(probes)
+    # the same from the evaluation: records hold both, equal on every single-value cell
+    cfg = eval_config(tasks=["passkey", "niah_single_1", "niah_single_3"], lengths=[500], depths=[0.0, 1.0], samples=3)
+    for r in LongContextEval(cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)["records"]:
+        assert r["generated_exact"] == r["accuracy"] and r["generated"] == r["n"]

@@ -2,13 +2,14 @@
 answer unique in the haystack, and are pure functions of their seed."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES
 from hybrid_lightning.data.tokenizer import ByteTokenizer
-from hybrid_lightning.eval.tasks import TASKS, GenContext, make_sample
+from hybrid_lightning.eval.tasks import NOISE, RULER_DEPTHS, TASKS, GenContext, make_sample, sentences
 
 from conftest import run_cli
 
@@ -35,7 +36,7 @@ class WordTokenizer:
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
-@pytest.mark.parametrize("length", [1000, 2500])
+@pytest.mark.parametrize("length", [1400, 2500])
 def test_exact_length_depth_and_unique_answer(task, length):
     for depth in (0.0, 0.3, 0.75, 1.0):
         s = make_sample(task, CTX, length, depth, 0)
@@ -50,25 +51,36 @@ def test_exact_length_depth_and_unique_answer(task, length):
             # unique: the value occurs only inside the needles (passkey states it twice in its needle)
             hits = [i for i in range(len(s.prompt) - len(value) + 1) if (s.prompt[i : i + len(value)] == value).all()]
             assert all(any(x <= i and i + len(value) <= y for x, y in s.needle_spans) for i in hits)
-        # the (first) needle sits where requested, give or take one haystack unit (a line, a sentence
+        # the queried needle sits where requested, give or take one haystack unit (a sentence, a noise
         # block or a distractor needle: at most 120 tokens here)
-        h0, h1 = s.haystack_span
-        hay = h1 - h0 - sum(y - x for x, y in s.needle_spans)
-        before = s.needle_pos - h0
-        assert abs(before - depth * hay) <= 120, (task, depth, before, hay)
+        assert abs(haystack_depth(s, 0) - depth) * haystack_tokens(s) <= 120, (task, depth)
+
+
+def haystack_tokens(s) -> int:
+    """Tokens of the haystack without its needles."""
+    h0, h1 = s.haystack_span
+    return h1 - h0 - sum(y - x for x, y in s.needle_spans)
+
+
+def haystack_depth(s, i: int) -> float:
+    """Depth of needle i: haystack tokens (other needles not counted) before it, as a share of all."""
+    x = s.needle_spans[i][0]
+    before = x - s.haystack_span[0] - sum(b - a for a, b in s.needle_spans if b <= x)
+    return before / haystack_tokens(s)
 
 
 def test_depth_orders_needles():
     for task in ("passkey", "niah_single_1", "niah_single_2", "niah_multikey_2", "vt"):
-        pos = [make_sample(task, CTX, 3000, d, 0).needle_pos for d in (0.0, 0.25, 0.5, 0.75, 1.0)]
-        assert pos == sorted(pos) and pos[-1] - pos[0] > 2000, (task, pos)
+        samples = [make_sample(task, CTX, 3000, d, 0) for d in (0.0, 0.25, 0.5, 0.75, 1.0)]
+        pos = [s.needle_pos for s in samples]
+        assert pos == sorted(pos) and haystack_depth(samples[-1], 0) - haystack_depth(samples[0], 0) > 0.9, (task, pos)
 
 
 def test_same_seed_same_sample_other_seed_other_sample():
     for task in TASKS:
-        a, b = make_sample(task, CTX, 900, 0.5, 3, seed=1), make_sample(task, CTX, 900, 0.5, 3, seed=1)
+        a, b = make_sample(task, CTX, 1400, 0.5, 3, seed=1), make_sample(task, CTX, 1400, 0.5, 3, seed=1)
         assert np.array_equal(a.prompt, b.prompt) and np.array_equal(a.answer, b.answer)
-        c, d = make_sample(task, CTX, 900, 0.5, 3, seed=2), make_sample(task, CTX, 900, 0.5, 4, seed=1)
+        c, d = make_sample(task, CTX, 1400, 0.5, 3, seed=2), make_sample(task, CTX, 1400, 0.5, 4, seed=1)
         assert not np.array_equal(a.answer, c.answer) and not np.array_equal(a.answer, d.answer)
 
 
@@ -86,7 +98,7 @@ def test_prompts_read_as_the_papers_write_them():
     s = make_sample("niah_multivalue", CTX, 1500, 0.5, 0)
     values = TOK.decode(s.answer).strip().split(", ")
     assert len(values) == 4 and all(f"is: {v}." in TOK.decode(s.prompt) for v in values)
-    s = make_sample("vt", CTX, 1200, 0.2, 0)
+    s = make_sample("vt", CTX, 1600, 0.2, 0)
     names = TOK.decode(s.answer).split()
     assert len(names) == 5 and all(f"VAR {b} = VAR {a}" in TOK.decode(s.prompt) for a, b in zip(names, names[1:]))
 
@@ -136,3 +148,103 @@ def test_probes_command_writes_documents_in_the_probe_format(tmp_path):
     assert bad.returncode != 0 and "tasks: ['passkee'] not among" in bad.stderr and not (tmp_path / "x.jsonl").exists()
     short = run_cli("probes", "niah_single_2", "--lengths", "300", "--out", str(tmp_path / "y.jsonl"), timeout=300)
     assert short.returncode != 0 and "--lengths: 300 tokens is too short" in short.stderr and not (tmp_path / "y.jsonl").exists()
+
+
+@pytest.mark.parametrize("task, needles", [("niah_multikey_1", 4), ("niah_multivalue", 4), ("niah_multiquery", 4)])
+def test_other_needles_stand_at_their_own_random_depths(task, needles):
+    """RULER gives every needle its own depth: the queried needle stays at the requested depth, the
+    others are spread over the haystack (drawn from RULER's grid of 40 depths), not beside it."""
+    spread = []
+    for index in range(6):
+        s = make_sample(task, CTX, 3000, 0.5, index)
+        assert len(s.needle_spans) == needles
+        depths = [haystack_depth(s, i) for i in range(needles)]
+        assert abs(depths[0] - 0.5) * haystack_tokens(s) <= 120  # the queried needle
+        others = depths[1:]
+        # each other needle stands near a grid point (within a unit of <= 120 tokens)
+        assert all(min(abs(RULER_DEPTHS - d)) * haystack_tokens(s) <= 120 for d in others), others
+        spread += others
+    assert min(spread) < 0.2 and max(spread) > 0.8  # over the whole haystack, not around the queried one
+    assert sum(abs(d - 0.5) > 0.1 for d in spread) >= len(spread) // 2
+
+
+def test_multi_value_answers_list_values_in_context_order_and_name_them():
+    s = make_sample("niah_multivalue", CTX, 3000, 0.0, 2)
+    starts = [a for a, _ in s.value_spans]
+    assert starts == sorted(starts)
+    assert TOK.decode(s.answer) == " " + ", ".join(s.references)
+    q = make_sample("niah_multiquery", CTX, 3000, 0.3, 1)
+    keys = TOK.decode(q.prompt).rsplit("The special magic numbers for ", 1)[1].split(" mentioned")[0]
+    assert len(q.references) == 4 and all(f"for {k} is: {v}." in TOK.decode(q.prompt) for k, v in
+                                          zip(keys.replace(", and ", ", ").split(", "), q.references))
+
+
+def test_vt_chain_spread_over_the_haystack_with_rulers_example():
+    s = make_sample("vt", CTX, 3000, 0.5, 0)
+    text = TOK.decode(s.prompt)
+    # RULER's in-context example first: a solved vt prompt with 3-letter names, then the task itself
+    example, task = text.split("\n\nMemorize and track", 1)
+    assert example.startswith("Memorize and track the chain(s) of variable assignment hidden in the following text.")
+    assert "variables are assigned the value" in example and "assgined" not in text
+    names = example.rsplit("they are: ", 1)[1].split()
+    assert len(names) == 5 and all(len(n) == 3 for n in names)
+    assert all(f"VAR {b} = VAR {a}" in example for a, b in zip(names, names[1:]))
+    assert text.endswith("5 variables are assigned the value " + task.split("VAR ")[1].split(" = ")[1].split("\n")[0] + ", they are:")
+    # the chain: in order, one statement at the requested depth, the others spread over the haystack
+    order = sorted(range(5), key=lambda i: s.needle_spans[i][0])
+    chain = [TOK.decode(s.prompt[a:b]) for a, b in (s.needle_spans[i] for i in order)]
+    assert [c.split()[1] for c in chain] == list(s.references)
+    assert abs(haystack_depth(s, 0) - 0.5) * haystack_tokens(s) <= 120
+    lasts, firsts = [], []
+    for index in range(8):
+        x = make_sample("vt", CTX, 3000, 0.0, index)
+        depths = sorted(haystack_depth(x, i) for i in range(5))
+        firsts.append(depths[0])
+        lasts.append(depths[-1])
+    assert max(firsts) * 3000 < 150  # depth 0: the value's statement opens the haystack
+    assert np.mean(lasts) > 0.6  # and the chain reaches across it (not bunched after its first statement)
+    # without the example: the task alone
+    plain = make_sample("vt", GenContext(TOK, ESSAY, vt_example=False), 3000, 0.5, 0)
+    assert TOK.decode(plain.prompt).count("Memorize and track") == 1 and TOK.decode(plain.prompt).count("Question:") == 1
+
+
+def test_vt_example_needs_room_and_the_error_says_how_to_drop_it():
+    with pytest.raises(ValueError, match="eval.vt_example: false"):
+        make_sample("vt", CTX, 900, 0.5, 0)
+    assert len(make_sample("vt", GenContext(TOK, ESSAY, vt_example=False), 900, 0.5, 0).prompt) > 0
+
+
+def split_into(text: str, whole: set[str]) -> list[str]:
+    """``text`` read as whole sentences of ``whole`` separated by whitespace (longest match first);
+    fails on anything else, e.g. a sentence cut short."""
+    by_start: dict[str, list[str]] = {}
+    for w in sorted(whole, key=len, reverse=True):
+        by_start.setdefault(w[:1], []).append(w)
+    out, rest = [], text.lstrip()
+    while rest:
+        match = next((w for w in by_start.get(rest[:1], []) if rest.startswith(w) and rest[len(w) : len(w) + 1].isspace()
+                      or rest == w), None)
+        assert match, f"not a whole sentence: {rest[:80]!r}"
+        out.append(match)
+        rest = rest[len(match) :].lstrip()
+    return out
+
+
+@pytest.mark.parametrize("task", ["passkey", "niah_single_1", "vt", "niah_single_2", "niah_multikey_2"])
+def test_haystacks_are_whole_sentences(task):
+    """No haystack piece is cut inside a sentence: with the needles taken out, what remains is whole
+    noise sentences, whole distractor needles or whole sentences of the essay text (as the essay's
+    own text cuts into sentences; twice over, for a haystack that wraps around its end)."""
+    essay = {x.strip() for x in sentences(TOK.decode(ESSAY) * 2)} - {""}
+    noise = {x.strip() for x in sentences(NOISE)}
+    for depth in (0.0, 0.4, 1.0):
+        s = make_sample(task, CTX, 2000, depth, 1)
+        h0, h1 = s.haystack_span
+        cuts = sorted(s.needle_spans)
+        pieces = [TOK.decode(s.prompt[a:b]) for a, b in zip([h0] + [e for _, e in cuts], [x for x, _ in cuts] + [h1])]
+        if task == "niah_multikey_2":
+            found = [x.strip() for piece in pieces for x in piece.splitlines() if x.strip()]
+            assert all(re.fullmatch(r"One of the special magic numbers for [\w-]+ is: \d{7}\.", x) for x in found), found
+        else:
+            found = [x for piece in pieces for x in split_into(piece, essay if task == "niah_single_2" else noise)]
+        assert len(found) > 10

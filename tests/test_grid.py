@@ -182,7 +182,7 @@ def test_status_reads_the_last_loss_and_a_long_context_score_when_present(tmp_pa
     assert (rows[0].step, rows[0].loss, rows[0].longctx) == (5, 2.0, 0.375)
     assert (rows[1].step, rows[1].loss, rows[1].longctx) == (1, 2.5, None)
     table = status_table(rows).splitlines()
-    assert table[0].split() == ["cell", "state", "step", "loss", "longctx", "job", "log"]
+    assert table[0].split() == ["cell", "state", "step", "loss", "score", "job", "log"]
     assert table[1].split()[:6] == ["seed=0", "not", "submitted", "5/20", "2.000", "0.375"]
     assert table[2].split()[4:6] == ["2.500", "-"] and table[3] == "2 cells: 2 not submitted"
 

@@ -298,6 +298,21 @@ def test_recurrent_layers_are_not_applicable_and_pieces_carry_their_state(letter
                          "init_std": 0.4}).double()
     one = RetrievalHeads(eval_config(GRID, batch_size=4), TOK, HELD_OUT).run(model, step=0, tokens=0)
     assert [x["applicable"] for x in one["layers"]] == [False, True, True]
-    assert {r["layer"] for r in one["heads"]} == {1, 2} and max(r["score"] for r in one["heads"]) > 0
+    # some hits by chance (Wu et al.'s token test), so that the comparison below compares something
+    assert {r["layer"] for r in one["heads"]} == {1, 2} and max(r["token_score"] for r in one["heads"]) > 0
     pieces = RetrievalHeads(eval_config(GRID, batch_size=4, chunk_tokens=97), TOK, HELD_OUT).run(model, step=0, tokens=0)
     assert_same_scores(one, pieces)
+
+
+def test_mask_top_refuses_a_tie_at_the_kth_place_and_names_it():
+    def report(scores):
+        return {"kept": 1, "heads": [{"layer": 3, "head": h, "score": s} for h, s in enumerate(scores)]}
+
+    with pytest.raises(ValueError, match=r"--mask-top 2: the top 2 is not defined: heads 3.0 3.1 3.2 3.3 tie at score 0 "
+                                         r"for places 1 to 4; score more probes"):
+        choose_heads(report([0.0, 0.0, 0.0, 0.0]), "top", 2)  # every score 0: no top 2 to speak of
+    tied = report([0.1, 0.5, 0.3, 0.3])
+    with pytest.raises(ValueError, match=r"heads 3.2 3.3 tie at score 0.3 for places 2 to 3; choose K = 1 or 3"):
+        choose_heads(tied, "top", 2)
+    assert choose_heads(tied, "top", 1) == [(3, 1)] and choose_heads(tied, "top", 3) == [(3, 1), (3, 2), (3, 3)]
+    assert choose_heads(tied, "top", 4) == [(3, 1), (3, 2), (3, 3), (3, 0)]  # no (K+1)-th head: nothing to tie with

@@ -4,6 +4,7 @@ the default model."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -44,32 +45,38 @@ def run(quick: bool) -> dict:
 
     train_step()  # warm-up
     step = _median_seconds(train_step, 5 if quick else 20)
-    e = cfg.eval
-    parts = {
-        f"eval call at the defaults ({len(e.tasks)} tasks x lengths {list(e.lengths)} x {len(e.depths)} depths, "
-        f"{e.position_sequences} held-out sequences of {e.position_len})": e,
-        "  probes only": e.model_copy(update={"position_sequences": 0}),
-        "  per-position loss and LongPPL only": e.model_copy(update={"tasks": ()}),
+    e, h = cfg.eval, cfg.eval.heads
+    probes = LongContextEval(e.model_copy(update={"position_sequences": 0}), data.tokenizer, data.val_tokens)
+    calls = {  # measure -> one call
+        f"eval call at the defaults without generation ({len(e.tasks)} tasks x lengths {list(e.lengths)} x "
+        f"{len(e.depths)} depths, {e.position_sequences} held-out sequences of {e.position_len})":
+            functools.partial(LongContextEval(e, data.tokenizer, data.val_tokens).run, generate=False),
+        "  probes only": functools.partial(probes.run, generate=False),
+        "  per-position loss and LongPPL only": LongContextEval(e.model_copy(update={"tasks": ()}), data.tokenizer, data.val_tokens).run,
+        "probes with generation (greedy, RULER's new tokens per task)": probes.run,
+        f"retrieval-heads call at the defaults ({len(h.tasks)} tasks x lengths {list(h.lengths)} x {len(h.depths)} "
+        f"depths, answers >= {h.value_tokens} tokens)": RetrievalHeads(e, data.tokenizer, data.val_tokens).run,
     }
     rows = [{"measure": f"training step ({cfg.train.batch_size} x {cfg.train.seq_len}, forward, backward, AdamW)",
              "seconds": step, "training steps": 1.0}]
-    evaluators = {name: LongContextEval(ecfg, data.tokenizer, data.val_tokens) for name, ecfg in parts.items()}
-    h = e.heads
-    heads = (f"retrieval-heads call at the defaults ({len(h.tasks)} tasks x lengths {list(h.lengths)} x {len(h.depths)} "
-             f"depths, answers >= {h.value_tokens} tokens)")
-    evaluators[heads] = RetrievalHeads(e, data.tokenizer, data.val_tokens)
-    for name, ev in evaluators.items():
-        ev.run(model, step=0, tokens=0)  # warm-up: word lists, first calls
-        seconds = _median_seconds(lambda: ev.run(model, step=0, tokens=0), 1 if quick else 3)
+    for name, call in calls.items():
+        call(model, step=0, tokens=0)  # warm-up: word lists, first calls
+        seconds = _median_seconds(lambda: call(model, step=0, tokens=0), 1 if quick else 3)
         rows.append({"measure": name, "seconds": seconds, "training steps": seconds / step})
-    longctx_share = rows[1]["seconds"] / (e.every_n_steps * step + rows[1]["seconds"])
-    heads_share = rows[-1]["seconds"] / (h.every_n_steps * step + rows[-1]["seconds"])
+    seconds = [r["seconds"] for r in rows]
+    generation = max(0.0, seconds[4] - seconds[2])  # what decoding adds to the probes
+    rows.insert(5, {"measure": "  of which generation", "seconds": generation, "training steps": generation / step})
+    # evaluation seconds per training second at the default cadences
+    longctx = seconds[1] / (e.every_n_steps * step) + generation / (e.generate_every_n_steps * step)
+    heads = seconds[-1] / (h.every_n_steps * step)
+    share = {name: x / (1 + x) for name, x in (("longctx", longctx), ("heads", heads), ("both", longctx + heads))}
     return {
         "title": "(d) Evaluation callbacks: cost per call",
         "columns": ["measure", "seconds", "training steps"],
         "rows": rows,
-        "notes": (f"Default model and run config, CPU fp32, medians. At eval.every_n_steps={e.every_n_steps} one "
-                  f"long-context call adds {100 * longctx_share:.1f}% to training time, at "
-                  f"eval.heads.every_n_steps={h.every_n_steps} one retrieval-heads call {100 * heads_share:.1f}% "
-                  "(their first calls also import matplotlib and load the word lists, not counted here)."),
+        "notes": (f"Default model and run config, CPU fp32, medians. The long-context evaluation every "
+                  f"{e.every_n_steps} steps, with generation every {e.generate_every_n_steps}, adds "
+                  f"{100 * share['longctx']:.1f}% to training time; the retrieval heads every {h.every_n_steps} steps "
+                  f"{100 * share['heads']:.1f}%; both {100 * share['both']:.1f}% (their first calls also import "
+                  "matplotlib and load the word lists, not counted here)."),
     }

@@ -272,6 +272,9 @@ class EvalConfig(_Frozen):
     samples: int = Field(1, ge=1, description="samples per (task, length, depth)")
     seed: int = Field(0, description="seed of the probes (the same for every run, whatever its own seed)")
     value_tokens: int | None = Field(None, ge=1, description="lengthen needle values to at least this many tokens")
+    vt_example: bool = Field(True, description="vt: RULER's in-context example (a small solved vt probe) before each probe")
+    generate_every_n_steps: int = Field(500, ge=0, description="also decode greedily and score by RULER's string match at "
+                                        "evaluations at multiples of N steps and when training ends; 0 = only at the end")
     batch_size: int = Field(8, ge=1, description="sequences per evaluation forward")
     chunk_tokens: int = Field(2048, ge=1, description="tokens per forward call; longer inputs go in pieces with states")
     position_sequences: int = Field(2, ge=0, description="held-out sequences for per-position loss and LongPPL; 0 = off")

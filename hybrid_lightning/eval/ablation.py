@@ -60,12 +60,28 @@ def choose_heads(report: dict, selection: str, k: int | None = None, listed: lis
     if selection == "top":
         if report["kept"] == 0:
             raise ValueError(f"{option}: no retrieval scores to rank (no probe passed eval.heads.min_answer_accuracy)")
+        check_no_tie(report, k, option)
         return ranked[:k]
     others = ranked[k:]
     if k > len(others):
         raise ValueError(f"{option}: K={k} leaves only {len(others)} heads outside the top {k} to draw from")
     picks = np.random.default_rng(seed).choice(len(others), size=k, replace=False)
     return sorted(others[i] for i in picks)
+
+
+def check_no_tie(report: dict, k: int, option: str = "--mask-top") -> None:
+    """A ``ValueError`` naming the tied heads when the K-th and (K+1)-th best retrieval scores are
+    equal (all zero included): which K heads are "the top K" would then be an accident of order."""
+    scores = {(r["layer"], r["head"]): r["score"] or 0.0 for r in report["heads"]}
+    ranked = sorted(scores.values(), reverse=True)
+    if k >= len(ranked) or ranked[k - 1] != ranked[k]:
+        return
+    tied = [f"{a}.{b}" for (a, b), v in scores.items() if v == ranked[k - 1]]
+    above = sum(v > ranked[k - 1] for v in ranked)
+    ks = [n for n in (above, above + len(tied)) if 0 < n < len(ranked)]
+    raise ValueError(f"{option} {k}: the top {k} is not defined: heads {' '.join(tied)} tie at score {ranked[k - 1]:.4g} "
+                     f"for places {above + 1} to {above + len(tied)}; "
+                     + (f"choose K = {' or '.join(map(str, ks))}, or " if ks else "") + "score more probes")
 
 
 @contextlib.contextmanager
@@ -89,9 +105,9 @@ def ablate(model, ev: LongContextEval, heads: list[tuple[int, int]], *, selectio
            step: int, tokens: int, dtype: torch.dtype | None = None) -> list[dict]:
     """Runs ``ev`` with and without ``heads`` masked; one row per (task, length), pooled over depths:
     exact match, token accuracy and answer loss unmasked and masked, and the chance levels."""
-    base = ev.run(model, step=step, tokens=tokens, dtype=dtype)["records"]
+    base = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     with masked(model, heads):
-        after = ev.run(model, step=step, tokens=tokens, dtype=dtype)["records"]
+        after = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     rows = []
     for task, length in dict.fromkeys((r["task"], r["length"]) for r in base):
         b, a = pool(base, task=task, length=length), pool(after, task=task, length=length)

@@ -2,7 +2,8 @@
 evaluates the model on all ranks and, on rank 0, logs to TensorBoard and writes a JSON record:
 
 - ``LongContextEvaluation`` (``eval:``): the long-context probes, per-position loss and LongPPL
-  (runner.py), the scalars and the depth x length heatmap, ``eval/step_<k>.json``;
+  (runner.py; the probes' generation score every ``eval.generate_every_n_steps`` steps and at the
+  end), the scalars and the depth x length heatmap, ``eval/step_<k>.json``;
 - ``RetrievalHeadsEvaluation`` (``eval.heads:``): the retrieval score of every attention head
   (heads.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``.
 """
@@ -103,8 +104,11 @@ class LongContextEvaluation(PeriodicEvaluation):
             self._eval = LongContextEval(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens)
         if not self._eval.specs and not self._eval.sequences:
             return None
+        every = self.cfg.eval.generate_every_n_steps
+        generate = (every and trainer.global_step % every == 0) or 0 < trainer.max_steps <= trainer.global_step
         return self._eval.run(pl_module.model, step=step, tokens=pl_module.tokens_at(trainer.global_step),
-                              dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size)
+                              dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size,
+                              generate=bool(generate))
 
     def write_record(self, report: dict) -> None:
         write_report(self.run_dir, report)

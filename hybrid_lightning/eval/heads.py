@@ -164,7 +164,7 @@ class RetrievalHeads:
 
     def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
         self.cfg, h = cfg, cfg.heads
-        self.ctx = GenContext(tokenizer, held_out, h.value_tokens)
+        self.ctx = GenContext(tokenizer, held_out, h.value_tokens, cfg.vt_example)
         self.specs = [(t, n, d, i) for n in h.lengths for t in h.tasks for d in h.depths for i in range(h.samples)]
 
     @torch.no_grad()

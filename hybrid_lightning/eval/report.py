@@ -10,6 +10,8 @@ import numpy as np
 
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
+# Record field -> the generation statistic (scoring.STATS) it averages over the cell's generated samples.
+GENERATION_FIELDS = {"generated_exact": "gen_exact", "match_all": "match_all", "match_part": "match_part"}
 # Fields that identify a row of each list in a report; a newer row replaces an older one with the same key.
 ROW_KEYS = {
     "records": ("task", "length", "depth", "in_window"),
@@ -20,26 +22,48 @@ ROW_KEYS = {
 
 def pool(records: list[dict], **where) -> dict | None:
     """Pooled figures of the records matching ``where`` (e.g. task=..., in_window=True), weighting
-    samples for accuracy and answer tokens for the token measures; None if none match."""
+    samples for accuracy, answer tokens for the token measures and generated samples for the
+    generation measures (None without generations); None if no record matches."""
     rows = [r for r in records if all(r[k] == v for k, v in where.items())]
     if not rows:
         return None
     n = sum(r["n"] for r in rows)
     tok = sum(r["answer_tokens"] for r in rows)
+    gen = sum(r.get("generated", 0) for r in rows)
     chance_loss = sum(r["chance_loss"] * r["answer_tokens"] for r in rows) / tok
-    return {
+    out = {
         "n": n, "accuracy": sum(r["accuracy"] * r["n"] for r in rows) / n,
         "token_accuracy": sum(r["token_accuracy"] * r["answer_tokens"] for r in rows) / tok,
         "answer_loss": sum(r["answer_loss"] * r["answer_tokens"] for r in rows) / tok,
-        "chance_token_accuracy": math.exp(-chance_loss), "chance_loss": chance_loss,
+        "chance_token_accuracy": math.exp(-chance_loss), "chance_loss": chance_loss, "generated": gen,
     }
+    out["score"] = out["token_accuracy"] - out["chance_token_accuracy"]
+    for k in GENERATION_FIELDS:
+        out[k] = sum(r[k] * r["generated"] for r in rows if r.get("generated")) / gen if gen else None
+    return out
+
+
+def mean_over_cells(records: list[dict], measure: str) -> float | None:
+    """``measure`` of ``pool`` per (task, length), pooled over depths, averaged over (task, length);
+    None without records (or, for a generation measure, without generations)."""
+    values = [pool(records, task=t, length=n)[measure] for t, n in sorted({(r["task"], r["length"]) for r in records})]
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def score(report: dict) -> float | None:
-    """``longctx/score``: exact-match accuracy averaged over (task, length), each pooled over depths."""
-    cells = {(r["task"], r["length"]) for r in report["records"]}
-    accs = [pool(report["records"], task=t, length=n)["accuracy"] for t, n in sorted(cells)]
-    return sum(accs) / len(accs) if accs else None
+    """``longctx/score``, the headline: answer-token accuracy above chance (teacher-forced, the
+    accuracy of a model that knows the values' distribution but retrieves nothing subtracted; 0 = no
+    retrieval), averaged over (task, length), each pooled over depths. It moves long before exact
+    match does."""
+    return mean_over_cells(report["records"], "score")
+
+
+def headline(report: dict) -> dict[str, float | None]:
+    """The report's summary figures: ``score`` and, beside it, exact match and RULER's generation scores."""
+    records = report["records"]
+    return {"score": score(report), "exact": mean_over_cells(records, "accuracy"),
+            **{k: mean_over_cells(records, k) for k in ("match_all", "match_part")}}
 
 
 def scalars(report: dict) -> dict[str, float]:
@@ -48,16 +72,17 @@ def scalars(report: dict) -> dict[str, float]:
     records = report["records"]
     for task in dict.fromkeys(r["task"] for r in records):
         for length in sorted({r["length"] for r in records if r["task"] == task}):
-            out[f"longctx/{task}/len_{length}"] = pool(records, task=task, length=length)["accuracy"]
+            out[f"longctx/{task}/len_{length}"] = pool(records, task=task, length=length)["score"]
         p = pool(records, task=task)
+        out[f"longctx/{task}/exact"] = p["accuracy"]
+        out.update({f"longctx/{task}/{k}": p[k] for k in ("match_all", "match_part") if p[k] is not None})
         out[f"longctx/{task}/chance_token_acc"], out[f"longctx/{task}/chance_loss"] = p["chance_token_accuracy"], p["chance_loss"]
         splits = {"": {}} if report["window"] is None else {"_in_window": {"in_window": True}, "_out_window": {"in_window": False}}
         for suffix, where in splits.items():
             p = pool(records, task=task, **where)
             if p is not None:
                 out[f"longctx/{task}/token_acc{suffix}"], out[f"longctx/{task}/answer_loss{suffix}"] = p["token_accuracy"], p["answer_loss"]
-    if score(report) is not None:
-        out["longctx/score"] = score(report)
+    out.update({f"longctx/{k}": v for k, v in headline(report).items() if v is not None})
     for row in report["position_loss"]:
         out[f"longctx/position_loss/{row['position_lo']:06d}-{row['position_hi'] - 1:06d}"] = row["loss"]
     for row in report["longppl"]:
@@ -69,7 +94,8 @@ def scalars(report: dict) -> dict[str, float]:
 
 
 def heatmap(report: dict):
-    """A matplotlib figure: per task, exact-match accuracy by needle depth (rows) and length (columns)."""
+    """A matplotlib figure: per task, the score (answer-token accuracy above chance) by needle depth
+    (rows) and length (columns)."""
     from matplotlib.figure import Figure
 
     records = report["records"]
@@ -78,31 +104,38 @@ def heatmap(report: dict):
     for ax, task in zip(np.atleast_1d(fig.subplots(1, max(1, len(tasks)))), tasks):
         lengths = sorted({r["length"] for r in records if r["task"] == task})
         depths = sorted({r["depth"] for r in records if r["task"] == task})
-        acc = np.array([[pool(records, task=task, length=n, depth=d)["accuracy"] for n in lengths] for d in depths])
-        ax.imshow(acc, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        for (i, j), v in np.ndenumerate(acc):
+        grid = np.array([[pool(records, task=task, length=n, depth=d)["score"] for n in lengths] for d in depths])
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=8)
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_xlabel("length (tokens)", fontsize=8)
         ax.set_ylabel("needle depth", fontsize=8)
         ax.set_title(task, fontsize=9)
-    fig.suptitle(f"exact-match accuracy, step {report['step']}", fontsize=9)
+    fig.suptitle(f"answer-token accuracy above chance, step {report['step']}", fontsize=9)
     return fig
 
 
 def table(report: dict) -> str:
-    """A plain-text table: per task and length, accuracy and graded measures against chance."""
+    """A plain-text table: per task and length, the score, exact match, graded measures against
+    chance and RULER's generation score."""
     lines = [f"step {report['step']}  tokens {report['tokens']:,}  window {report['window']}",
-             f"{'task':<18}{'length':>8}{'n':>5}{'exact':>8}{'token acc (chance)':>21}{'loss (chance)':>17}"]
+             f"{'task':<18}{'length':>8}{'n':>5}{'score':>8}{'exact':>8}{'token acc (chance)':>21}{'loss (chance)':>17}"
+             f"{'match_all':>11}"]
     records = report["records"]
     for task in dict.fromkeys(r["task"] for r in records):
         for length in sorted({r["length"] for r in records if r["task"] == task}):
             p = pool(records, task=task, length=length)
-            lines.append(f"{task:<18}{length:>8}{p['n']:>5}{p['accuracy']:>8.3f}"
-                         f"{p['token_accuracy']:>12.3f} ({p['chance_token_accuracy']:.3f}){p['answer_loss']:>10.3f} ({p['chance_loss']:.3f})")
-    if score(report) is not None:
-        lines.append(f"score {score(report):.3f}")
+            match = "-" if p["match_all"] is None else f"{p['match_all']:.3f}"
+            lines.append(f"{task:<18}{length:>8}{p['n']:>5}{p['score']:>8.3f}{p['accuracy']:>8.3f}"
+                         f"{p['token_accuracy']:>12.3f} ({p['chance_token_accuracy']:.3f}){p['answer_loss']:>10.3f} "
+                         f"({p['chance_loss']:.3f}){match:>11}")
+    h = headline(report)
+    if h["score"] is not None:
+        lines.append("score (answer-token accuracy above chance) " + f"{h['score']:.3f}, exact match {h['exact']:.3f}"
+                     + ("" if h["match_all"] is None else f", generation string_match_all {h['match_all']:.3f}"
+                        f" / string_match_part {h['match_part']:.3f}"))
     if report["position_loss"]:
         lines.append("loss by position: " + "  ".join(f"{r['position_lo']}+: {r['loss']:.3f}" for r in report["position_loss"]))
     for r in report["longppl"]:
@@ -118,5 +151,5 @@ def report_path(run_dir: Path, step: int) -> Path:
 
 def write_report(run_dir: Path, report: dict) -> Path:
     """Writes (or merges into) ``eval/step_<step>.json``: rows of an existing file that the new
-    report does not cover are kept, the others replaced; the score is that of the merged rows."""
-    return write_eval_record(run_dir, "longctx", report, ROW_KEYS, lambda merged: {"score": score(merged)})
+    report does not cover are kept, the others replaced; the headline scores are those of the merged rows."""
+    return write_eval_record(run_dir, "longctx", report, ROW_KEYS, headline)

@@ -20,6 +20,7 @@ import torch
 from torchmetrics import Metric
 
 from hybrid_lightning.config import EvalConfig
+from hybrid_lightning.eval.report import GENERATION_FIELDS
 from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, short_context_nll, token_nll
 from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample, check_tasks, make_sample
 
@@ -68,7 +69,7 @@ def check_lengths(cfg: EvalConfig, tokenizer) -> None:
     """Raises ``ValueError`` (naming eval.lengths or eval.value_tokens) when a probe cannot be built,
     e.g. a length too short for a task's fixed text, or a task that does not exist; needs no held-out text."""
     check_tasks(cfg.tasks)
-    ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), cfg.value_tokens)
+    ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), cfg.value_tokens, cfg.vt_example)
     for task, length in itertools.product(cfg.tasks, cfg.lengths):
         make_sample(task, ctx, length, 0.5, 0, cfg.seed)
 
@@ -84,7 +85,7 @@ class LongContextEval:
     """
 
     def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
-        self.cfg, self.ctx = cfg, GenContext(tokenizer, held_out, cfg.value_tokens)
+        self.cfg, self.ctx = cfg, GenContext(tokenizer, held_out, cfg.value_tokens, cfg.vt_example)
         self.specs = [(t, L, d, i) for L in cfg.lengths for t in cfg.tasks for d in cfg.depths for i in range(cfg.samples)]
         n, T = cfg.position_sequences, cfg.position_len + 1
         starts = np.linspace(0, max(0, len(held_out) - T), n).astype(np.int64) if n else []
@@ -98,7 +99,7 @@ class LongContextEval:
 
     @torch.no_grad()
     def run(self, model, *, step: int, tokens: int, dtype: torch.dtype | None = None, rank: int = 0,
-            world: int = 1) -> dict:
+            world: int = 1, generate: bool = True) -> dict:
         """Evaluates ``model`` (a ``HybridLM``) and returns the report (see ``report``).
 
         Args:
@@ -106,23 +107,25 @@ class LongContextEval:
             tokens: training tokens seen.
             dtype: autocast dtype, None = the model's precision.
             rank, world: this process's rank and the number of processes; each scores its share.
+            generate: also decode the probes and score the outputs by string match (scoring.py).
         """
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         window = model_window(model)
-        tables = self._probes(model, dtype, window, rank, world, device) + self._held_out(model, dtype, rank, world, device)
+        tables = self._probes(model, dtype, window, rank, world, device, generate) + self._held_out(model, dtype, rank, world, device)
         model.train(was_training)
         # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
         totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in tables]
         return self.report(*totals, step, tokens, window)
 
-    def _probes(self, model, dtype, window, rank, world, device) -> tuple[SumTable]:
+    def _probes(self, model, dtype, window, rank, world, device, generate: bool) -> tuple[SumTable]:
         """Sums of ``STATS`` per (task, length, depth, in_window) cell over this rank's probes."""
         c = self.cfg
         cells = SumTable(len(c.tasks) * len(c.lengths) * len(c.depths) * 2, len(STATS)).to(device)
         for specs, samples, weight in probe_batches(self.specs, self.ctx, c.batch_size, c.seed, rank, world, device):
-            stats, in_window = score_samples(model, samples, c.chunk_tokens, dtype, window, device)
+            stats, in_window = score_samples(model, samples, c.chunk_tokens, dtype, window, device,
+                                             self.ctx.tok if generate else None)
             index = torch.tensor([self._cell(*spec[:3], w) for spec, w in zip(specs, in_window.tolist())])
             cells.update(index, stats * weight[:, None])
         return (cells,)
@@ -163,6 +166,8 @@ class LongContextEval:
                 "answer_tokens": int(s["tokens"]), "token_accuracy": s["correct"] / s["tokens"],
                 "answer_loss": s["nll"] / s["tokens"], "chance_token_accuracy": math.exp(-s["chance_nll"] / s["tokens"]),
                 "chance_loss": s["chance_nll"] / s["tokens"], "distance": s["distance"] / s["n"],
+                "generated": int(s["generated"]), **{k: s[stat] / s["generated"] if s["generated"] else None
+                                                     for k, stat in GENERATION_FIELDS.items()},
             })
         position_rows = [
             {"step": step, "tokens": tokens, "length": c.position_len, "position_lo": lo, "position_hi": hi,

@@ -2,22 +2,36 @@
 
 - ``passkey``: Mohtashami & Jaggi 2023 (arXiv 2305.16300): repeated filler sentences, "The pass
   key is {k}. Remember it. {k} is the pass key.", the question at the end; k in 1..50000.
-- ``niah_*`` and ``vt``: RULER (Hsieh et al. 2024, arXiv 2404.06654, NVIDIA/RULER): needles "One of
-  the special magic {type} for {key} is: {value}." in a noise haystack (a repeated sentence block),
-  an essay haystack (held-out real text of the run's corpus) or a haystack of distractor needles;
-  keys are adjective-noun words (wonderwords' lists, as RULER) or UUIDs, values 7-digit numbers,
-  words or UUIDs. ``vt`` is variable tracking: one chain ``VAR A = 12345``, ``VAR B = VAR A``, ...
-  (4 hops) in noise; the answer names every variable of the chain (no in-context example).
+- ``niah_*`` and ``vt``: RULER (Hsieh et al. 2024, arXiv 2404.06654, NVIDIA/RULER), in the words
+  of its current templates: needles "One of the special magic {type} for {key} is: {value}." in a
+  noise haystack (the repeated sentence block), an essay haystack (held-out real text of the run's
+  corpus) or a haystack of distractor needles; keys are adjective-noun words (wonderwords' lists,
+  as RULER) or UUIDs, values 7-digit numbers, words or UUIDs. ``vt`` is variable tracking: one
+  chain ``VAR A = 12345``, ``VAR B = VAR A``, ... (4 hops) in noise, preceded by RULER's in-context
+  example (a complete small VT prompt with its answer; ``eval.vt_example: false`` leaves it out);
+  the answer names every variable of the chain.
 
-Every sample is exactly ``length`` tokens (prompt + answer): the haystack is cut to the token
-budget left by the fixed text. Needles sit at the haystack-unit boundary (a noise block, a line
-of essay text, a distractor needle) nearest ``depth`` x haystack tokens; the needles of a
-multi-needle task stand together there (as RULER's controllable-depth variant). Text is tokenized
-piece by piece (instruction, each key, each value, ...) and the pieces concatenated, so a value
-has the same tokens in its needle and in the answer whatever the tokenizer.
+Depth. RULER draws a random depth for every needle. Here the queried needle (for multi-query the
+first queried key's, for multi-value the first value drawn) sits at the requested ``depth``, so
+that accuracy can be read by depth; every other needle of the probe (the other values of
+multi-value, the other keys of multi-key and multi-query) gets its own depth, drawn without repeats from RULER's grid of 40 depths (0, 3, 5, 8, ..., 100%). A
+variable-tracking chain is spread over the haystack as RULER spreads it (its statements at
+independent uniform depths, in chain order), one statement, drawn at random, at ``depth``.
+
+Every sample is exactly ``length`` tokens (prompt + answer). The haystack is made of whole units,
+never cut inside a sentence, up to the token budget left by the fixed text: noise blocks (the
+last one ends after its last sentence that fits), sentences of the essay text (text without a
+sentence end for ``LONG_SENTENCE`` characters, such as source code, counts its lines as sentences)
+or distractor needles. The tokens still missing (less than a sentence) are single spaces, or blank
+lines after a unit that ends a line, spread over the unit boundaries. Needles sit at the unit
+boundary nearest their depth x haystack tokens. Text is tokenized piece by piece (instruction,
+each key, each value, ...) and the pieces concatenated, so a value has the same tokens in its
+needle and in the answer whatever the tokenizer.
 
 Answers with several values list them as " v1, v2, ..." (per queried key in query order, each
 key's values in context order); ``vt`` lists the variables in chain order separated by spaces.
+Each sample also carries the values as text (``references``) and RULER's generation budget for
+its task, for the generation score (scoring.py).
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator
@@ -39,8 +54,20 @@ PASSKEY_RANGE = (1, 50000)
 NUMBER_DIGITS = 7  # RULER's numbers
 VT_HOPS, VT_VAR_LETTERS = 4, 5  # RULER's defaults: one chain of 4 hops, 5-letter variable names
 VT_VALUE_RANGE = (10000, 99999)
+# RULER's in-context example: a chain of the same hops with 3-letter names; RULER fills it to 500
+# tokens of its tokenizer, here it holds 5 noise blocks (the smallest haystack RULER's search tries),
+# so that it also fits short probes.
+VT_EXAMPLE_LETTERS, VT_EXAMPLE_BLOCKS = 3, 5
+VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+RULER_DEPTHS = np.round(np.linspace(0, 100, 40)) / 100  # RULER's depth grid (its DEPTHS), as fractions
+# Tokens to generate: RULER's tokens_to_generate per task family (scripts/data/synthetic/constants.py);
+# passkey, not a RULER task, Mohtashami & Jaggi's max_new_tokens (landmark-attention, llama/run_test.py).
+GENERATE_TOKENS = {"niah": 128, "vt": 30, "passkey": 10}
+SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+|\n[ \t]*\n\s*")  # a sentence's end, its trailing whitespace included
+LONG_SENTENCE = 256  # characters: longer pieces without a sentence end are cut at line ends
 MAX_REDRAWS = 100
 MAX_UNITS = 256  # how far long_value lengthens a value before giving up
+MAX_SKIPS = 64  # haystack units tried after one whose first sentence overruns the budget
 
 
 @dataclass(frozen=True)
@@ -48,11 +75,14 @@ class Sample:
     """One probe. ``prompt`` ends with the answer prefix; ``len(prompt) + len(answer) == length``.
 
     ``haystack_span``: [start, end) of the haystack, needles included, between the instruction and
-    the question; ``needle_spans``: [start, end) of every needle statement; ``value_spans``: the
-    span of each value the answer copies, in answer order; ``answer_source[j]``: the prompt
-    position holding answer token j (-1 for separators), so ``prompt[answer_source[j]] ==
-    answer[j]`` wherever it is >= 0. ``chance_nll``: -log P(answer) under the value prior (nats),
-    i.e. what a model that knows the answer's format but retrieves nothing pays for it.
+    the question; ``needle_spans``: [start, end) of every needle statement, the one at the requested
+    depth first; ``value_spans``: the span of each value the answer copies, in answer order;
+    ``answer_source[j]``: the prompt position holding answer token j (-1 for separators), so
+    ``prompt[answer_source[j]] == answer[j]`` wherever it is >= 0. ``chance_nll``: -log P(answer)
+    under the value prior (nats), i.e. what a model that knows the answer's format but retrieves
+    nothing pays for it. ``references``: the answer's values as text (RULER's reference outputs);
+    ``generate_tokens``: tokens to generate for the generation score (RULER's budget for the task,
+    at least the answer's length).
     """
 
     task: str
@@ -65,10 +95,13 @@ class Sample:
     answer_source: np.ndarray
     chance_nll: float
     haystack_span: tuple[int, int]
+    references: tuple[str, ...]
+    generate_tokens: int
 
     @property
     def needle_pos(self) -> int:
-        return min(s for s, _ in self.needle_spans)
+        """Start of the needle placed at the requested depth."""
+        return self.needle_spans[0][0]
 
     def distance(self) -> int:
         """Tokens from the first value the answer copies to the position that predicts its first token."""
@@ -80,9 +113,6 @@ class Sample:
         pred = len(self.prompt) - 1 + np.arange(len(self.answer))
         has = self.answer_source >= 0
         return bool((pred[has] - self.answer_source[has] < window).all())
-
-
-# ---- pieces -> tokens ---------------------------------------------------------------------------
 
 
 class Piece:
@@ -101,22 +131,59 @@ class Piece:
         self.ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
 
 
-def _assemble(head: Piece, units: Iterable[np.ndarray], budget: int, depth: float, inserts: list[tuple[float, Piece]],
-              tail: Piece) -> tuple[np.ndarray, list[dict]]:
-    """head + haystack cut to exactly ``budget`` tokens with each insert at the unit boundary nearest
-    its depth + tail; returns the tokens and each insert's spans (in absolute positions, key "_" for
-    the whole insert) in the order of ``inserts``, then {"haystack": its span}."""
-    hay, n = [], 0
-    for u in units:
-        if n >= budget:
+def sentences(text: str) -> list[str]:
+    """``text`` cut after every sentence end (and paragraph break), each piece keeping its trailing
+    whitespace; the last piece is what follows the last end (possibly an unfinished sentence). Text
+    with no sentence end for ``LONG_SENTENCE`` characters (source code, tables) is cut at its line ends."""
+    ends = [m.end() for m in SENTENCE_END.finditer(text)]
+    pieces = [text[a:b] for a, b in zip([0, *ends], [*ends, len(text)]) if b > a]
+    return [line for p in pieces for line in (p.splitlines(keepends=True) if len(p) > LONG_SENTENCE else [p])]
+
+
+def _pad_tokens(tok) -> dict[bool, np.ndarray]:
+    """The single tokens that pad a haystack to its exact budget: {ends with a newline: a newline
+    token (a blank line), otherwise: a space}; a space everywhere when a newline is not one token."""
+    space, newline = tok.encode(" "), tok.encode("\n")
+    if len(space) != 1:
+        raise ValueError("data.tokenizer: ' ' is not a single token; probes cannot be filled to an exact length")
+    return {False: space, True: newline if len(newline) == 1 else space}
+
+
+def _fill(tok, units: Iterable[list[np.ndarray]], budget: int) -> list[np.ndarray]:
+    """Whole units (each a list of tokenized sentences), in order, totalling exactly ``budget`` tokens.
+    The first unit that overruns the budget is cut after its last sentence that fits and ends the
+    haystack; a unit whose first sentence alone overruns it is skipped for the next ones (at most
+    ``MAX_SKIPS``). The tokens still missing are pad tokens appended to the units, spread evenly."""
+    hay, n, skips = [], 0, 0
+    for unit in units:
+        lengths = np.cumsum([len(x) for x in unit])
+        fit = int((lengths <= budget - n).sum())
+        if fit:
+            hay.append(np.concatenate(unit[:fit]))
+            n += int(lengths[fit - 1])
+        if 0 < fit < len(unit) or n == budget:
             break
-        hay.append(u[: budget - n])
-        n += len(hay[-1])
+        skips += not fit
+        if skips > MAX_SKIPS:
+            break
+    pads, missing = _pad_tokens(tok), budget - n
+    if not hay:
+        return [np.repeat(pads[False], missing)]
+    extra = np.full(len(hay), missing // len(hay))
+    extra[np.linspace(0, len(hay) - 1, missing % len(hay)).round().astype(int)] += 1
+    return [np.concatenate([u, np.repeat(pads[tok.decode(u[-1:]).endswith("\n")], k)]) for u, k in zip(hay, extra)]
+
+
+def _assemble(head: Piece, hay: list[np.ndarray], inserts: list[tuple[float, Piece]],
+              tail: Piece) -> tuple[np.ndarray, list[dict]]:
+    """head + haystack units with each insert at the unit boundary nearest its depth + tail; returns
+    the tokens and each insert's spans (in absolute positions, key "_" for the whole insert) in the
+    order of ``inserts`` (which also orders inserts at the same boundary), then {"haystack": its span}."""
     bounds = np.cumsum([0] + [len(u) for u in hay])  # token offset of each unit boundary
     out, placed, pos, k0 = [head.ids], [{} for _ in inserts], len(head.ids), 0
     for i in sorted(range(len(inserts)), key=lambda i: inserts[i][0]):  # stable: equal depths keep their order
         d, piece = inserts[i]
-        k = max(k0, int(np.abs(bounds - d * budget).argmin()))
+        k = max(k0, int(np.abs(bounds - d * bounds[-1]).argmin()))
         out += hay[k0:k]
         pos += int(bounds[k] - bounds[k0])
         out.append(piece.ids)
@@ -134,9 +201,6 @@ def _count(hay: np.ndarray, needle: np.ndarray) -> int:
         return 0
     windows = np.lib.stride_tricks.sliding_window_view(hay, len(needle))
     return int((windows == needle).all(axis=1).sum())
-
-
-# ---- values ---------------------------------------------------------------------------------------
 
 
 @functools.cache
@@ -174,31 +238,42 @@ def long_value(kind: str, rng: np.random.Generator, tok, min_tokens: int | None,
     raise ValueError(f"eval.value_tokens: {kind} values do not reach {min_tokens} tokens with this tokenizer")
 
 
-# ---- tasks --------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class GenContext:
     """What generators need besides the random state: the tokenizer, held-out real text for essay
-    haystacks, and an optional minimum value length in tokens (long answers for head probing)."""
+    haystacks, an optional minimum value length in tokens (long answers for head probing) and
+    whether variable tracking gets RULER's in-context example."""
 
     tok: object
     essay: np.ndarray | None = None
     value_tokens: int | None = None
+    vt_example: bool = True
 
 
-def _essay_units(ctx: GenContext, rng: np.random.Generator, budget: int) -> list[np.ndarray]:
-    """Lines of held-out text from a random offset (wrapping around), re-tokenized line by line."""
+def _noise_units(tok, end: str) -> Iterator[list[np.ndarray]]:
+    """The noise block (as its tokenized sentences) endlessly, its last sentence ending with ``end``."""
+    return itertools.repeat([tok.encode(s) for s in sentences(NOISE + end)])
+
+
+def _essay_units(ctx: GenContext, rng: np.random.Generator, budget: int) -> list[list[np.ndarray]]:
+    """Whole sentences of held-out text from a random offset (wrapping around), one unit each,
+    re-tokenized one by one: the text read from there is cut into sentences and the first and last,
+    which may be cut off, are dropped; the stretch read doubles until its sentences exceed the budget."""
     if ctx.essay is None or len(ctx.essay) < 2:
         raise ValueError("essay haystacks need held-out text (the run's validation split)")
-    units, n, pos = [], 0, int(rng.integers(len(ctx.essay)))
-    while n < budget:
-        block = np.take(ctx.essay, np.arange(pos, pos + 4 * budget + 64), mode="wrap")
-        pos += len(block)
-        for line in ctx.tok.decode(block).splitlines(keepends=True):
-            units.append(ctx.tok.encode(line))
-            n += len(units[-1])
-    return units
+    pos, span = int(rng.integers(len(ctx.essay))), 4 * budget + 256
+    while True:
+        block = np.take(ctx.essay, np.arange(pos, pos + span), mode="wrap")
+        units = [[ctx.tok.encode(s)] for s in sentences(ctx.tok.decode(block))[1:-1]]
+        if sum(len(u[0]) for u in units) > budget or span > 8 * (len(ctx.essay) + budget):
+            return units
+        span *= 2
+
+
+def _other_depths(rng: np.random.Generator, depth: float, n: int) -> list[float]:
+    """``n`` depths of RULER's grid, drawn without repeats and without the grid point nearest ``depth``."""
+    grid = np.delete(RULER_DEPTHS, np.abs(RULER_DEPTHS - depth).argmin())
+    return rng.choice(grid, size=n, replace=False).tolist()
 
 
 @dataclass(frozen=True)
@@ -211,17 +286,20 @@ class Niah:
     keys: int = 1
     values: int = 1
     queries: int = 1
+    generate_tokens: int = GENERATE_TOKENS["niah"]
 
     def draw(self, ctx: GenContext, rng: np.random.Generator, length: int, depth: float, task: str) -> Sample:
         tok, single = ctx.tok, self.values * self.queries == 1
         plural, kind = self.value, self.value[:-1]
+        end = " " if self.haystack == "essay" else "\n"  # RULER joins essay sentences with spaces, the others with newlines
         keys = _distinct(lambda: long_value(self.key, rng, tok, None)[0], self.keys)
         facts = [(k, long_value(self.value, rng, tok, ctx.value_tokens, _units(self.value))) for k in keys for _ in range(self.values)]
-        order = rng.permutation(len(facts))  # needles in shuffled order
         queried = [keys[i] for i in rng.permutation(self.keys)[: self.queries]]
-        needles = [Piece(tok, ["One of the special magic " + plural + " for", (" " + facts[i][0], "key"), " is:",
-                               (" " + facts[i][1][0], "value"), ".\n"]) for i in order]
-        answer_of = [(q, j) for q in queried for j, i in enumerate(order) if facts[i][0] == q]
+        needles = [Piece(tok, ["One of the special magic " + plural + " for", (" " + k, "key"), " is:", (" " + v, "value"), "." + end])
+                   for k, (v, _) in facts]
+        anchor = next(i for i, (k, _) in enumerate(facts) if k == queried[0])  # the queried needle: at ``depth``
+        depths = _other_depths(rng, depth, len(facts) - 1)
+        depths.insert(anchor, depth)
         query = ", ".join(queried[:-1]) + ", and " + queried[-1] if len(queried) > 1 else queried[0]
         t = kind if single else plural
         head = Piece(tok, [f"{'A' if single else 'Some'} special magic {t} {'is' if single else 'are'} hidden within the "
@@ -229,51 +307,65 @@ class Niah:
         tail = Piece(tok, [f"\nWhat {'is' if single else 'are all'} the special magic {t} for", " " + query,
                            f" mentioned in the provided text? The special magic {t} for", " " + query,
                            f" mentioned in the provided text {'is' if single else 'are'}"])
-        values = [facts[order[j]][1] for _, j in answer_of]
-        answer = Piece(tok, [part for n, (v, _) in enumerate(values) for part in ([","] if n else []) + [(" " + v, f"a{n}")]])
-        budget = _budget(length, task, head, tail, answer, needles)
+        answered = [facts[i][1][0] for q in queried for i in range(len(facts)) if facts[i][0] == q]  # in any order: same tokens
+        budget = _budget(length, task, head, tail, _answer(tok, answered), needles)
         if self.haystack == "noise":
-            units = itertools.repeat(tok.encode(NOISE + "\n"))
+            units = _noise_units(tok, "\n")
         elif self.haystack == "essay":
             units = _essay_units(ctx, rng, budget)
         else:
             units = self._distractors(ctx, rng, keys)
-        prompt, placed = _assemble(head, units, budget, depth, [(depth, p) for p in needles], tail)
-        value_spans = [placed[j]["value"] for _, j in answer_of]
-        return _sample(task, length, depth, prompt, answer, placed, value_spans, sum(log_n for _, log_n in values))
+        order = rng.permutation(len(needles)).tolist()  # needles at one boundary: in shuffled order, as RULER shuffles them
+        prompt, placed = _assemble(head, _fill(tok, units, budget), [(depths[i], needles[i]) for i in order], tail)
+        placed = [placed[order.index(i)] for i in range(len(needles))] + placed[-1:]  # back to fact order
+        # per queried key (query order), its values in context order
+        answer_of = [i for q in queried for i in sorted((i for i, f in enumerate(facts) if f[0] == q), key=lambda i: placed[i]["_"])]
+        values = [facts[i][1][0] for i in answer_of]
+        spans = [placed[i]["value"] for i in answer_of]
+        needle_order = [anchor] + [i for i in range(len(facts)) if i != anchor]
+        return _sample(task, length, depth, prompt, _answer(tok, values), [placed[i] for i in needle_order] + placed[-1:],
+                       spans, sum(facts[i][1][1] for i in answer_of), values, self.generate_tokens)
 
-    def _distractors(self, ctx: GenContext, rng: np.random.Generator, keys: list[str]) -> Iterator[np.ndarray]:
+    def _distractors(self, ctx: GenContext, rng: np.random.Generator, keys: list[str]) -> Iterator[list[np.ndarray]]:
         """Endless needles with fresh keys (none of ``keys``) and values, drawn as the haystack consumes them."""
         while True:
             k = long_value(self.key, rng, ctx.tok, None)[0]
             if k in keys:
                 continue
             v = long_value(self.value, rng, ctx.tok, ctx.value_tokens, _units(self.value))[0]
-            yield ctx.tok.encode(f"One of the special magic {self.value} for {k} is: {v}.\n")
+            yield [ctx.tok.encode(f"One of the special magic {self.value} for {k} is: {v}.\n")]
+
+
+def _answer(tok, values: list[str]) -> Piece:
+    """The answer " v1, v2, ...", each value labelled a0, a1, ..."""
+    return Piece(tok, [part for n, v in enumerate(values) for part in ([","] if n else []) + [(" " + v, f"a{n}")]])
 
 
 def _units(kind: str) -> int:
     return NUMBER_DIGITS if kind == "numbers" else 1
 
 
-def _distinct(draw, n: int) -> list:
+def _distinct(draw, n: int, exclude: Iterable = ()) -> list:
     out: list = []
     while len(out) < n:
         v = draw()
-        if v not in out:
+        if v not in out and v not in exclude:
             out.append(v)
     return out
 
 
-def _budget(length: int, task: str, *pieces) -> int:
+def _budget(length: int, task: str, *pieces, note: str = "") -> int:
     fixed = sum(len(p.ids) for group in pieces for p in (group if isinstance(group, list) else [group]))
     if fixed > length:
         raise ValueError(f"eval.lengths: {length} tokens is too short for task {task!r}: its text without haystack "
-                         f"takes {fixed} tokens with this tokenizer")
+                         f"takes {fixed} tokens with this tokenizer{note}")
     return length - fixed
 
 
-def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, chance_nll) -> Sample:
+def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, chance_nll, references,
+            generate_tokens: int) -> Sample:
+    """The Sample of an assembled probe; ``placed``: the needles' spans, the one at ``depth`` first,
+    then the haystack's."""
     source = np.full(len(answer.ids), -1, np.int64)
     for n, (s, e) in enumerate(value_spans):
         a0, a1 = answer.spans[f"a{n}"]
@@ -281,7 +373,8 @@ def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, cha
         source[a0:a1] = np.arange(s, e)
     sample = Sample(task=task, length=length, depth=depth, prompt=prompt, answer=answer.ids,
                     needle_spans=tuple(p["_"] for p in placed[:-1]), value_spans=tuple(value_spans),
-                    answer_source=source, chance_nll=chance_nll, haystack_span=placed[-1]["haystack"])
+                    answer_source=source, chance_nll=chance_nll, haystack_span=placed[-1]["haystack"],
+                    references=tuple(references), generate_tokens=max(generate_tokens, len(answer.ids)))
     assert len(sample.prompt) + len(sample.answer) == length and (prompt[source[source >= 0]] == answer.ids[source >= 0]).all()
     return sample
 
@@ -289,6 +382,8 @@ def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, cha
 @dataclass(frozen=True)
 class Passkey:
     """Pass-key retrieval (Mohtashami & Jaggi 2023)."""
+
+    generate_tokens: int = GENERATE_TOKENS["passkey"]
 
     def draw(self, ctx: GenContext, rng: np.random.Generator, length: int, depth: float, task: str) -> Sample:
         tok = ctx.tok
@@ -299,33 +394,64 @@ class Passkey:
             key, log_n = long_value("numbers", rng, tok, ctx.value_tokens, units=len(str(PASSKEY_RANGE[1])))
         needle = Piece(tok, ["\nThe pass key is", (" " + key, "value"), ". Remember it.", " " + key, " is the pass key.\n"])
         head, tail = Piece(tok, [PASSKEY_HEAD]), Piece(tok, ["\nWhat is the pass key? The pass key is"])
-        answer = Piece(tok, [(" " + key, "a0")])
+        answer = _answer(tok, [key])
         budget = _budget(length, task, head, tail, answer, needle)
-        prompt, placed = _assemble(head, itertools.repeat(tok.encode(NOISE + " ")), budget, depth, [(depth, needle)], tail)
-        return _sample(task, length, depth, prompt, answer, placed, [placed[0]["value"]], log_n)
+        prompt, placed = _assemble(head, _fill(tok, _noise_units(tok, " "), budget), [(depth, needle)], tail)
+        return _sample(task, length, depth, prompt, answer, placed, [placed[0]["value"]], log_n, [key], self.generate_tokens)
 
 
 @dataclass(frozen=True)
 class VariableTracking:
-    """RULER's variable tracking: one chain of ``VT_HOPS`` hops in noise, its first statement (the
-    value) at ``depth`` and the others at random boundaries after it."""
+    """RULER's variable tracking: one chain of ``VT_HOPS`` hops in noise, its statements at uniform
+    random depths in chain order, one of them (drawn at random) at ``depth``; RULER's in-context
+    example before the task unless ``GenContext.vt_example`` is off."""
+
+    generate_tokens: int = GENERATE_TOKENS["vt"]
 
     def draw(self, ctx: GenContext, rng: np.random.Generator, length: int, depth: float, task: str) -> Sample:
         tok = ctx.tok
-        names = _distinct(lambda: "".join(chr(65 + c) for c in rng.integers(0, 26, VT_VAR_LETTERS)), VT_HOPS + 1)
+        names = _names(rng, VT_VAR_LETTERS)
         value = str(int(rng.integers(VT_VALUE_RANGE[0], VT_VALUE_RANGE[1] + 1)))
         chain = [Piece(tok, ["VAR", (" " + names[0], "var"), " = " + value + "\n"])]
-        chain += [Piece(tok, ["VAR", (" " + b, "var"), " = VAR", " " + a, "\n"]) for a, b in zip(names, names[1:])]
-        head = Piece(tok, ["Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"])
-        tail = Piece(tok, [f"\nQuestion: Find all variables that are assigned the value {value} in the text above. Answer: "
-                           "According to the chain(s) of variable assignment in the text above, "  # RULER's spelling:
-                           f"{len(names)} variables are assgined the value {value}, they are:"])
+        chain += [Piece(tok, ["VAR", (" " + b, "var"), " = VAR", " " + a, " \n"]) for a, b in zip(names, names[1:])]
+        example = self._example(ctx, rng, value) if ctx.vt_example else ""
+        head = Piece(tok, [example, VT_HEAD])
+        tail = Piece(tok, [_vt_question(value)])
         answer = Piece(tok, [(" " + name, f"a{n}") for n, name in enumerate(names)])
-        budget = _budget(length, task, head, tail, answer, chain)
-        depths = [depth] + sorted(rng.uniform(depth, 1.0, VT_HOPS).tolist())
-        prompt, placed = _assemble(head, itertools.repeat(tok.encode(NOISE + "\n")), budget, depth, list(zip(depths, chain)), tail)
+        note = " (RULER's in-context example included; eval.vt_example: false leaves it out)" if ctx.vt_example else ""
+        budget = _budget(length, task, head, tail, answer, chain, note=note)
+        others = rng.uniform(0.0, 1.0, VT_HOPS)
+        anchor = int((others < depth).sum())  # the statement at ``depth``: its rank among the chain's depths
+        depths = sorted(others.tolist())
+        depths.insert(anchor, depth)
+        prompt, placed = _assemble(head, _fill(tok, _noise_units(tok, "\n"), budget), list(zip(depths, chain)), tail)
+        order = [anchor] + [i for i in range(len(chain)) if i != anchor]
         chance = len(names) * VT_VAR_LETTERS * math.log(26)
-        return _sample(task, length, depth, prompt, answer, placed, [p["var"] for p in placed[:-1]], chance)
+        return _sample(task, length, depth, prompt, answer, [placed[i] for i in order] + placed[-1:],
+                       [p["var"] for p in placed[:-1]], chance, names, self.generate_tokens)
+
+    @staticmethod
+    def _example(ctx: GenContext, rng: np.random.Generator, value: str) -> str:
+        """RULER's in-context example: a whole VT prompt with 3-letter names, another value, its chain
+        at distinct random boundaries of ``VT_EXAMPLE_BLOCKS`` noise blocks, and its answer."""
+        names = _names(rng, VT_EXAMPLE_LETTERS)
+        ex_value = _distinct(lambda: str(int(rng.integers(VT_VALUE_RANGE[0], VT_VALUE_RANGE[1] + 1))), 1, [value])[0]
+        chain = [f"VAR {names[0]} = {ex_value}"] + [f"VAR {b} = VAR {a} " for a, b in zip(names, names[1:])]
+        lines = [NOISE] * VT_EXAMPLE_BLOCKS
+        for j, p in enumerate(sorted(rng.choice(VT_EXAMPLE_BLOCKS, len(chain), replace=False).tolist())):
+            lines.insert(p + j, chain[j])
+        return VT_HEAD + "\n".join(lines) + _vt_question(ex_value) + " " + " ".join(names) + "\n\n"
+
+
+def _names(rng: np.random.Generator, letters: int) -> list[str]:
+    return _distinct(lambda: "".join(chr(65 + c) for c in rng.integers(0, 26, letters)), VT_HOPS + 1)
+
+
+def _vt_question(value: str) -> str:
+    """RULER's VT question and answer prefix (its current spelling, "assigned")."""
+    return (f"\nQuestion: Find all variables that are assigned the value {value} in the text above. Answer: According "
+            f"to the chain(s) of variable assignment in the text above, {VT_HOPS + 1} variables are assigned the value "
+            f"{value}, they are:")
 
 
 # RULER's retrieval tasks (its table of niah variants) plus passkey and variable tracking.
@@ -361,7 +487,8 @@ def answer_is_unique(s: Sample) -> bool:
 
 def make_sample(task: str, ctx: GenContext, length: int, depth: float, index: int, seed: int = 0) -> Sample:
     """Sample ``index`` of ``task`` at ``length`` tokens and needle ``depth``: a pure function of its
-    arguments (and the tokenizer and essay text). Draws again while a value occurs outside its needle."""
+    arguments (and the tokenizer, essay text and context settings). Draws again while a value occurs
+    outside its needle."""
     rng = np.random.default_rng([seed, zlib.crc32(task.encode()), length, round(depth * 1e6), index])
     for _ in range(MAX_REDRAWS):
         sample = TASKS[task].draw(ctx, rng, length, depth, task)

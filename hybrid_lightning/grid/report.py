@@ -81,7 +81,7 @@ def plan_table(grid: Grid, rows: list[dict]) -> str:
 
 
 def status_table(rows: list[CellState]) -> str:
-    table = [["cell", "state", "step", "loss", "longctx", "job", "log"]]
+    table = [["cell", "state", "step", "loss", "score", "job", "log"]]  # score: the last longctx/score
     for r in rows:
         table.append([
             r.name, r.state, f"{r.step or 0}/{r.max_steps}", "-" if r.loss is None else f"{r.loss:.3f}",
