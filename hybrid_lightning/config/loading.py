@@ -114,7 +114,11 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:
-    """Makes relative ``data.files`` and ``data.tokenizer`` paths absolute against ``base``."""
+    """Makes relative ``data.files``, ``data.tokenizer`` and ``eval.longppl_evaluator`` paths absolute
+    against ``base``."""
+    ev = raw.get("eval")
+    if isinstance(ev, dict) and isinstance(ev.get("longppl_evaluator"), str):
+        raw = {**raw, "eval": {**ev, "longppl_evaluator": str((base / ev["longppl_evaluator"]).resolve())}}
     data = raw.get("data")
     if not isinstance(data, dict):
         return raw

@@ -12,8 +12,9 @@ import numpy as np
 from hybrid_lightning.rundir import EVAL_DIR, write_atomic
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
-# Fields that identify an ablation row; a newer row replaces an older one with the same key.
+# Fields that identify an ablation row and an ablation test; a newer one replaces an older one with the same key.
 ABLATION_KEY = ("selection", "k", "seed", "masked", "task", "length")
+TEST_KEY = ("k", "masked", "seed", "match", "draws", "selection_seed")
 ANNOTATE_CELLS = 256  # the image prints each score when the grid has at most this many cells
 
 
@@ -131,6 +132,25 @@ def ablation_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def control_table(test: dict) -> str:
+    """Plain text: an ablation test, the top K against layer-matched random draws."""
+    harms = test["draw_harms"]
+    return (f"top-{test['k']} ({' '.join(head_name(*h) for h in test['masked'])}, chosen on probe seed {test['selection_seed']}) "
+            f"vs {test['draws']} random draws from the same layers: token accuracy drop {test['harm']:.3f} vs "
+            f"{min(harms):.3f}-{max(harms):.3f} (mean {sum(harms) / len(harms):.3f}); permutation p = {test['p']:.3f}")
+
+
+def single_table(report: dict) -> str:
+    """Plain text: the token accuracy drop of masking each attention head alone, pooled over the probes."""
+    from hybrid_lightning.eval.ablation import harm
+
+    by_head: dict[str, list[dict]] = {}
+    for r in report["ablation"]:
+        if r["selection"] == "single":
+            by_head.setdefault(head_name(*r["masked"][0]), []).append(r)
+    return "single-head ablation, token accuracy drop: " + "  ".join(f"{h} {harm(rows):+.3f}" for h, rows in by_head.items())
+
+
 def heads_path(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / EVAL_DIR / f"heads_step_{step}.json"
 
@@ -140,13 +160,13 @@ def write_heads(run_dir: Path, report: dict) -> Path:
     of the file that the report does not replace are kept."""
     path = heads_path(run_dir, report["step"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = {**report, "ablation": report.get("ablation", [])}
-    if path.is_file():
+    merged = {**report, "ablation": report.get("ablation", []), "ablation_tests": report.get("ablation_tests", [])}
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    for name, fields in (("ablation", ABLATION_KEY), ("ablation_tests", TEST_KEY)):
         def key(row: dict) -> tuple:
-            return tuple(json.dumps(row[k]) for k in ABLATION_KEY)
+            return tuple(json.dumps(row.get(k)) for k in fields)
 
-        new = {key(r) for r in merged["ablation"]}
-        old = json.loads(path.read_text()).get("ablation", [])
-        merged["ablation"] = [r for r in old if key(r) not in new] + merged["ablation"]
+        new = {key(r) for r in merged[name]}
+        merged[name] = [r for r in old.get(name, []) if key(r) not in new] + merged[name]
     write_atomic(path, json.dumps(merged, indent=1))
     return path
