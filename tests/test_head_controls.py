@@ -4,6 +4,7 @@ draws from its own layers with a permutation p; every head can be masked alone."
 
 import numpy as np
 import pytest
+import torch
 
 from hybrid_lightning.eval.ablation import ablations, harm, layer_matched_draws, permutation_p, selection_seed
 from hybrid_lightning.eval.heads import RetrievalHeads, answer_targets, reachable
@@ -17,8 +18,6 @@ def targets(s):
     """Rows of answer steps and their copy sources, as heads.py computes them (queries = answer rows)."""
     qlo, n = len(s.prompt) - 1, len(s.prompt) + len(s.answer) - 1
     valid, source, _, _ = answer_targets(s, qlo, len(s.answer), n)
-    import torch
-
     return torch.from_numpy(valid)[None], torch.from_numpy(source)[None]
 
 

@@ -39,7 +39,7 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_14.json", "heads_step_9.json"]
     callback = read(run_dir / "eval" / "heads_step_14.json")
-    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 8 and callback["ablation"] == []  # with echoes
+    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []  # 4 + 2 echoes
     assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [(0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
     assert callback["settings"]["value_tokens"] == 16 and callback["layers"][1]["window"] is None
 

@@ -254,7 +254,7 @@ class HeadsConfig(_Frozen):
     min_copy_precision: float = Field(0.5, ge=0, le=1, description="copy head: retrieval head with at least this share of its in-span argmaxes on the source token")
     min_in_span: float = Field(0.5, ge=0, le=1, description="locator head: argmax in the answer span on at least this share of answer steps, not a copy head")
     min_answer_accuracy: float | None = Field(None, ge=0, le=1, description="score only samples whose answer tokens are right (teacher-forced) in more than this share; null = all")
-    echo: bool = Field(True, description="besides each probe, its echo probe (eval/near.py): a copy source a few tokens back, inside small windows")
+    echo: bool = Field(True, description="add echo probes (eval/near.py), one per task, length and sample at the middle depth: a copy source inside small windows")
     selection_seed: int | None = Field(None, description="probe seed of the scores that choose heads to ablate; null = eval.seed + 1 (held out)")
 
     @model_validator(mode="after")

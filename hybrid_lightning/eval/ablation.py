@@ -157,14 +157,13 @@ def layer_matched_draws(report: dict, top: list[tuple[int, int]], n: int, seed: 
     return draws
 
 
-def control_test(model, ev: LongContextEval, report: dict, top: list[tuple[int, int]], base: list[dict], *, controls: int,
-                 seed: int, step: int, tokens: int, dtype: torch.dtype | None = None) -> tuple[list[dict], dict]:
-    """The top-K ablation against ``controls`` layer-matched random draws (``layer_matched_draws``):
-    the draws' ablation rows (selection ``control``, ``draw`` = its index) and the test: harm of the
-    top K, of every draw, and the permutation p."""
-    rows, harms = [], []
-    top_harm = harm(ablate(model, ev, top, selection="top", k=len(top), seed=None, step=step, tokens=tokens, dtype=dtype,
-                           base=base))
+def control_test(model, ev: LongContextEval, report: dict, top: list[tuple[int, int]], top_rows: list[dict],
+                 base: list[dict], *, controls: int, seed: int, step: int, tokens: int,
+                 dtype: torch.dtype | None = None) -> tuple[list[dict], dict]:
+    """The top-K ablation (its rows ``top_rows``) against ``controls`` layer-matched random draws
+    (``layer_matched_draws``): the draws' ablation rows (selection ``control``, ``draw`` = its index)
+    and the test: harm of the top K, of every draw, and the permutation p."""
+    rows, harms, top_harm = [], [], harm(top_rows)
     for i, draw in enumerate(layer_matched_draws(report, top, controls, seed)):
         mine = [r | {"draw": i} for r in ablate(model, ev, draw, selection="control", k=len(top), seed=seed, step=step,
                                                 tokens=tokens, dtype=dtype, base=base)]
@@ -184,21 +183,23 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
     its test against ``controls`` layer-matched draws, and with ``each`` every attention head alone.
     Returns the keys to add to the heads report: ``ablation`` rows, ``ablation_tests``, ``selection``."""
     check_lengths(cfg, tokenizer)
-    ev = LongContextEval(cfg.model_copy(update={"position_sequences": 0}), tokenizer, held_out)
-    base = ev.run(model, step=step, tokens=tokens, dtype=dtype)["records"]
     out = {"ablation": [], "ablation_tests": []}
-    if selection is not None:
+    if selection is not None:  # chosen first: a bad choice fails before any evaluation
         chooser = report if selection == "list" else selection_report(model, cfg, tokenizer, held_out, report, step=step,
                                                                        tokens=tokens, dtype=dtype)
         heads = choose_heads(chooser, selection, k, listed, seed)
-        out["ablation"] += ablate(model, ev, heads, selection=selection, k=k, seed=seed if selection == "random" else None,
-                                  step=step, tokens=tokens, dtype=dtype, base=base)
         if selection != "list":
             out["selection"] = {"seed": selection_seed(cfg), "heads": [
                 {"layer": r["layer"], "head": r["head"], "score": r["score"]} for r in chooser["heads"]]}
+    ev = LongContextEval(cfg.model_copy(update={"position_sequences": 0}), tokenizer, held_out)
+    base = ev.run(model, step=step, tokens=tokens, dtype=dtype)["records"]
+    if selection is not None:
+        chosen = ablate(model, ev, heads, selection=selection, k=k, seed=seed if selection == "random" else None,
+                        step=step, tokens=tokens, dtype=dtype, base=base)
+        out["ablation"] += chosen
         if selection == "top" and controls:
-            rows, test = control_test(model, ev, report, heads, base, controls=controls, seed=seed, step=step, tokens=tokens,
-                                      dtype=dtype)
+            rows, test = control_test(model, ev, report, heads, chosen, base, controls=controls, seed=seed, step=step,
+                                      tokens=tokens, dtype=dtype)
             out["ablation"] += rows
             out["ablation_tests"].append(test | {"selection_seed": selection_seed(cfg)})
     if each:

@@ -104,6 +104,8 @@ def heads_table(report: dict, top: int = 5) -> str:
         lines.append(row)
     lines.append(f"retrieval heads {t['retrieval_heads']} (copy {t['copy_heads']}, locator {t['locator_heads']}) of "
                  f"{len(report['heads'])} attention heads; max score {_num(t['max_score'])}, mean {_num(t['mean_score'])}")
+    lines.append(f"heads that could reach a copy source (inside their window): {t['reaching_heads']}, of which above the "
+                 f"threshold there: {t['reach_retrieval_heads']}")
     ranked = sorted((r for r in report["heads"] if r["score"] is not None), key=lambda r: -r["score"])[:top]
     if ranked:
         lines.append("top heads:  score  token score  in-span  copy precision  span mass  source mass  role")
