@@ -2,12 +2,14 @@
 same tokens; a model that is its own evaluator gives the self-selected LongPPL; without an evaluator
 LongPPL is not reported; key tokens are cached per evaluator checkpoint and evaluation set."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import TINY, run_cli
 from hybrid_lightning import build_model
 from hybrid_lightning.config import dump_config, validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
@@ -137,3 +139,21 @@ def test_an_evaluator_with_another_vocabulary_is_refused(tmp_path):
     write_status(run_dir, state="done")
     with pytest.raises(ValueError, match="eval.longppl_evaluator: .* must share the run's tokenizer"):
         evaluate(run_config(tmp_path, str(run_dir)), model(1))
+
+
+def test_the_callback_scores_a_run_on_its_evaluators_key_tokens(tmp_path):
+    """Two training runs: the first finishes and is the second's evaluator; the second's callback
+    reports LongPPL on the key tokens the first chose."""
+    common = [*TINY, "--set", "train.max_steps=6", "--set", "train.warmup_steps=1", "--set", "eval.every_n_steps=0",
+              "--set", "eval.tasks=[passkey]", "--set", "eval.lengths=[300]", "--set", "eval.depths=[0.5]",
+              "--set", "eval.position_length=256", "--set", "eval.longppl_context=32", "--set", "eval.longppl_alpha=0.0",
+              "--set", "eval.longppl_beta=-10.0", "--set", "eval.heads.at_end=false", "--set", "eval.heads.every_n_steps=0"]
+    evaluator, scored = tmp_path / "evaluator", tmp_path / "scored"
+    for run_dir, extra in ((evaluator, []), (scored, ["--set", f"eval.longppl_evaluator={evaluator}", "--set", "seed=1"])):
+        r = run_cli("train", "--run-dir", str(run_dir), *common, *extra)
+        assert r.returncode == 0, r.stderr[-3000:]
+    own = json.loads((evaluator / "eval" / "step_5.json").read_text())["longppl"][0]
+    assert own["longppl"] is None and own["key_tokens"] is None and "no evaluator" in own["reason"]
+    row = json.loads((scored / "eval" / "step_5.json").read_text())["longppl"][0]
+    assert row["evaluator"] == str(evaluator / CKPT_DIR / LAST_CKPT) and row["reason"] is None
+    assert row["key_tokens"] > 0 and row["longppl"] > 1
