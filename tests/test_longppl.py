@@ -4,6 +4,7 @@ LongPPL is not reported; key tokens are cached per evaluator checkpoint and eval
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from conftest import TINY, run_cli
 from hybrid_lightning import build_model
-from hybrid_lightning.config import dump_config, validate_config
+from hybrid_lightning.config import dump_config, load_config, validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
 from hybrid_lightning.eval import longppl
 from hybrid_lightning.eval.longppl import evaluator_key_tokens, select_key_tokens
@@ -157,3 +158,11 @@ def test_the_callback_scores_a_run_on_its_evaluators_key_tokens(tmp_path):
     row = json.loads((scored / "eval" / "step_5.json").read_text())["longppl"][0]
     assert row["evaluator"] == str(evaluator / CKPT_DIR / LAST_CKPT) and row["reason"] is None
     assert row["key_tokens"] > 0 and row["longppl"] > 1
+
+
+def test_a_relative_evaluator_path_is_taken_from_the_config_files_folder(tmp_path):
+    (tmp_path / "configs").mkdir()
+    path = tmp_path / "configs" / "run.yaml"
+    path.write_text("eval: {longppl_evaluator: ../runs/evaluator}\n")
+    assert load_config(path).eval.longppl_evaluator == str(tmp_path / "runs" / "evaluator")
+    assert load_config(None, ["eval.longppl_evaluator=runs/x"]).eval.longppl_evaluator == str(Path.cwd() / "runs" / "x")

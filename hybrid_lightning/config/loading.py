@@ -95,7 +95,7 @@ def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Reads a YAML run config (None = the embedded default), applies overrides, validates.
 
-    Relative paths in ``data.files`` and ``data.tokenizer`` are resolved against the
+    Relative paths in ``data.files``, ``data.tokenizer`` and ``eval.longppl_evaluator`` are resolved against the
     config file's folder; those given with ``--set`` against the working directory.
     """
     raw: dict = {}
