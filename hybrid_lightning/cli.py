@@ -209,8 +209,8 @@ def cmd_probes(args: argparse.Namespace) -> int:
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from hybrid_lightning.eval.ablation import parse_heads
+    from hybrid_lightning.eval.heads_report import ablation_table, control_table, heads_path, heads_table, single_table
     from hybrid_lightning.offline import heads_checkpoint
-    from hybrid_lightning.eval.heads_report import ablation_table, heads_path, heads_table
 
     if args.mask_top is not None:
         selection, k = "top", args.mask_top
@@ -218,10 +218,15 @@ def cmd_heads(args: argparse.Namespace) -> int:
         selection, k = "random", args.mask_random
     else:
         selection, k = ("list" if args.mask else None), None
-    report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []), args.seed)
+    report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []), args.seed,
+                              args.controls, args.mask_each)
     print(heads_table(report))
-    if report.get("ablation"):
-        print(ablation_table(report))
+    if selection is not None:
+        print(ablation_table({**report, "ablation": [r for r in report["ablation"] if r["selection"] == selection]}))
+    for test in report.get("ablation_tests", []):
+        print(control_table(test))
+    if args.mask_each:
+        print(single_table(report))
     print(f"written to {heads_path(args.run_dir, report['step'])}")
     return 0
 
@@ -265,7 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "and rerun the long-context evaluation (the run's eval.* probes)")
     mask.add_argument("--mask-random", type=int, metavar="K", help="mask K random heads outside the top K instead")
     mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
-    p.add_argument("--seed", type=int, default=0, help="seed of --mask-random (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
+    p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many heads "
+                   "from the same layers, and the permutation p of the top K against them (default 20; 0 = none)")
+    p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
     p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
                    help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
     p.set_defaults(func=cmd_heads)

@@ -61,12 +61,17 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
 def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:
     """Evaluates a checkpoint of ``run_dir`` (``load_checkpoint``) with the run's ``eval:`` config;
     writes ``eval/step_<k>.json`` and returns the report."""
+    from hybrid_lightning.eval.longppl import evaluator_key_tokens
     from hybrid_lightning.eval.report import write_report
     from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 
     run = load_checkpoint(run_dir, ckpt, overrides)
     check_lengths(run.cfg.eval, run.data.tokenizer)
     ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens)
+    if ev.sequences and run.cfg.eval.longppl_evaluator is not None:
+        ev.keys = evaluator_key_tokens(run.cfg, ev.sequences, next(run.model.parameters()).device, run.dtype)
+        if ev.keys.key is None:
+            raise ValueError(ev.keys.reason)
     report = ev.run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
     write_report(run_dir, report)
     return report
@@ -74,25 +79,22 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
 
 def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = (),
                      selection: str | None = None, k: int | None = None, listed: list[tuple[int, int]] = (),
-                     seed: int = 0) -> dict:
+                     seed: int = 0, controls: int = 0, each: bool = False) -> dict:
     """Retrieval scores of every attention head of a checkpoint (``load_checkpoint``) with the run's
-    ``eval.heads:`` config and, with a ``selection`` (``ablation.choose_heads``), the long-context
-    evaluation (the run's ``eval:`` probes, no held-out text) with and without those heads masked.
-    Writes ``eval/heads_step_<k>.json`` and returns the report, its ``ablation`` rows included."""
-    from hybrid_lightning.eval.ablation import ablate, choose_heads
+    ``eval.heads:`` config and, with a ``selection`` or ``each``, head ablations on the run's ``eval:``
+    probes (``ablation.ablations``: heads chosen on held-out probes, ``controls`` layer-matched random
+    draws against the top K, every head alone). Writes ``eval/heads_step_<k>.json`` and returns the
+    report, its ``ablation`` rows and ``ablation_tests`` included."""
+    from hybrid_lightning.eval.ablation import ablations
     from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
     from hybrid_lightning.eval.heads_report import write_heads
-    from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 
     run = load_checkpoint(run_dir, ckpt, overrides)
     tok, held_out = run.data.tokenizer, run.data.val_tokens
     check_heads_probes(run.cfg.eval, tok)
     report = RetrievalHeads(run.cfg.eval, tok, held_out).run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
-    if selection is not None:
-        heads = choose_heads(report, selection, k, listed, seed)
-        check_lengths(run.cfg.eval, tok)
-        ev = LongContextEval(run.cfg.eval.model_copy(update={"position_sequences": 0}), tok, held_out)
-        report["ablation"] = ablate(run.model, ev, heads, selection=selection, k=k, seed=seed if selection == "random" else None,
-                                    step=run.step, tokens=run.tokens, dtype=run.dtype)
+    if selection is not None or each:
+        report |= ablations(run.model, run.cfg.eval, tok, held_out, report, selection=selection, k=k, listed=listed, seed=seed,
+                            controls=controls, each=each, step=run.step, tokens=run.tokens, dtype=run.dtype)
     write_heads(run_dir, report)
     return report

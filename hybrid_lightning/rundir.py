@@ -124,7 +124,7 @@ def write_eval_record(run_dir: Path, kind: str, record: dict, merge: Mapping[str
     old = (read_eval_record(path) or {}) if merge else {}
     for name, keys in merge.items():
         def key(row: dict) -> tuple:
-            return tuple(json.dumps(row[k]) for k in keys)  # JSON: fields may hold lists
+            return tuple(json.dumps(row.get(k)) for k in keys)  # JSON: fields may hold lists; a row may lack some
 
         new = record.get(name, [])
         replaced = {key(r) for r in new}

@@ -96,6 +96,16 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     assert {(x["task"], x["length"]) for x in merged["records"]} == {("passkey", 512), ("niah_single_2", 512), ("passkey", 700)}
     assert [x for x in merged["records"] if x["length"] == 512] == callback["records"]
 
+    # LongPPL: not reported without an evaluator; with the finished run as its own evaluator, its key tokens
+    assert callback["longppl"][0]["longppl"] is None and "eval.longppl_evaluator" in callback["longppl"][0]["reason"]
+    r = run_cli("eval", str(run_dir), "--set", f"eval.longppl_evaluator={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = json.loads((run_dir / "eval" / "step_44.json").read_text())["longppl"]
+    assert row["evaluator"] == str(run_dir / "checkpoints" / "last.ckpt") and row["key_tokens"] is not None
+    assert row["scored_tokens"] == callback["longppl"][0]["scored_tokens"] and row["ppl"] == callback["longppl"][0]["ppl"]
+    r = run_cli("eval", str(run_dir), "--set", f"eval.longppl_evaluator={run_dir / 'nowhere'}")
+    assert r.returncode == 2 and "eval.longppl_evaluator: " in r.stderr and "Traceback" not in r.stderr
+
 
 def test_eval_command_user_errors(tmp_path):
     r = run_cli("eval", str(tmp_path))

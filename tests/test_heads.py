@@ -26,7 +26,7 @@ DIGITS = [ord(c) for c in "0123456789"]
 
 def eval_config(heads: dict | None = None, **kw):
     return validate_config({"eval": {**PROBE, "value_tokens": 16, "position_sequences": 0, **kw,
-                                      "heads": {**PROBE, **(heads or {})}}}).eval
+                                      "heads": {**PROBE, "echo": False, **(heads or {})}}}).eval
 
 
 def probe_sample(cfg) -> "Sample":  # noqa: F821
@@ -124,7 +124,7 @@ def test_d1_the_copy_head_scores_one_and_every_other_head_zero():
     assert report["layers"][0]["retrieval_heads"] is None and report["layers"][2]["retrieval_heads"] == 1
     assert head(report, 1, COPY_HEAD)["score"] == 0.0 and s.distance() > 32
     assert report["total"] == {"retrieval_heads": 1, "copy_heads": 1, "locator_heads": 0, "max_score": 1.0,
-                               "mean_score": 1.0 / 8}
+                               "mean_score": 1.0 / 8, "reaching_heads": 4, "reach_retrieval_heads": 1}  # full heads reach
     assert all(x["step"] == 5 and x["tokens"] == 7 for x in report["heads"] + report["layers"])
     grid = score_grid(report)
     assert np.isnan(grid[0]).all() and grid[2, COPY_HEAD] == 1.0

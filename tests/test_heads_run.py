@@ -39,20 +39,29 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_14.json", "heads_step_9.json"]
     callback = read(run_dir / "eval" / "heads_step_14.json")
-    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 4 and callback["ablation"] == []
+    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []  # 4 + 2 echoes
     assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [(0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
     assert callback["settings"]["value_tokens"] == 16 and callback["layers"][1]["window"] is None
 
-    # the command on the newest checkpoint: the callback's scores, printed and written with the ablation
-    assert main(["heads", str(run_dir), "--mask-top", "1"]) == 0
+    # the command on the newest checkpoint: the callback's scores, printed and written with the ablation,
+    # its heads chosen on held-out probes (seed 1), tested against 3 random draws from the same layers. K is
+    # every attention head: a top K that ties at this early step would be refused (test_heads), and the
+    # layer-matched draws then mask the same heads, so each is exactly as harmful and p = 1
+    assert main(["heads", str(run_dir), "--mask-top", "4", "--controls", "3", "--mask-each"]) == 0
     out = capsys.readouterr().out
     offline = read(run_dir / "eval" / "heads_step_14.json")
     assert {k: offline[k] for k in SCORES} == {k: callback[k] for k in SCORES}
-    assert "retrieval score by layer and head" in out and "ablation: mask top-1 heads by score" in out and "drop" in out
-    (row,) = offline["ablation"]
-    assert row["task"] == "passkey" and row["length"] == 512 and row["n"] == 2 and row["selection"] == "top"
-    top = max(callback["heads"], key=lambda h: h["score"])
-    assert row["masked"] == [[top["layer"], top["head"]]]
+    assert "retrieval score by layer and head" in out and "ablation: mask top-4 heads by score" in out and "drop" in out
+    assert "vs 3 random draws from the same layers" in out and "permutation p = " in out
+    assert "single-head ablation, token accuracy drop: 0.0" in out
+    (row,) = [r for r in offline["ablation"] if r["selection"] == "top"]
+    assert row["task"] == "passkey" and row["length"] == 512 and row["n"] == 2
+    assert offline["selection"]["seed"] == 1
+    assert sorted(map(tuple, row["masked"])) == sorted((h["layer"], h["head"]) for h in offline["selection"]["heads"])
+    (test,) = offline["ablation_tests"]
+    assert test["masked"] == row["masked"] and test["draw_harms"] == [test["harm"]] * 3 and test["p"] == 1.0
+    assert len([r for r in offline["ablation"] if r["selection"] == "control"]) == 3
+    assert len([r for r in offline["ablation"] if r["selection"] == "single"]) == 4
 
     # an older checkpoint gives that step's record; a random ablation is added beside the top one
     callback_9 = read(run_dir / "eval" / "heads_step_9.json")
@@ -60,7 +69,9 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     assert read(run_dir / "eval" / "heads_step_9.json") == callback_9
     assert "step 9 " in capsys.readouterr().out
     assert main(["heads", str(run_dir), "--mask-random", "1", "--seed", "3"]) == 0
-    assert [r["selection"] for r in read(run_dir / "eval" / "heads_step_14.json")["ablation"]] == ["top", "random"]
+    after = read(run_dir / "eval" / "heads_step_14.json")
+    assert [r["selection"] for r in after["ablation"]] == ["top"] + ["control"] * 3 + ["single"] * 4 + ["random"]
+    assert after["ablation_tests"] == offline["ablation_tests"]
 
     # user errors: exit code 2, a message naming the bad option, no traceback
     assert main(["heads", str(run_dir), "--mask", "5.0"]) == 2

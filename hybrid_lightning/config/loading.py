@@ -95,7 +95,7 @@ def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Reads a YAML run config (None = the embedded default), applies overrides, validates.
 
-    Relative paths in ``data.files`` and ``data.tokenizer`` are resolved against the
+    Relative paths in ``data.files``, ``data.tokenizer`` and ``eval.longppl_evaluator`` are resolved against the
     config file's folder; those given with ``--set`` against the working directory.
     """
     raw: dict = {}
@@ -114,7 +114,11 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:
-    """Makes relative ``data.files`` and ``data.tokenizer`` paths absolute against ``base``."""
+    """Makes relative ``data.files``, ``data.tokenizer`` and ``eval.longppl_evaluator`` paths absolute
+    against ``base``."""
+    ev = raw.get("eval")
+    if isinstance(ev, dict) and isinstance(ev.get("longppl_evaluator"), str):
+        raw = {**raw, "eval": {**ev, "longppl_evaluator": str((base / ev["longppl_evaluator"]).resolve())}}
     data = raw.get("data")
     if not isinstance(data, dict):
         return raw

@@ -254,6 +254,8 @@ class HeadsConfig(_Frozen):
     min_copy_precision: float = Field(0.5, ge=0, le=1, description="copy head: retrieval head with at least this share of its in-span argmaxes on the source token")
     min_in_span: float = Field(0.5, ge=0, le=1, description="locator head: argmax in the answer span on at least this share of answer steps, not a copy head")
     min_answer_accuracy: float | None = Field(None, ge=0, le=1, description="score only samples whose answer tokens are right (teacher-forced) in more than this share; null = all")
+    echo: bool = Field(True, description="add echo probes (eval/near.py), one per task, length and sample at the middle depth: a copy source inside small windows")
+    selection_seed: int | None = Field(None, description="probe seed of the scores that choose heads to ablate; null = eval.seed + 1 (held out)")
 
     @model_validator(mode="after")
     def _check(self) -> HeadsConfig:
@@ -279,7 +281,10 @@ class EvalConfig(_Frozen):
     chunk_tokens: int = Field(2048, ge=1, description="tokens per forward call; longer inputs go in pieces with states")
     position_sequences: int = Field(2, ge=0, description="held-out sequences for per-position loss and LongPPL; 0 = off")
     position_length: int | None = Field(None, ge=2, description="their length; None = the largest of eval.lengths")
-    longppl_context: int = Field(128, ge=1, description="LongPPL short context K: tokens see K to 2K-1 tokens")
+    longppl_context: int = Field(128, ge=1, description="LongPPL short context K: tokens see K to 2K-1 tokens (Fang et al.: 4096)")
+    longppl_evaluator: str | None = Field(
+        None, description="LongPPL: run directory or checkpoint of the model that chooses the key tokens for every model; null = LongPPL not reported"
+    )
     longppl_alpha: float = Field(2.0, description="LongPPL: key if NLL(short) - NLL(long) > alpha (nats)")
     longppl_beta: float = Field(-2.0, description="LongPPL: key if log p(long) > beta")
     heads: HeadsConfig = Field(default_factory=HeadsConfig)

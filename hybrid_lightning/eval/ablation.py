@@ -4,19 +4,27 @@ drop against the unmasked model says whether those heads carry retrieval.
 
 Heads are chosen as the top K by retrieval score, K random heads drawn (seeded) among the attention
 heads outside that top K, so that the control never masks a head the top-K ablation masks, or an
-explicit list ``layer.head``.
+explicit list ``layer.head``. The scores that choose them come from held-out probes (another probe
+seed, ``eval.heads.selection_seed``), so the heads are not chosen on the probes they are tested on.
+
+Tests the setup cannot force: the top K against ``controls`` random draws of as many heads from the
+same layers (per layer as many as the top K has there), with the permutation p
+(1 + #{draws at least as harmful}) / (1 + draws), harm being the drop in token accuracy; and every
+attention head masked alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import numpy as np
 import torch
 
-from hybrid_lightning.eval.heads import attention_layers
+from hybrid_lightning.config import EvalConfig
+from hybrid_lightning.eval.heads import RetrievalHeads, attention_layers
 from hybrid_lightning.eval.report import pool
-from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 
 SELECTIONS = {"top": "--mask-top", "random": "--mask-random", "list": "--mask"}  # selection -> its CLI option
 
@@ -102,10 +110,11 @@ def masked(model, heads: list[tuple[int, int]]):
 
 
 def ablate(model, ev: LongContextEval, heads: list[tuple[int, int]], *, selection: str, k: int | None, seed: int | None,
-           step: int, tokens: int, dtype: torch.dtype | None = None) -> list[dict]:
+           step: int, tokens: int, dtype: torch.dtype | None = None, base: list[dict] | None = None) -> list[dict]:
     """Runs ``ev`` with and without ``heads`` masked; one row per (task, length), pooled over depths:
-    exact match, token accuracy and answer loss unmasked and masked, and the chance levels."""
-    base = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
+    exact match, token accuracy and answer loss unmasked and masked, and the chance levels. ``base``:
+    the unmasked run's records, when already evaluated."""
+    base = base if base is not None else ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     with masked(model, heads):
         after = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     rows = []
@@ -120,3 +129,97 @@ def ablate(model, ev: LongContextEval, heads: list[tuple[int, int]], *, selectio
             "chance_token_accuracy": b["chance_token_accuracy"], "chance_loss": b["chance_loss"],
         })
     return rows
+
+
+def selection_seed(cfg: EvalConfig) -> int:
+    """The probe seed of the scores that choose heads: ``eval.heads.selection_seed``, else eval.seed + 1."""
+    return cfg.seed + 1 if cfg.heads.selection_seed is None else cfg.heads.selection_seed
+
+
+def selection_report(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, scored: dict, *, step: int, tokens: int,
+                     dtype: torch.dtype | None = None) -> dict:
+    """The retrieval-head report that chooses heads to ablate: the heads probes drawn with
+    ``selection_seed`` (held out from ``scored``, the report on eval.seed), or ``scored`` itself when
+    that seed is eval.seed."""
+    seed = selection_seed(cfg)
+    if seed == cfg.seed:
+        return scored
+    return RetrievalHeads(cfg.model_copy(update={"seed": seed}), tokenizer, held_out).run(model, step=step, tokens=tokens,
+                                                                                        dtype=dtype)
+
+
+def harm(rows: list[dict]) -> float:
+    """Drop in token accuracy of an ablation's rows, weighted by their probes."""
+    return sum(r["n"] * (r["token_accuracy"] - r["masked_token_accuracy"]) for r in rows) / sum(r["n"] for r in rows)
+
+
+def permutation_p(observed: float, draws: list[float]) -> float:
+    """Share of random draws at least as extreme as ``observed``, counting the observation itself
+    (Phipson & Smyth 2010): (1 + #{d >= observed}) / (1 + n); never 0."""
+    return (1 + sum(d >= observed for d in draws)) / (1 + len(draws))
+
+
+def layer_matched_draws(report: dict, top: list[tuple[int, int]], n: int, seed: int) -> list[list[tuple[int, int]]]:
+    """``n`` random head sets matched to ``top`` layer by layer: from each layer holding c heads of
+    ``top``, c of its attention heads (the top ones included: a draw may equal ``top``)."""
+    rng = np.random.default_rng(seed)
+    per_layer = Counter(layer for layer, _ in top)
+    heads_of = {layer: sorted(r["head"] for r in report["heads"] if r["layer"] == layer) for layer in per_layer}
+    draws = []
+    for _ in range(n):
+        draw = [(layer, heads_of[layer][i]) for layer, c in sorted(per_layer.items())
+                for i in rng.choice(len(heads_of[layer]), size=c, replace=False)]
+        draws.append(sorted(draw))
+    return draws
+
+
+def control_test(model, ev: LongContextEval, report: dict, top: list[tuple[int, int]], top_rows: list[dict],
+                 base: list[dict], *, controls: int, seed: int, step: int, tokens: int,
+                 dtype: torch.dtype | None = None) -> tuple[list[dict], dict]:
+    """The top-K ablation (its rows ``top_rows``) against ``controls`` layer-matched random draws
+    (``layer_matched_draws``): the draws' ablation rows (selection ``control``, ``draw`` = its index)
+    and the test: harm of the top K, of every draw, and the permutation p."""
+    rows, harms, top_harm = [], [], harm(top_rows)
+    for i, draw in enumerate(layer_matched_draws(report, top, controls, seed)):
+        mine = [r | {"draw": i} for r in ablate(model, ev, draw, selection="control", k=len(top), seed=seed, step=step,
+                                                tokens=tokens, dtype=dtype, base=base)]
+        rows += mine
+        harms.append(harm(mine))
+    test = {"step": step, "tokens": tokens, "k": len(top), "masked": [list(h) for h in top], "seed": seed,
+            "match": "layer", "draws": controls, "measure": "token_accuracy drop", "harm": top_harm, "draw_harms": harms,
+            "p": permutation_p(top_harm, harms)}
+    return rows, test
+
+
+def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: dict, *, selection: str | None,
+              k: int | None = None, listed: list[tuple[int, int]] = (), seed: int = 0, controls: int = 0,
+              each: bool = False, step: int, tokens: int, dtype: torch.dtype | None = None) -> dict:
+    """Head ablations of ``model`` on the long-context probes of ``cfg`` (no held-out text): the
+    ``selection`` (``choose_heads`` on ``selection_report``'s scores), with ``selection == "top"``
+    its test against ``controls`` layer-matched draws, and with ``each`` every attention head alone.
+    Returns the keys to add to the heads report: ``ablation`` rows, ``ablation_tests``, ``selection``."""
+    check_lengths(cfg, tokenizer)
+    out = {"ablation": [], "ablation_tests": []}
+    if selection is not None:  # chosen first: a bad choice fails before any evaluation
+        chooser = report if selection == "list" else selection_report(model, cfg, tokenizer, held_out, report, step=step,
+                                                                       tokens=tokens, dtype=dtype)
+        heads = choose_heads(chooser, selection, k, listed, seed)
+        if selection != "list":
+            out["selection"] = {"seed": selection_seed(cfg), "heads": [
+                {"layer": r["layer"], "head": r["head"], "score": r["score"]} for r in chooser["heads"]]}
+    ev = LongContextEval(cfg.model_copy(update={"position_sequences": 0}), tokenizer, held_out)
+    base = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
+    if selection is not None:
+        chosen = ablate(model, ev, heads, selection=selection, k=k, seed=seed if selection == "random" else None,
+                        step=step, tokens=tokens, dtype=dtype, base=base)
+        out["ablation"] += chosen
+        if selection == "top" and controls:
+            rows, test = control_test(model, ev, report, heads, chosen, base, controls=controls, seed=seed, step=step,
+                                      tokens=tokens, dtype=dtype)
+            out["ablation"] += rows
+            out["ablation_tests"].append(test | {"selection_seed": selection_seed(cfg)})
+    if each:
+        for head in [(r["layer"], r["head"]) for r in report["heads"]]:
+            out["ablation"] += ablate(model, ev, [head], selection="single", k=1, seed=None, step=step, tokens=tokens,
+                                      dtype=dtype, base=base)
+    return out

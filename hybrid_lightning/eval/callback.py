@@ -20,6 +20,7 @@ import lightning as L
 from hybrid_lightning.config import EvalConfig, RunConfig
 from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
 from hybrid_lightning.eval.heads_report import heads_scalars, score_image, write_heads
+from hybrid_lightning.eval.longppl import evaluator_key_tokens
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 from hybrid_lightning.precision import autocast_dtype
@@ -106,6 +107,10 @@ class LongContextEvaluation(PeriodicEvaluation):
             return None
         every = self.cfg.eval.generate_every_n_steps
         generate = (every and trainer.global_step % every == 0) or 0 < trainer.max_steps <= trainer.global_step
+        if self._eval.sequences and self._eval.keys.key is None and self.cfg.eval.longppl_evaluator is not None:
+            # until the evaluator has finished training, LongPPL is not reported (the reason is recorded)
+            self._eval.keys = evaluator_key_tokens(self.cfg, self._eval.sequences, pl_module.device,
+                                                   autocast_dtype(trainer.precision))
         return self._eval.run(pl_module.model, step=step, tokens=pl_module.tokens_at(trainer.global_step),
                               dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size,
                               generate=bool(generate))

@@ -28,6 +28,11 @@ averaged over samples (they keep samples answered with ROUGE-1 recall > 0.5); a 
   (``min_copy_precision``); ``locator`` = any other head whose argmax is in the span on most answer
   steps (``min_in_span``).
 
+- Reach: besides the task's probes, *echo* probes (near.py) state the answer again a few tokens
+  before it is asked, so a sliding-window head can reach a copy source. Every head records the
+  answer steps whose source lay inside its window (``reach_steps``) and its score over those alone
+  (``reach_score``): where retrieval heads lie is compared among heads that could reach a source.
+
 Only attention mixers (full and sliding-window) are scored; other layers are reported as not
 applicable. Attention rows are computed only for the answer steps: while the model runs in pieces,
 forward pre-hooks keep each attention layer's keys (all positions for full attention, the last W-1
@@ -45,15 +50,18 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig
+from hybrid_lightning.eval.near import make_probe
 from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
 from hybrid_lightning.eval.scoring import STATS, score_samples
-from hybrid_lightning.eval.tasks import GenContext, Sample
-from hybrid_lightning.model.attention import attention_probs
+from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample
+from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
 
 # Per (layer, head) sums over samples: per-sample means over answer steps of hits, token hits,
-# in-span argmaxes, span mass, source mass; then the pooled counts of hits and in-span argmaxes.
-HEAD_STATS = ("score", "token_score", "in_span", "span_mass", "source_mass", "hits", "in_span_steps")
+# in-span argmaxes, span mass, source mass; then the pooled counts of hits, in-span argmaxes, answer
+# steps, and answer steps with a copy source inside the head's window (``reach``).
+HEAD_STATS = ("score", "token_score", "in_span", "span_mass", "source_mass", "hits", "in_span_steps", "steps",
+              "reach_steps")
 # Per-evaluation sums: samples, samples kept by the filter, exact matches, answer tokens, correct ones.
 SAMPLE_STATS = ("samples", "kept", "exact", "answer_tokens", "correct")
 
@@ -62,7 +70,12 @@ def check_heads_probes(cfg: EvalConfig, tokenizer) -> None:
     """``check_lengths`` for the ``eval.heads`` probes; the error names eval.heads.* keys."""
     h = cfg.heads
     try:
-        check_lengths(cfg.model_copy(update={"tasks": h.tasks, "lengths": h.lengths, "value_tokens": h.value_tokens}), tokenizer)
+        probes = cfg.model_copy(update={"tasks": h.tasks, "lengths": h.lengths, "value_tokens": h.value_tokens})
+        check_lengths(probes, tokenizer)
+        if h.echo:
+            ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), h.value_tokens)
+            for task, length in itertools.product(h.tasks, h.lengths):
+                make_probe((task, length, 0.5, 0, True), ctx, cfg.seed)
     except ValueError as e:
         raise ValueError(re.sub(r"^eval\.", "eval.heads.", str(e))) from None
 
@@ -130,13 +143,14 @@ def answer_targets(s: Sample, qlo: int, nq: int, n: int) -> tuple[np.ndarray, ..
 
 
 def head_stats(probs: torch.Tensor, valid: torch.Tensor, source: torch.Tensor, span: torch.Tensor,
-               token: torch.Tensor) -> torch.Tensor:
+               token: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
     """Per-sample ``HEAD_STATS`` (B, H, len(HEAD_STATS)) float64 from the attention rows of the answer.
 
     Args:
         probs: (B, H, nq, nk) attention weights of the answer rows over the keys.
         valid: (B, nq) rows that predict a copied answer token.
         source, span, token: (B, nq, nk) targets of each row (``answer_targets``).
+        reach: (B, nq) valid rows with a copy source the head can see (``reachable``).
     """
     H = probs.shape[1]
     top = probs.argmax(dim=-1, keepdim=True)  # (B, H, nq, 1); ties go to the first position
@@ -150,7 +164,17 @@ def head_stats(probs: torch.Tensor, valid: torch.Tensor, source: torch.Tensor, s
     token_hits = (at_top(token) * v).sum(-1)
     span_mass = ((probs * span[:, None]).sum(-1).double() * v).sum(-1)
     source_mass = ((probs * source[:, None]).sum(-1).double() * v).sum(-1)
-    return torch.stack([hits / n, token_hits / n, in_span / n, span_mass / n, source_mass / n, hits, in_span], dim=-1)
+    steps = valid.sum(dim=1).double()[:, None].expand(-1, H)  # (B, H)
+    reached = reach.sum(dim=1).double()[:, None].expand(-1, H)
+    return torch.stack([hits / n, token_hits / n, in_span / n, span_mass / n, source_mass / n, hits, in_span, steps,
+                        reached], dim=-1)
+
+
+def reachable(valid: torch.Tensor, source: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(B, nq) bool: answer rows (``valid``, (B, nq)) with a copy source (``source``, (B, nq, nk) over
+    the last nk key positions, the rows being the last nq) within ``window`` of the row."""
+    allowed = causal_mask(source.shape[1], source.shape[2], window, source.device)  # (nq, nk)
+    return valid & (source & allowed).any(dim=-1)
 
 
 class RetrievalHeads:
@@ -165,7 +189,10 @@ class RetrievalHeads:
     def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
         self.cfg, h = cfg, cfg.heads
         self.ctx = GenContext(tokenizer, held_out, h.value_tokens, cfg.vt_example)
-        self.specs = [(t, n, d, i) for n in h.lengths for t in h.tasks for d in h.depths for i in range(h.samples)]
+        # echo probes (near.py) at the middle depth only: the echo, not the needle, is their near source
+        echo_depths = [h.depths[len(h.depths) // 2]] if h.echo else []
+        self.specs = [(t, n, d, i, e) for n in h.lengths for t in h.tasks
+                      for e, depths in ((False, h.depths), (True, echo_depths)) for d in depths for i in range(h.samples)]
 
     @torch.no_grad()
     def run(self, model, *, step: int, tokens: int, dtype: torch.dtype | None = None, rank: int = 0, world: int = 1) -> dict:
@@ -177,7 +204,8 @@ class RetrievalHeads:
         model.eval()
         heads = SumTable(len(model.layers) * model.cfg.n_heads, len(HEAD_STATS)).to(device)
         samples = SumTable(1, len(SAMPLE_STATS)).to(device)
-        for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank, world, device):
+        for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank, world, device,
+                                                 make_probe):
             self._score(model, probes, weight, dtype, device, heads, samples)
         model.train(was_training)
         # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
@@ -210,7 +238,9 @@ class RetrievalHeads:
         H = model.cfg.n_heads
         for (index, mixer), capture in zip(layers, captures):
             probs = attention_probs(capture.queries(), capture.keys(), mixer.window)  # (B, H, nq, nk)
-            per = head_stats(probs, valid, source[..., capture.lo :], span[..., capture.lo :], token[..., capture.lo :])
+            seen = source[..., capture.lo :]
+            per = head_stats(probs, valid, seen, span[..., capture.lo :], token[..., capture.lo :],
+                             reachable(valid, seen, mixer.window))
             heads.update(index * H + torch.arange(H), (per * (weight * kept)[:, None, None]).sum(dim=0))
 
     def report(self, model, heads: torch.Tensor, samples: torch.Tensor, step: int, tokens: int) -> dict:
@@ -230,6 +260,10 @@ class RetrievalHeads:
                 row["copy_precision"] = t["hits"] / t["in_span_steps"] if t["in_span_steps"] else None
             else:
                 row |= dict.fromkeys(("score", "token_score", "in_span", "span_mass", "source_mass", "copy_precision"))
+            # the score over the answer steps whose copy source the head can see (inside its window)
+            row |= {"answer_steps": int(t["steps"]), "reach_steps": int(t["reach_steps"]),
+                    "reach_score": t["hits"] / t["reach_steps"] if t["reach_steps"] else None}
+            row["reach_retrieval"] = row["reach_score"] is not None and row["reach_score"] > h.threshold
             row["retrieval"] = row["score"] is not None and row["score"] > h.threshold
             copy = row["retrieval"] and (row["copy_precision"] or 0.0) >= h.min_copy_precision
             locator = not copy and row["in_span"] is not None and row["in_span"] >= h.min_in_span
@@ -249,13 +283,17 @@ class RetrievalHeads:
 
 
 def counts(rows: list[dict], scored: bool = True) -> dict:
-    """Retrieval, copy and locator head counts and the max and mean score of head rows (None where
-    nothing is scored: a layer that is not attention, or no sample kept)."""
+    """Retrieval, copy and locator head counts, the max and mean score of head rows, the heads that
+    could see a copy source and those of them above the threshold there (None where nothing is
+    scored: a layer that is not attention, or no sample kept)."""
     if not scored:
-        return dict.fromkeys(("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score"))
+        return dict.fromkeys(("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score", "reaching_heads",
+                              "reach_retrieval_heads"))
     scores = [r["score"] for r in rows if r["score"] is not None]
     return {
         "retrieval_heads": sum(r["retrieval"] for r in rows),
+        "reaching_heads": sum(r["reach_steps"] > 0 for r in rows),  # heads that could see a copy source
+        "reach_retrieval_heads": sum(r["reach_retrieval"] for r in rows),
         "copy_heads": sum(r["role"] == "copy" for r in rows),
         "locator_heads": sum(r["role"] == "locator" for r in rows),
         "max_score": max(scores) if scores else None,

@@ -11,8 +11,9 @@ import numpy as np
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
-# Fields that identify an ablation row; a newer row replaces an older one with the same key.
+# Fields that identify an ablation row and an ablation test; a newer one replaces an older one with the same key.
 ABLATION_KEY = ("selection", "k", "seed", "masked", "task", "length")
+TEST_KEY = ("k", "masked", "seed", "match", "draws", "selection_seed")
 ANNOTATE_CELLS = 256  # the image prints each score when the grid has at most this many cells
 
 
@@ -102,6 +103,8 @@ def heads_table(report: dict, top: int = 5) -> str:
         lines.append(row)
     lines.append(f"retrieval heads {t['retrieval_heads']} (copy {t['copy_heads']}, locator {t['locator_heads']}) of "
                  f"{len(report['heads'])} attention heads; max score {_num(t['max_score'])}, mean {_num(t['mean_score'])}")
+    lines.append(f"heads that could reach a copy source (inside their window): {t['reaching_heads']}, of which above the "
+                 f"threshold there: {t['reach_retrieval_heads']}")
     ranked = sorted((r for r in report["heads"] if r["score"] is not None), key=lambda r: -r["score"])[:top]
     if ranked:
         lines.append("top heads:  score  token score  in-span  copy precision  span mass  source mass  role")
@@ -130,6 +133,25 @@ def ablation_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def control_table(test: dict) -> str:
+    """Plain text: an ablation test, the top K against layer-matched random draws."""
+    harms = test["draw_harms"]
+    return (f"top-{test['k']} ({' '.join(head_name(*h) for h in test['masked'])}, chosen on probe seed {test['selection_seed']}) "
+            f"vs {test['draws']} random draws from the same layers: token accuracy drop {test['harm']:.3f} vs "
+            f"{min(harms):.3f}-{max(harms):.3f} (mean {sum(harms) / len(harms):.3f}); permutation p = {test['p']:.3f}")
+
+
+def single_table(report: dict) -> str:
+    """Plain text: the token accuracy drop of masking each attention head alone, pooled over the probes."""
+    from hybrid_lightning.eval.ablation import harm
+
+    by_head: dict[str, list[dict]] = {}
+    for r in report["ablation"]:
+        if r["selection"] == "single":
+            by_head.setdefault(head_name(*r["masked"][0]), []).append(r)
+    return "single-head ablation, token accuracy drop: " + "  ".join(f"{h} {harm(rows):+.3f}" for h, rows in by_head.items())
+
+
 def heads_path(run_dir: Path, step: int) -> Path:
     return eval_path(run_dir, "heads", step)
 
@@ -137,4 +159,4 @@ def heads_path(run_dir: Path, step: int) -> Path:
 def write_heads(run_dir: Path, report: dict) -> Path:
     """Writes ``eval/heads_step_<step>.json``: the report's scores replace the file's; ablation rows
     of the file that the report does not replace are kept."""
-    return write_eval_record(run_dir, "heads", report, {"ablation": ABLATION_KEY})
+    return write_eval_record(run_dir, "heads", report, {"ablation": ABLATION_KEY, "ablation_tests": TEST_KEY})

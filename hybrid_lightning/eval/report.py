@@ -88,7 +88,8 @@ def scalars(report: dict) -> dict[str, float]:
     for row in report["longppl"]:
         if row["longppl"] is not None:
             out["longctx/longppl"] = row["longppl"]
-        out["longctx/key_token_share"] = row["key_tokens"] / row["scored_tokens"]
+        if row["key_tokens"] is not None:
+            out["longctx/key_token_share"] = row["key_tokens"] / row["scored_tokens"]
         out["longctx/ppl_long"] = row["ppl"]
     return out
 
@@ -139,9 +140,12 @@ def table(report: dict) -> str:
     if report["position_loss"]:
         lines.append("loss by position: " + "  ".join(f"{r['position_lo']}+: {r['loss']:.3f}" for r in report["position_loss"]))
     for r in report["longppl"]:
-        longppl = "n/a" if r["longppl"] is None else f"{r['longppl']:.3f}"
-        lines.append(f"LongPPL {longppl} over {r['key_tokens']} key tokens of {r['scored_tokens']} "
-                     f"(context {r['context']}); perplexity {r['ppl']:.3f}")
+        if r.get("key_tokens") is None:
+            lines.append(f"LongPPL not reported: {r.get('reason')}; perplexity {r['ppl']:.3f}")
+        else:
+            longppl = "n/a" if r["longppl"] is None else f"{r['longppl']:.3f}"
+            lines.append(f"LongPPL {longppl} over {r['key_tokens']} key tokens of {r['scored_tokens']} "
+                         f"(context {r['context']}, evaluator {r.get('evaluator')}); perplexity {r['ppl']:.3f}")
     return "\n".join(lines)
 
 

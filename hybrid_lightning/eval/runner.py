@@ -2,26 +2,25 @@
 loss and LongPPL on held-out text, summed through torchmetrics (samples split across ranks, sums
 synced) into a report that the callback and ``hybrid-lightning eval`` log and write alike.
 
-LongPPL (Fang et al. 2024, arXiv 2410.23771): perplexity over the *key tokens* of held-out text,
-those whose loss drops markedly given the long context: NLL(short) - NLL(long) > alpha (2 nats)
-and log p(long) > beta (-2), as in the paper. The model itself judges (no evaluator model), with
-a short context of K = ``eval.longppl_context`` to 2K-1 tokens (``scoring.short_context_nll``);
-only tokens with at least 2K tokens of context can be key tokens.
+LongPPL (Fang et al. 2024, arXiv 2410.23771): the model's perplexity over the *key tokens* of the
+held-out sequences, chosen once by one evaluator model for every model of a study (longppl.py);
+without an evaluator LongPPL is not reported.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torchmetrics import Metric
 
 from hybrid_lightning.config import EvalConfig
+from hybrid_lightning.eval.longppl import NO_EVALUATOR, KeyTokens, scored_columns
 from hybrid_lightning.eval.report import GENERATION_FIELDS
-from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, short_context_nll, token_nll
+from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, token_nll
 from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample, check_tasks, make_sample
 
 
@@ -48,15 +47,23 @@ def shard(items: list, rank: int, world: int) -> list[tuple[object, float]]:
     return mine + [(items[0], 0.0)] * (-(-len(items) // world) - len(mine)) if items else []
 
 
+def task_probe(spec: tuple, ctx: GenContext, seed: int) -> Sample:
+    """The probe of a spec (task, length, depth, index)."""
+    task, length, depth, index = spec
+    return make_sample(task, ctx, length, depth, index, seed)
+
+
 def probe_batches(specs: list[tuple], ctx: GenContext, batch_size: int, seed: int, rank: int, world: int,
-                  device: torch.device) -> Iterator[tuple[list[tuple], list[Sample], torch.Tensor]]:
-    """This rank's share of the probes ``specs`` (task, length, depth, index), length by length, in
-    batches of equal length: (specs, samples, weights (B,) float64; 0 for ``shard``'s padding)."""
+                  device: torch.device, make: Callable[[tuple, GenContext, int], Sample] = task_probe
+                  ) -> Iterator[tuple[list[tuple], list[Sample], torch.Tensor]]:
+    """This rank's share of the probes ``specs`` (task, length, depth, index, ...: ``make`` builds
+    each), length by length, in batches of equal length: (specs, samples, weights (B,) float64; 0
+    for ``shard``'s padding)."""
     for length in dict.fromkeys(spec[1] for spec in specs):
         mine = shard([spec for spec in specs if spec[1] == length], rank, world)
         for i in range(0, len(mine), batch_size):
             batch = mine[i : i + batch_size]
-            samples = [make_sample(t, ctx, n, d, k, seed) for (t, n, d, k), _ in batch]
+            samples = [make(spec, ctx, seed) for spec, _ in batch]
             yield [spec for spec, _ in batch], samples, torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)
 
 
@@ -82,15 +89,17 @@ class LongContextEval:
         tokenizer: the run's tokenizer (``encode``/``decode``).
         held_out: held-out token stream (the validation split): essay haystacks and the
             per-position loss / LongPPL sequences come from it.
+        keys: LongPPL's key tokens of ``sequences`` (``longppl.evaluator_key_tokens``); None = not reported.
     """
 
-    def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
+    def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray, keys: KeyTokens | None = None):
         self.cfg, self.ctx = cfg, GenContext(tokenizer, held_out, cfg.value_tokens, cfg.vt_example)
         self.specs = [(t, L, d, i) for L in cfg.lengths for t in cfg.tasks for d in cfg.depths for i in range(cfg.samples)]
         n, T = cfg.position_sequences, cfg.position_len + 1
         starts = np.linspace(0, max(0, len(held_out) - T), n).astype(np.int64) if n else []
         self.sequences = [np.take(held_out, np.arange(s, s + T), mode="wrap").astype(np.int64) for s in starts]
         self.buckets = position_buckets(cfg.position_len)
+        self.keys = keys or KeyTokens(None, None, NO_EVALUATOR)
 
     def _cell(self, task: str, length: int, depth: float, in_window: bool) -> int:
         c = self.cfg
@@ -135,20 +144,20 @@ class LongContextEval:
         NLL and tokens of all tokens with at least 2K context) over this rank's held-out sequences."""
         c = self.cfg
         positions, longppl = SumTable(len(self.buckets), 2).to(device), SumTable(1, 4).to(device)
-        mine = shard(self.sequences, rank, world)
+        mine = shard(list(range(len(self.sequences))), rank, world)
+        scored = torch.from_numpy(scored_columns(c.position_len, c.longppl_context)).to(device)  # (T-1,)
         for i in range(0, len(mine), c.batch_size):
-            batch = mine[i : i + c.batch_size]
-            ids = torch.from_numpy(np.stack([s for s, _ in batch])).to(device)  # (B, T)
-            weight = torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)[:, None]  # (B, 1)
+            batch = [j for j, _ in mine[i : i + c.batch_size]]
+            ids = torch.from_numpy(np.stack([self.sequences[j] for j in batch])).to(device)  # (B, T)
+            weight = torch.tensor([w for _, w in mine[i : i + c.batch_size]], dtype=torch.float64, device=device)[:, None]  # (B, 1)
             nll = token_nll(model, ids, c.chunk_tokens, dtype)[0].double() * weight  # (B, T-1): column p-1 predicts p
             sums = torch.stack([nll[:, lo - 1 : hi - 1].sum() for lo, hi in self.buckets])
             counts = torch.tensor([(hi - lo) * weight.sum().item() for lo, hi in self.buckets], dtype=torch.float64)
             positions.update(torch.arange(len(self.buckets)), torch.stack([sums, counts.to(device)], dim=1))
-            short = short_context_nll(model, ids, c.longppl_context, c.chunk_tokens, dtype, c.batch_size).double() * weight
-            scored = ~short.isnan() & (weight > 0)
-            key = scored & (short - nll > c.longppl_alpha) & (-nll > c.longppl_beta)
+            key = (torch.from_numpy(self.keys.key[batch]).to(device) if self.keys.key is not None
+                   else torch.zeros_like(nll, dtype=torch.bool)) & (weight > 0)  # (B, T-1)
             longppl.update(torch.zeros(1, dtype=torch.long), torch.stack([
-                nll[key].sum(), key.sum().double(), nll[scored].sum(), scored.sum().double()])[None])
+                nll[key].sum(), key.sum().double(), nll[:, scored].sum(), scored.sum() * weight.sum()])[None])
         return positions, longppl
 
     def report(self, cells: torch.Tensor, positions: torch.Tensor, longppl: torch.Tensor, step: int, tokens: int,
@@ -178,7 +187,9 @@ class LongContextEval:
         longppl_rows = [] if n == 0 else [{
             "step": step, "tokens": tokens, "length": c.position_len, "context": c.longppl_context,
             "alpha": c.longppl_alpha, "beta": c.longppl_beta, "longppl": math.exp(key_nll / n_key) if n_key else None,
-            "key_tokens": int(n_key), "scored_tokens": int(n), "ppl": math.exp(nll / n),
+            "key_tokens": int(n_key) if self.keys.key is not None else None, "scored_tokens": int(n),
+            "ppl": math.exp(nll / n), "evaluator": self.keys.evaluator,
+            "reason": self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key tokens",
         }]
         return {"step": step, "tokens": tokens, "window": window, "records": records,
                 "position_loss": position_rows, "longppl": longppl_rows}
