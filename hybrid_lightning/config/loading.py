@@ -95,7 +95,7 @@ def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Reads a YAML run config (None = the embedded default), applies overrides, validates.
 
-    Relative paths in ``data.files`` and ``data.tokenizer`` are resolved against the
+    Relative paths in ``data.files``, ``data.tokenizer`` and ``data.store`` are resolved against the
     config file's folder; those given with ``--set`` against the working directory.
     """
     raw: dict = {}
@@ -114,7 +114,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:
-    """Makes relative ``data.files`` and ``data.tokenizer`` paths absolute against ``base``."""
+    """Makes relative ``data.files``, ``data.tokenizer`` and ``data.store`` paths absolute against ``base``."""
     data = raw.get("data")
     if not isinstance(data, dict):
         return raw
@@ -127,6 +127,8 @@ def resolve_paths(raw: dict, base: Path) -> dict:
     tok = data.get("tokenizer")
     if isinstance(tok, str) and tok != "byte":
         data["tokenizer"] = str((base / tok).resolve())
+    if isinstance(data.get("store"), str):
+        data["store"] = str((base / data["store"]).resolve())
     return {**raw, "data": data}
 
 
