@@ -11,7 +11,7 @@ A store is a folder::
 Each unit of the sources (``data/corpus.py``) is read and tokenized by a worker process and
 becomes one shard; the main process splits it into training and validation documents (document i
 of the corpus is held out when frac(i x golden ratio) < ``data.val_fraction``), stops once
-``data.max_tokens`` training tokens are reached, and writes the shard. At most ``workers + 1``
+``data.max_tokens`` training tokens are reached, and writes the shard. At most ``workers``
 units are in memory at once, whatever the corpus size. A killed prepare resumes from its
 finished shards (their checksums verified); a store without a manifest is never read.
 
@@ -205,7 +205,12 @@ def tokenize_unit(unit: Unit, tokenizer: str, text_field: str, min_doc_tokens: i
             flush()
             size = 0
     flush()
-    return (np.concatenate(parts) if parts else np.zeros(0, dtype)), np.asarray(lengths, np.int64)
+    tokens = np.empty(sum(p.size for p in parts), dtype)
+    pos = 0
+    for part in reversed([parts.pop() for _ in range(len(parts))]):  # each part freed once copied
+        tokens[pos : pos + part.size] = part
+        pos += part.size
+    return tokens, np.asarray(lengths, np.int64)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -254,7 +259,7 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
         pending: deque[tuple[int, Future]] = deque()
         try:
             while True:
-                while len(pending) < (1 if workers <= 1 else workers + 1) and (nxt := next(units, None)) is not None:
+                while len(pending) < workers and (nxt := next(units, None)) is not None:
                     k, unit = nxt
                     pending.append((k, pool.submit(tokenize_unit, unit, cfg.tokenizer, cfg.text_field, cfg.min_doc_tokens)))
                 if not pending:
@@ -321,24 +326,38 @@ def _write_shard(folder: Path, k: int, tokens: np.ndarray, lengths: np.ndarray, 
             lengths, is_val = lengths[: j + 1].copy(), is_val[: j + 1]
             lengths[j] = cfg.max_tokens - train0 - int(lengths[:j][~is_val[:j]].sum())
             tokens = tokens[: int(lengths.sum())]
-    in_val = np.repeat(is_val, lengths)
-    files = {
-        f"train_{k:05d}.bin": tokens[~in_val].astype(dtype, copy=False),
-        f"val_{k:05d}.bin": tokens[in_val].astype(dtype, copy=False),
-        f"train_{k:05d}.docs.npy": lengths[~is_val],
-        f"val_{k:05d}.docs.npy": lengths[is_val],
-    }
-    digests = {}
-    for name, arr in files.items():
-        if name.endswith(".npy"):
-            _write_atomic(folder / name, lambda f, a=arr: np.save(f, a))
-        else:
-            _write_atomic(folder / name, lambda f, a=arr: f.write(memoryview(np.ascontiguousarray(a)).cast("B")))
-        digests[name] = _sha256(folder / name)
-    record = {"unit": k, "plan": plan_id, "docs": int(lengths.size), "train_tokens": int(files[f"train_{k:05d}.bin"].size),
-              "val_tokens": int(files[f"val_{k:05d}.bin"].size), "last": last, "sha256": digests}
+    digests, counts = {}, {}
+    for split, docs in (("train", ~is_val), ("val", is_val)):
+        name = f"{split}_{k:05d}"
+        digests[f"{name}.bin"], counts[split] = _write_tokens(folder / f"{name}.bin", tokens, _runs(lengths, docs))
+        _write_atomic(folder / f"{name}.docs.npy", lambda f, a=lengths[docs]: np.save(f, a))
+        digests[f"{name}.docs.npy"] = _sha256(folder / f"{name}.docs.npy")
+    record = {"unit": k, "plan": plan_id, "docs": int(lengths.size), "train_tokens": counts["train"],
+              "val_tokens": counts["val"], "last": last, "sha256": digests}
     _write_atomic(folder / f"shard_{k:05d}.json", lambda f: f.write(json.dumps(record).encode()))
     return record
+
+
+def _runs(lengths: np.ndarray, docs: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) token ranges of the runs of consecutive documents selected by ``docs``."""
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], docs.astype(np.int8), [0]])))
+    return [(int(starts[a]), int(ends[b - 1])) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def _write_tokens(path: Path, tokens: np.ndarray, runs: list[tuple[int, int]]) -> tuple[str, int]:
+    """Writes the token ranges ``runs`` one after another, without copying them; (SHA-256, tokens)."""
+    digest = hashlib.sha256()
+
+    def write(f) -> None:
+        for a, b in runs:
+            view = memoryview(tokens[a:b]).cast("B")
+            f.write(view)
+            digest.update(view)
+
+    _write_atomic(path, write)
+    return digest.hexdigest(), sum(b - a for a, b in runs)
 
 
 def _join(folder: Path, names: list[str], dtype: np.dtype, out: Path, start: int = 0, stop: int | None = None) -> None:
@@ -400,7 +419,7 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
     _write_atomic(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     for name in val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)]:
         (folder / name).unlink(missing_ok=True)
-    print(f"data: prepared {Store(folder, manifest).summary()} in {seconds:.1f} s")
+    print(f"data: prepared the token store {folder} in {seconds:.1f} s")
     return manifest
 
 
