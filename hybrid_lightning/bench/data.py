@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -146,7 +147,7 @@ def first_batch_seconds(corpus: Path, tokenizer: str, store: Path) -> float:
 
 
 def run(quick: bool) -> dict:
-    small, large, speed_mb, shard_mb = (6, 24, 2, 0.25) if quick else (60, 240, 8, 1)
+    small, large, speed_mb, shard_mb, reps = (6, 24, 2, 0.25, 1) if quick else (60, 240, 8, 1, 3)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -156,14 +157,20 @@ def run(quick: bool) -> dict:
         for name, spec, mb in (("byte", "byte", 4 * speed_mb), ("BPE 8192", bpe, speed_mb)):
             corpus = tmp / f"speed{mb}.jsonl"
             write_corpus(corpus, mb, pool, 1)
-            ref, ref_cpu = reference_seconds(corpus, spec)
-            runs = {w: prepare_seconds(corpus, spec, tmp / f"s{name[:4]}{w}", w, shard_mb) for w in (1, 2)}
+            runs: dict = {"ref": [], 1: [], 2: []}
+            for _ in range(reps):  # round-robin, so that a change in the machine's load falls on all three
+                runs["ref"].append(reference_seconds(corpus, spec))
+                for w in (1, 2):
+                    shutil.rmtree(tmp / "speed-store", ignore_errors=True)
+                    runs[w].append(prepare_seconds(corpus, spec, tmp / "speed-store", w, shard_mb))
+            med = [tuple(np.median(runs[k], axis=0)) for k in ("ref", 1, 2)]  # (wall, CPU) of each
+            ref, ref_cpu = med[0]
             rows.append({"measure": f"tokenizer's own batch encoding, {mb} MB, {name} (all cores)", "seconds": ref,
                          "CPU s": ref_cpu, "MB/s": mb / ref, "MB per CPU s": mb / ref_cpu})
-            for w, (wall, cpu) in runs.items():
+            for w, (wall, cpu) in zip((1, 2), med[1:]):
                 rows.append({"measure": f"prepare {mb} MB, {name}, {w} worker{'s' * (w > 1)}", "seconds": wall, "CPU s": cpu,
                              "MB/s": mb / wall, "MB per CPU s": mb / cpu, "vs tokenizer batch speed": ref / wall,
-                             "speed-up 1 -> 2 workers": runs[1][0] / wall if w == 2 else ""})
+                             "speed-up 1 -> 2 workers": med[1][0] / wall if w == 2 else ""})
         peaks = {}
         for mb in (small, large):
             corpus = tmp / f"c{mb}.jsonl"
@@ -178,7 +185,7 @@ def run(quick: bool) -> dict:
                                     "to the first batch of 16 x 1024",
                          "seconds": first_batch_seconds(tmp / f"c{mb}.jsonl", "byte", tmp / f"store{mb}")})
     notes = ("Generated JSON-lines corpora (Zipf pseudo-words); the BPE is trained here on half of the unique "
-             "documents. Throughput rows: the tokenizer's batch encoding (1 MiB batches, its own thread pool over all "
+             f"documents. Throughput rows, medians of {reps} rounds run round-robin: the tokenizer's batch encoding (1 MiB batches, its own thread pool over all "
              f"cores) of the texts already in memory, then `data prepare` of the same file in the same process "
              f"(shards of {shard_mb} MiB so that both workers have units; one thread per worker; reading JSON, "
              "splitting, checksums and writing included); 'vs tokenizer batch speed' is the ratio of the two "

@@ -22,6 +22,7 @@ that changes the tokens. Concurrent runs share it: one builds under a file lock,
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -254,6 +255,7 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
     if not any(r["last"] for r in records):
         for _ in records:  # the finished units
             next(units)
+        gc.freeze()  # forked workers then leave this process's objects alone: no copy-on-write by their GC
         pool = _InProcess() if workers <= 1 else ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("fork"), initializer=_init_worker)
         pending: deque[tuple[int, Future]] = deque()
@@ -272,6 +274,7 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
                     break
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            gc.unfreeze()
     return _finalize(cfg, tok, folder, ident, records, dtype, time.perf_counter() - t0)
 
 
