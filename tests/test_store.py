@@ -293,3 +293,26 @@ def test_probes_and_synthetic_data_with_byte_and_trained_bpe(tmp_path, kind):
     spans = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
     values = [tok.decode(ids[a:b]) for a, b in zip(spans[::2], spans[1::2]) if b < ids.size]
     assert values and all(v in tok.decode(ids[:a]) for v, a in zip(values, spans[::2]))
+
+
+def _open_in_child(cfg, out):
+    out.put(open_store(cfg, workers=1).manifest)
+
+
+def test_concurrent_opens_build_once(tmp_path, capfd):
+    """Processes that open a missing store at once: one prepares it, the others wait and read it."""
+    import multiprocessing
+
+    files = write_corpus(tmp_path / "src", documents(150))
+    cfg = data_config(tmp_path, files)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_open_in_child, args=(cfg, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    manifests = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    assert manifests[0] == manifests[1] == manifests[2]
+    assert capfd.readouterr().out.count("data: prepared the token store") == 1

@@ -255,6 +255,8 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
     if not any(r["last"] for r in records):
         for _ in records:  # the finished units
             next(units)
+        if plan is not None:  # no more workers than units left
+            workers = max(1, min(workers, len(plan) - len(records)))
         gc.freeze()  # forked workers then leave this process's objects alone: no copy-on-write by their GC
         pool = _InProcess() if workers <= 1 else ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("fork"), initializer=_init_worker)
