@@ -316,3 +316,23 @@ def test_concurrent_opens_build_once(tmp_path, capfd):
         assert p.exitcode == 0
     assert manifests[0] == manifests[1] == manifests[2]
     assert capfd.readouterr().out.count("data: prepared the token store") == 1
+
+
+@pytest.mark.slow  # three short training runs: about 45 s on 2 busy cores
+def test_training_resumes_exactly_from_a_sharded_store(tmp_path):
+    """15 steps, then 15 more from the checkpoint, on a store of many shards, equal 30 straight steps."""
+    files = write_corpus(tmp_path / "src", documents(300, seed=6))
+    args = [*TINY[:-2], "--set", f"data.files={files}", "--set", "data.text_field=body", "--set", "data.shard_mb=0.01",
+            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "train.seq_len=64", "--set", "train.batch_size=4",
+            "--set", "train.schedule=constant", "--set", "train.warmup_steps=0", "--set", "train.checkpoint_every_n_steps=15",
+            "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
+            "--set", "eval.heads.at_end=false", "--set", "train.val_every_n_steps=1000"]
+    for run, steps in (("straight", [30]), ("resumed", [15, 30])):
+        for n in steps:
+            r = run_cli("train", "--run-dir", str(tmp_path / run), *args, "--set", f"train.max_steps={n}")
+            assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming from" in r.stdout
+    stores = list((tmp_path / "cache" / "store").glob("*/manifest.json"))
+    assert len(stores) == 1 and len(json.loads(stores[0].read_text())["shards"]) > 10
+    a, b = (torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for run in ("straight", "resumed"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
