@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hybrid_lightning.config import DataConfig
+from hybrid_lightning.data.tokenizer import load_tokenizer
 
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".py", ".c", ".h", ".tex", ".csv", ".html", ".xml", ""}
 JSON_SUFFIXES = {".json", ".jsonl"}
@@ -87,8 +88,6 @@ def check_sources(cfg: DataConfig) -> None:
     """Fails early (before any run directory or store exists) on missing, empty or binary files, a
     missing text field, or a tokenizer that does not load. Reads the start of each file only: a
     fault further in is reported, naming the file, when the store is prepared."""
-    from hybrid_lightning.data.tokenizer import load_tokenizer
-
     load_tokenizer(cfg.tokenizer)
     for path in resolve_files(cfg.files) if cfg.files else []:
         if path.stat().st_size == 0:
