@@ -231,6 +231,37 @@ def cmd_heads(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from hybrid_lightning.data.store import open_store
+
+    print(open_store(_load(args).data, workers=args.workers).summary())
+    return 0
+
+
+def cmd_data_tokenizer(args: argparse.Namespace) -> int:
+    from hybrid_lightning.data.corpus import iter_documents
+    from hybrid_lightning.data.tokenizer import train_bpe
+
+    cfg = _load(args)
+    tok = train_bpe(iter_documents(cfg.data), args.vocab_size, args.out)
+    print(f"byte-level BPE of {tok.vocab_size} tokens written to {args.out} (use it with --set data.tokenizer={args.out})")
+    return 0
+
+
+def _add_data_parser(sub) -> None:
+    data = sub.add_parser("data", help="token stores and tokenizers: prepare a corpus, train a BPE")
+    actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    p = actions.add_parser("prepare", help="tokenize the config's corpus into its token store (resumes an interrupted one)")
+    _add_config_args(p)
+    p.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: data.prepare_workers, else the cores, at most 8)")
+    p.set_defaults(func=cmd_data_prepare)
+    p = actions.add_parser("tokenizer", help="train a byte-level BPE on the config's corpus (tokenizers)")
+    _add_config_args(p)
+    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="vocabulary size, <|endoftext|> included")
+    p.add_argument("--out", required=True, help="tokenizers JSON file to write")
+    p.set_defaults(func=cmd_data_tokenizer)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
@@ -283,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_params)
 
     _add_grid_parser(sub)
+    _add_data_parser(sub)
     _add_analysis_parsers(sub)
     return parser
 

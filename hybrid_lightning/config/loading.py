@@ -95,7 +95,7 @@ def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Reads a YAML run config (None = the embedded default), applies overrides, validates.
 
-    Relative paths in ``data.files``, ``data.tokenizer`` and ``eval.longppl_evaluator`` are resolved against the
+    Relative paths in ``data.files``, ``data.tokenizer``, ``data.store`` and ``eval.longppl_evaluator`` are resolved against the
     config file's folder; those given with ``--set`` against the working directory.
     """
     raw: dict = {}
@@ -114,8 +114,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:
-    """Makes relative ``data.files``, ``data.tokenizer`` and ``eval.longppl_evaluator`` paths absolute
-    against ``base``."""
+    """Makes relative ``data.files``, ``data.tokenizer``, ``data.store`` and ``eval.longppl_evaluator`` paths
+    absolute against ``base``."""
     ev = raw.get("eval")
     if isinstance(ev, dict) and isinstance(ev.get("longppl_evaluator"), str):
         raw = {**raw, "eval": {**ev, "longppl_evaluator": str((base / ev["longppl_evaluator"]).resolve())}}
@@ -131,6 +131,8 @@ def resolve_paths(raw: dict, base: Path) -> dict:
     tok = data.get("tokenizer")
     if isinstance(tok, str) and tok != "byte":
         data["tokenizer"] = str((base / tok).resolve())
+    if isinstance(data.get("store"), str):
+        data["store"] = str((base / data["store"]).resolve())
     return {**raw, "data": data}
 
 

@@ -170,11 +170,15 @@ class DataConfig(_Frozen):
     hub_config: str | None = None
     hub_split: str = "train"
     text_field: str = "text"
-    tokenizer: str = Field("byte", description="'byte' or a tokenizers JSON file")
+    tokenizer: str = Field("byte", description="'byte', a tokenizers JSON file or a folder holding tokenizer.json")
     max_tokens: int | None = Field(None, ge=1, description="cap on real-text tokens read")
+    min_doc_tokens: int | None = Field(None, ge=1, description="keep only documents of at least this many tokens")
     val_fraction: float = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     cache_dir: str | None = Field(None, description="None = $HYBRID_LIGHTNING_CACHE or ~/.cache/hybrid_lightning")
+    store: str | None = Field(None, description="token store folder; None = <cache_dir>/store/<fingerprint>")
+    shard_mb: float = Field(32.0, gt=0, description="input text per store shard, in MiB")
+    prepare_workers: int | None = Field(None, ge=1, description="processes that tokenize a store; None = the cores, at most 8")
     num_workers: int = Field(0, ge=0)
 
     @model_validator(mode="after")

@@ -1,30 +1,37 @@
-"""Real text: documents from local files, a hub dataset, or the embedded corpus, tokenized
-into one flat train stream and one validation stream, cached on disk.
+"""Real text: where documents come from and how they are read.
+
+The sources of ``data:`` (local files and globs, a hub dataset, or the embedded corpus) are cut
+into *units*: a group of whole text files, a byte range of a JSON-lines file, row groups of a
+parquet file, or a chunk of a hub stream. A unit is read on its own, so units are tokenized in
+parallel and each becomes one shard of the token store (``data/store.py``); in unit order, the
+documents come in the order the files list them.
 
 The embedded corpus is the Python standard library's own source (present wherever Python
 is): real text with long-range dependencies (names defined far back and used later).
-Its exact content follows the Python version; the cache key records the file list.
+Its exact content follows the Python version; the store's fingerprint records the file list.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
+import math
 import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from hybrid_lightning.config import DataConfig
+from hybrid_lightning.data.tokenizer import load_tokenizer
 
-FORMAT_VERSION = 1
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".rst", ".py", ".c", ".h", ".tex", ".csv", ".html", ".xml", ""}
 JSON_SUFFIXES = {".json", ".jsonl"}
 PARQUET_SUFFIXES = {".parquet"}
-GOLDEN = 0.6180339887498949  # documents i with frac(i * GOLDEN) < val_fraction are held out: evenly spread
+SNIFF_BYTES = 1 << 16  # what check_sources reads of each file: enough to tell text from binary
+
+# A unit: ("text", (path, ...)) | ("jsonl", path, start, end) | ("json", path) |
+# ("parquet", path, (row group, ...)) | ("texts", (document, ...))
+Unit = tuple
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -59,116 +66,213 @@ def resolve_files(patterns: tuple[str, ...]) -> list[Path]:
     return out
 
 
+def source_files(cfg: DataConfig) -> list[Path] | None:
+    """The files to read: data.files, else the embedded corpus; None for a hub dataset."""
+    return None if cfg.hub else resolve_files(cfg.files) if cfg.files else embedded_files()
+
+
+def file_kind(path: Path) -> str:
+    """text | jsonl | json (a JSON array) | parquet. A .json file whose first character is not
+    ``[`` holds JSON lines."""
+    suffix = path.suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if suffix not in JSON_SUFFIXES:
+        return "text"
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES).lstrip()
+    return "json" if head.startswith(b"[") else "jsonl"
+
+
 def check_sources(cfg: DataConfig) -> None:
-    """Fails early (before any run directory exists) on missing files or tokenizer."""
-    if cfg.files:
-        resolve_files(cfg.files)
-    if cfg.tokenizer != "byte" and not Path(cfg.tokenizer).is_file():
-        raise ValueError(f"data.tokenizer: file not found: {cfg.tokenizer} (accepted: 'byte' or a tokenizers JSON file)")
+    """Fails early (before any run directory or store exists) on missing, empty or binary files, a
+    missing text field, or a tokenizer that does not load. Reads the start of each file only: a
+    fault further in is reported, naming the file, when the store is prepared."""
+    load_tokenizer(cfg.tokenizer)
+    for path in resolve_files(cfg.files) if cfg.files else []:
+        if path.stat().st_size == 0:
+            raise ValueError(f"data.files: {path} is empty")
+        kind = file_kind(path)
+        if kind == "parquet":
+            _check_parquet(path, cfg.text_field)
+            continue
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+        decode(head, path, partial=len(head) == SNIFF_BYTES)
+        if kind == "jsonl":
+            first = next((line for line in head.splitlines() if line.strip()), None)
+            if first is None or len(first) == len(head) == SNIFF_BYTES:  # no whole line in the sample
+                continue
+            _field(_json_row(first, path, 0), cfg.text_field, path)
 
 
-def _quiet_datasets():
+def decode(raw: bytes, path: Path, partial: bool = False, offset: int = 0) -> str:
+    """UTF-8 text of ``raw`` (bytes of ``path`` from ``offset``), newlines made ``\\n`` as Python's
+    text mode does; a NUL byte or invalid UTF-8 is an error naming the file and the byte.
+    ``partial``: ``raw`` may end inside a character."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"data.files: {path} looks binary (a NUL byte at byte {offset + nul}); give text files")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not (partial and e.start >= len(raw) - 3 and e.reason == "unexpected end of data"):
+            raise ValueError(
+                f"data.files: {path} is not UTF-8 text (invalid byte 0x{raw[e.start]:02x} at byte {offset + e.start}); "
+                "convert it to UTF-8 or leave it out"
+            ) from None
+        text = raw[: e.start].decode("utf-8")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def _json_row(line: bytes, path: Path, offset: int):
+    try:
+        return json.loads(line)
+    except UnicodeDecodeError:
+        decode(line, path, offset=offset)  # raises, naming the byte
+        raise
+    except json.JSONDecodeError as e:
+        raise ValueError(f"data.files: {path}: invalid JSON at byte {offset + e.pos}: {e.msg}") from None
+
+
+def _field(row, field: str, where) -> str:
+    if not isinstance(row, dict) or field not in row:
+        columns = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise ValueError(f"data.text_field: column {field!r} not in {where} (columns: {columns})")
+    text = row[field]
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"data.text_field: column {field!r} of {where} holds {type(text).__name__}, not text")
+    if text is None:
+        raise ValueError(f"data.text_field: column {field!r} not in {where} (a row without it)")
+    return text
+
+
+def _check_parquet(path: Path, field: str) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+    except Exception as e:  # pyarrow raises its own error types for a file that is not parquet
+        raise ValueError(f"data.files: {path} does not read as parquet: {e}") from None
+    if field not in names:
+        raise ValueError(f"data.text_field: column {field!r} not in {path} (columns: {names})")
+
+
+def plan_units(files: list[Path], unit_bytes: int) -> list[Unit]:
+    """Cuts local files into units of about ``unit_bytes`` of input each, in file order."""
+    import pyarrow.parquet as pq
+
+    units: list[Unit] = []
+    texts: list[str] = []
+    text_bytes = 0
+    for path in files:
+        kind, size = file_kind(path), path.stat().st_size
+        if kind != "text" and texts:
+            units.append(("text", tuple(texts)))
+            texts, text_bytes = [], 0
+        if kind == "text":
+            texts.append(str(path))
+            text_bytes += size
+            if text_bytes >= unit_bytes:
+                units.append(("text", tuple(texts)))
+                texts, text_bytes = [], 0
+        elif kind == "jsonl":
+            n = max(1, math.ceil(size / unit_bytes))
+            units.extend(("jsonl", str(path), k * unit_bytes, min(size, (k + 1) * unit_bytes)) for k in range(n))
+        elif kind == "json":
+            units.append(("json", str(path)))
+        else:
+            meta = pq.ParquetFile(path).metadata
+            group: list[int] = []
+            group_bytes = 0
+            for g in range(meta.num_row_groups):
+                group.append(g)
+                group_bytes += meta.row_group(g).total_byte_size
+                if group_bytes >= unit_bytes:
+                    units.append(("parquet", str(path), tuple(group)))
+                    group, group_bytes = [], 0
+            if group:
+                units.append(("parquet", str(path), tuple(group)))
+    if texts:
+        units.append(("text", tuple(texts)))
+    return units
+
+
+def hub_units(cfg: DataConfig, unit_bytes: int) -> Iterator[Unit]:
+    """The hub dataset streamed, in chunks of about ``unit_bytes`` characters of documents."""
     import datasets
 
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity_error()
-    return datasets
-
-
-def iter_documents(cfg: DataConfig, files: list[Path] | None) -> Iterator[str]:
-    """One string per document: a whole text file, or one row of a json/parquet file or hub dataset."""
-    datasets = _quiet_datasets()
-    hf_cache = str(cache_root(cfg) / "hf")
-    if cfg.hub:
-        ds = datasets.load_dataset(cfg.hub, cfg.hub_config, split=cfg.hub_split, streaming=True)
-        yield from _rows(ds, cfg.text_field, cfg.hub)
-        return
-    for kind, paths in _group_by_kind(files or []):
-        kwargs = {"sample_by": "document"} if kind == "text" else {}
-        ds = datasets.load_dataset(kind, data_files=[str(p) for p in paths], split="train", cache_dir=hf_cache, **kwargs)
-        yield from _rows(ds, "text" if kind == "text" else cfg.text_field, paths[0])
-
-
-def _rows(ds, field: str, where) -> Iterator[str]:
-    names = ds.column_names if getattr(ds, "column_names", None) is not None else None
-    if names is not None and field not in names:
-        raise ValueError(f"data.text_field: column {field!r} not in {where} (columns: {names})")
+    ds = datasets.load_dataset(cfg.hub, cfg.hub_config, split=cfg.hub_split, streaming=True)
+    chunk: list[str] = []
+    size = 0
     for row in ds:
-        text = row.get(field)
-        if text is None:
-            raise ValueError(f"data.text_field: column {field!r} not in {where} (columns: {sorted(row)})")
+        text = _field(row, cfg.text_field, cfg.hub)
         if text:
-            yield text
+            chunk.append(text)
+            size += len(text)
+        if size >= unit_bytes:
+            yield ("texts", tuple(chunk))
+            chunk, size = [], 0
+    if chunk:
+        yield ("texts", tuple(chunk))
 
 
-def _group_by_kind(files: list[Path]) -> list[tuple[str, list[Path]]]:
-    """Consecutive runs of files of one kind (text / json / parquet), order kept."""
-    groups: list[tuple[str, list[Path]]] = []
-    for f in files:
-        s = f.suffix.lower()
-        kind = "json" if s in JSON_SUFFIXES else "parquet" if s in PARQUET_SUFFIXES else "text"
-        if groups and groups[-1][0] == kind:
-            groups[-1][1].append(f)
-        else:
-            groups.append((kind, [f]))
-    return groups
+def read_unit(unit: Unit, text_field: str) -> Iterator[str]:
+    """The non-empty documents of a unit, in order."""
+    kind = unit[0]
+    if kind == "texts":
+        yield from unit[1]
+    elif kind == "text":
+        for path in unit[1]:
+            text = decode(Path(path).read_bytes(), Path(path))
+            if text:
+                yield text
+    elif kind == "jsonl":
+        yield from _read_jsonl(Path(unit[1]), unit[2], unit[3], text_field)
+    elif kind == "json":
+        path = Path(unit[1])
+        rows = _json_row(path.read_bytes(), path, 0)
+        if not isinstance(rows, list):
+            raise ValueError(f"data.files: {path}: a .json file must hold a list of rows or JSON lines")
+        for row in rows:
+            text = _field(row, text_field, path)
+            if text:
+                yield text
+    else:
+        import pyarrow.parquet as pq
+
+        path = Path(unit[1])
+        _check_parquet(path, text_field)
+        column = pq.ParquetFile(path).read_row_groups(list(unit[2]), columns=[text_field]).column(0)
+        for text in column.to_pylist():
+            if text:
+                yield _field({text_field: text}, text_field, path)
 
 
-def corpus_key(cfg: DataConfig, tokenizer_name: str) -> tuple[str, list[Path] | None]:
-    """A hash of everything the tokenized corpus depends on, and the files to read (None for a hub)."""
-    files = None if cfg.hub else resolve_files(cfg.files) if cfg.files else embedded_files()
-    source = (
-        {"hub": [cfg.hub, cfg.hub_config, cfg.hub_split]}
-        if cfg.hub
-        else {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
-    )
-    blob = json.dumps(
-        {"v": FORMAT_VERSION, "tok": tokenizer_name, "src": source, "field": cfg.text_field,
-         "max": cfg.max_tokens, "val": cfg.val_fraction},
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:20], files
+def _read_jsonl(path: Path, start: int, end: int, field: str) -> Iterator[str]:
+    """Documents of the lines that begin in bytes [start, end) of a JSON-lines file."""
+    with open(path, "rb") as f:
+        pos = start
+        if start:  # a line that begins before start belongs to the unit before
+            f.seek(start - 1)
+            pos = start - 1 + len(f.readline())
+        f.seek(pos)
+        while pos < end:
+            line = f.readline()
+            if not line:
+                break
+            if line.strip():
+                text = _field(_json_row(line, path, pos), field, path)
+                if text:
+                    yield text
+            pos += len(line)
 
 
-def load_corpus(cfg: DataConfig, tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """(train tokens, val tokens) as flat arrays, each document followed by the end-of-document id.
-
-    Built once and cached under ``cache_root(cfg)/corpus/<key>``; concurrent runs share it.
-    """
-    from filelock import FileLock
-
-    key, files = corpus_key(cfg, tokenizer.name)
-    folder = cache_root(cfg) / "corpus" / key
-    folder.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder / ".lock")):
-        if not (folder / "meta.json").is_file():
-            train, val = _build(cfg, tokenizer, files)
-            for name, arr in (("train", train), ("val", val)):
-                tmp = folder / f"{name}.tmp.npy"
-                np.save(tmp, arr)
-                os.replace(tmp, folder / f"{name}.npy")
-            meta = {"train_tokens": int(train.size), "val_tokens": int(val.size), "tokenizer": tokenizer.name}
-            (folder / "meta.json").write_text(json.dumps(meta))
-    return np.load(folder / "train.npy", mmap_mode="r"), np.load(folder / "val.npy", mmap_mode="r")
-
-
-def _build(cfg: DataConfig, tokenizer, files: list[Path] | None) -> tuple[np.ndarray, np.ndarray]:
-    dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
-    train, val, n_train = [], [], 0
-    for i, doc in enumerate(iter_documents(cfg, files)):
-        ids = np.append(tokenizer.encode(doc), tokenizer.eos_id).astype(dtype)
-        if (i * GOLDEN) % 1.0 < cfg.val_fraction:
-            val.append(ids)
-            continue
-        if cfg.max_tokens is not None and n_train + ids.size >= cfg.max_tokens:
-            train.append(ids[: cfg.max_tokens - n_train])
-            n_train = cfg.max_tokens
-            break
-        train.append(ids)
-        n_train += ids.size
-    train_arr = np.concatenate(train) if train else np.zeros(0, dtype)
-    val_arr = np.concatenate(val) if val else np.zeros(0, dtype)
-    if val_arr.size == 0:  # too few documents for a document-level split: hold out the stream's tail
-        cut = int(train_arr.size * (1 - cfg.val_fraction))
-        train_arr, val_arr = train_arr[:cut], train_arr[cut:]
-    return train_arr, val_arr
+def iter_documents(cfg: DataConfig, unit_bytes: int = 1 << 24) -> Iterator[str]:
+    """Every document of the config's sources, in order (one process)."""
+    files = source_files(cfg)
+    units = hub_units(cfg, unit_bytes) if files is None else plan_units(files, unit_bytes)
+    for unit in units:
+        yield from read_unit(unit, cfg.text_field)

@@ -1,6 +1,6 @@
-"""The LightningDataModule: packed real-text sequences mixed with synthetic retrieval sequences,
-served in an order that is a pure function of (seed, step), so a resumed run sees exactly
-the batches the uninterrupted run would have seen."""
+"""The LightningDataModule: packed real-text sequences, read from the token store's memory-mapped
+shards, mixed with synthetic retrieval sequences, served in an order that is a pure function of
+(seed, step), so a resumed run sees exactly the batches the uninterrupted run would have seen."""
 
 from __future__ import annotations
 
@@ -12,34 +12,67 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.data.corpus import load_corpus
+from hybrid_lightning.data.store import TokenStream, open_store
 from hybrid_lightning.data.synthetic import RetrievalSynth
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
 TRAIN_STREAM, VAL_STREAM = 0, 1  # RNG stream ids: train and validation samples never coincide
 
 
+MASK64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """SplitMix64's finalizer: a bijection of 64-bit integers that scatters every input bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & MASK64
+    return x ^ (x >> 31)
+
+
+def permute(i: int, n: int, keys: tuple[int, ...]) -> int:
+    """Image of ``i`` under a pseudo-random permutation of range(n) chosen by ``keys``, in O(1) time and
+    memory: a Feistel network (one round per key) on the smallest 4^h >= n values, applied again
+    while the image falls outside range(n) (cycle walking, on average fewer than 4 times)."""
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = (1 << half) - 1
+    x = i
+    while True:
+        left, right = x >> half, x & mask
+        for key in keys:
+            left, right = right, left ^ (_mix(right ^ key) & mask)
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
 class MixedSequences(Dataset):
     """Item g (a global sample id) is a (seq_len + 1)-token sequence: synthetic with probability
-    ``fraction``, else real window perm_e[g mod n] of epoch e = g // n (a fresh permutation per epoch)."""
+    ``fraction``, else real window permute(g mod n) of epoch e = g // n (a fresh permutation of the
+    n windows per epoch, computed per item: no memory that grows with the corpus). ``tokens`` is a
+    flat array or a store's TokenStream."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int, synth: RetrievalSynth | None, fraction: float, stream: int):
+    def __init__(self, tokens, seq_len: int, seed: int, synth: RetrievalSynth | None, fraction: float, stream: int):
         self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
         self.synth, self.fraction, self.stream = synth, fraction, stream
         self.n = (tokens.size - 1) // seq_len
-        self._perm: tuple[int, np.ndarray] | None = None
+        self._keys: tuple[int, tuple[int, ...]] | None = None
 
     def is_synthetic(self, g: int) -> bool:
         return self.synth is not None and np.random.default_rng([self.seed, self.stream, 0, g]).random() < self.fraction
+
+    def window(self, g: int) -> int:
+        """The real window (its start / seq_len) that sample g reads."""
+        epoch, pos = divmod(g, self.n)
+        if self._keys is None or self._keys[0] != epoch:
+            state = np.random.SeedSequence([self.seed, self.stream, 2, epoch]).generate_state(4, np.uint64)
+            self._keys = (epoch, tuple(int(k) for k in state))
+        return permute(pos, self.n, self._keys[1])
 
     def __getitem__(self, g: int) -> torch.Tensor:
         if self.is_synthetic(g):
             ids, _ = self.synth.sample(np.random.default_rng([self.seed, self.stream, 1, g]), self.seq_len + 1)
             return torch.from_numpy(ids)
-        epoch, pos = divmod(g, self.n)
-        if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, np.random.default_rng([self.seed, self.stream, 2, epoch]).permutation(self.n))
-        start = int(self._perm[1][pos]) * self.seq_len
+        start = self.window(g) * self.seq_len
         return torch.from_numpy(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
 
     def __len__(self) -> int:  # a nominal epoch; the step sampler indexes beyond it
@@ -66,23 +99,18 @@ class LMDataModule(L.LightningDataModule):
         super().__init__()
         self.cfg = cfg
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
-        self.train_tokens: np.ndarray | None = None
+        self.train_tokens: TokenStream | None = None  # the store's shards, memory-mapped
         self.val_tokens: np.ndarray | None = None
 
     def prepare_data(self) -> None:
-        load_corpus(self.cfg.data, self.tokenizer)  # builds the cache once (local rank 0)
+        open_store(self.cfg.data, tokenizer=self.tokenizer)  # prepares the token store once (local rank 0)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_tokens is not None:
             return
-        self.train_tokens, self.val_tokens = load_corpus(self.cfg.data, self.tokenizer)
-        need = self.cfg.train.seq_len + 1
-        for name, arr in (("training", self.train_tokens), ("validation", self.val_tokens)):
-            if arr.size < need:
-                raise ValueError(
-                    f"data: the {name} split holds {arr.size} tokens, fewer than train.seq_len + 1 = {need}; "
-                    "give more text (data.files) or a shorter train.seq_len"
-                )
+        store = open_store(self.cfg.data, tokenizer=self.tokenizer)
+        store.check_fits(self.cfg.train.seq_len)
+        self.train_tokens, self.val_tokens = store.train, store.val
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer

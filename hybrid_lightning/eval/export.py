@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import DataConfig
-from hybrid_lightning.data.corpus import load_corpus
+from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.eval.tasks import GenContext, check_tasks, make_sample
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from hybrid_lightning import __version__
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, flatten, validate_config
 from hybrid_lightning.data.corpus import check_sources
+from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model import HybridLM, count_params
 from hybrid_lightning.model.matching import non_embedding_params
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.progress_bar", "train.checkpoint_every_n_steps", "train.keep_checkpoints",
     "train.log_every_n_steps", "train.compile", "data.num_workers", "data.cache_dir",
+    "data.store", "data.shard_mb", "data.prepare_workers",
 }
 RESUMABLE_SECTIONS = ("eval.",)
 
@@ -126,6 +128,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
         print(f"{run_dir}: already complete ({resume[1]}/{cfg.train.max_steps} steps)")
         write_status(run_dir, state="done", step=resume[1], max_steps=cfg.train.max_steps)
         return run_dir
+    ensure_store(cfg)  # the token store: prepared (or awaited) before the run directory exists
     # Imported here: Lightning is slow to import and not needed to validate.
     from hybrid_lightning.training.trainer import build_trainer, fit
 

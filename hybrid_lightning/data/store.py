@@ -1,0 +1,444 @@
+"""The token store: a corpus tokenized once, in parallel, into memory-mapped shards.
+
+A store is a folder::
+
+    train_00000.bin  train_00000.docs.npy   training tokens of unit 0 (raw uint16/uint32) and its
+    ...                                     documents' lengths (each document ends with the eos id)
+    val.bin          val.docs.npy           the validation documents, in corpus order
+    shard_00000.json ...                    one record per finished unit (counts, SHA-256 of its files)
+    manifest.json                           written last and atomically: the store is whole
+
+Each unit of the sources (``data/corpus.py``) is read and tokenized by a worker process and
+becomes one shard; the main process splits it into training and validation documents (document i
+of the corpus is held out when frac(i x golden ratio) < ``data.val_fraction``), stops once
+``data.max_tokens`` training tokens are reached, and writes the shard. At most ``workers``
+units are in memory at once, whatever the corpus size. A killed prepare resumes from its
+finished shards (their checksums verified); a store without a manifest is never read.
+
+The store lives in ``data.store`` when set, else in ``<cache>/store/<fingerprint>``; the
+fingerprint covers the source files (path, size, mtime), the tokenizer's hash and every setting
+that changes the tokens. Concurrent runs share it: one builds under a file lock, the others wait.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import time
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from hybrid_lightning.config import DataConfig, RunConfig
+from hybrid_lightning.data.corpus import Unit, cache_root, check_sources, hub_units, plan_units, read_unit, source_files
+from hybrid_lightning.data.tokenizer import load_tokenizer
+
+FORMAT_VERSION = 2
+GOLDEN = 0.6180339887498949  # documents i with frac(i * GOLDEN) < val_fraction are held out: evenly spread
+MANIFEST = "manifest.json"
+ENCODE_CHARS = 1 << 20  # characters per batch-encode call inside a worker
+COPY_TOKENS = 1 << 24  # tokens per chunk when files are joined
+STORE_FILE = re.compile(r"(train|val|shard)_\w+\.(bin|docs\.npy|json)(\.tmp)?|(val|val\.docs|manifest)\.\w+(\.tmp)?")
+
+
+class TokenStream:
+    """Shards read as one flat token array: ``size``, ``len`` and slicing (a copy only where a slice
+    spans two shards), by memory map; O(shards) memory. Pickles as paths (dataloader workers)."""
+
+    def __init__(self, paths: list[Path], sizes: list[int], dtype: str):
+        self.paths, self.dtype = [str(p) for p in paths], np.dtype(dtype)
+        self.ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        self.size = int(self.ends[-1]) if len(sizes) else 0
+        self._maps: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        start, stop, step = key.indices(self.size)
+        if step != 1:
+            raise IndexError("a TokenStream takes contiguous slices only")
+        if self._maps is None:
+            self._maps = [np.memmap(p, dtype=self.dtype, mode="r") for p in self.paths]
+        parts = []
+        i = int(np.searchsorted(self.ends, start, side="right"))
+        while start < stop:
+            begin = int(self.ends[i]) - self._maps[i].size
+            take = min(stop, int(self.ends[i])) - start
+            parts.append(self._maps[i][start - begin : start - begin + take])
+            start += take
+            i += 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, self.dtype)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self[:], dtype=dtype)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_maps": None}
+
+
+class Store:
+    """An opened, whole store: its folder, manifest, training stream and validation array."""
+
+    def __init__(self, folder: Path, manifest: dict):
+        self.folder, self.manifest = folder, manifest
+        shards = manifest["shards"]
+        self.train = TokenStream([folder / s["file"] for s in shards], [s["tokens"] for s in shards], manifest["dtype"])
+        val = manifest["val"]
+        self.val = np.memmap(folder / val["file"], dtype=manifest["dtype"], mode="r") if val["tokens"] else np.zeros(0, manifest["dtype"])
+
+    def check_fits(self, seq_len: int) -> None:
+        """Both splits must hold at least one window of ``seq_len + 1`` tokens."""
+        for name, size in (("training", self.train.size), ("validation", self.val.size)):
+            if size < seq_len + 1:
+                raise ValueError(
+                    f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = {seq_len + 1}; "
+                    "give more text (data.files) or a shorter train.seq_len"
+                )
+
+    def summary(self) -> str:
+        m = self.manifest
+        return (f"{self.folder}: {m['train_tokens']:,} training tokens in {len(m['shards'])} shards, "
+                f"{m['val']['tokens']:,} validation tokens, {m['documents']:,} documents, tokenizer {m['identity']['tok']}")
+
+
+def identity(cfg: DataConfig, tokenizer_name: str) -> dict:
+    """Everything the store's tokens depend on: the sources' fingerprint, the tokenizer, the settings."""
+    files = source_files(cfg)
+    source = (
+        {"hub": [cfg.hub, cfg.hub_config, cfg.hub_split]}
+        if files is None
+        else {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
+    )
+    return {"v": FORMAT_VERSION, "tok": tokenizer_name, "src": source, "field": cfg.text_field,
+            "max": cfg.max_tokens, "val": cfg.val_fraction, "min_doc": cfg.min_doc_tokens}
+
+
+def _digest(blob) -> str:
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def store_folder(cfg: DataConfig, ident: dict) -> Path:
+    return Path(cfg.store) if cfg.store else cache_root(cfg) / "store" / _digest(ident)
+
+
+def default_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, tokenizer=None) -> Store:
+    """The whole store for ``cfg``, prepared first when there is none and ``build`` (one process
+    builds under a file lock; the others wait and then read it). Opening reads the manifest and
+    checks the shards' sizes: its cost does not grow with the store."""
+    from filelock import FileLock
+
+    tok = tokenizer or load_tokenizer(cfg.tokenizer)
+    ident = identity(cfg, tok.name)
+    folder = store_folder(cfg, ident)
+    manifest = _read_manifest(folder, ident)
+    if manifest is None:
+        if not build:
+            raise ValueError(f"data: no token store at {folder}; prepare it with `hybrid-lightning data prepare`")
+        check_sources(cfg)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder.parent / f".{folder.name}.lock")):
+            manifest = _read_manifest(folder, ident) or _build(cfg, tok, folder, ident, workers or cfg.prepare_workers or default_workers())
+    return Store(folder, manifest)
+
+
+def _read_manifest(folder: Path, ident: dict) -> dict | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"data.store: {folder / MANIFEST} does not read ({e}); delete the folder to prepare it again") from None
+    if manifest.get("identity") != ident:
+        old = manifest.get("identity", {})
+        diff = sorted(k for k in ident.keys() | old.keys() if ident.get(k) != old.get(k))
+        raise ValueError(f"data.store: {folder} holds a store for another config (differs in: {', '.join(diff)} "
+                         f"[v=format, tok=data.tokenizer, src=the sources, field=data.text_field, max=data.max_tokens, "
+                         f"val=data.val_fraction, min_doc=data.min_doc_tokens]); use another data.store or delete it")
+    for entry in [*manifest["shards"], manifest["val"]]:
+        path = folder / entry["file"]
+        expected = entry["tokens"] * np.dtype(manifest["dtype"]).itemsize
+        if entry["tokens"] and (not path.is_file() or path.stat().st_size != expected):
+            raise ValueError(f"data.store: {path} is missing or not {expected} bytes as the manifest says; "
+                             "delete the folder to prepare the store again")
+    return manifest
+
+
+_WORKER_TOKENIZERS: dict = {}
+
+
+def _init_worker() -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
+
+
+def tokenize_unit(unit: Unit, tokenizer: str, text_field: str, min_doc_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, document lengths) of one unit: its kept documents, each followed by the eos id."""
+    tok = _WORKER_TOKENIZERS.get(tokenizer) or _WORKER_TOKENIZERS.setdefault(tokenizer, load_tokenizer(tokenizer))
+    dtype = token_dtype(tok.vocab_size)
+    eos = np.array([tok.eos_id], dtype)
+    parts: list[np.ndarray] = []
+    lengths: list[int] = []
+    batch: list[str] = []
+    size = 0
+
+    def flush() -> None:
+        for ids in tok.encode_batch(batch):
+            if min_doc_tokens is None or ids.size >= min_doc_tokens:
+                parts.extend((ids.astype(dtype), eos))
+                lengths.append(ids.size + 1)
+        batch.clear()
+
+    for text in read_unit(unit, text_field):
+        batch.append(text)
+        size += len(text)
+        if size >= ENCODE_CHARS:
+            flush()
+            size = 0
+    flush()
+    tokens = np.empty(sum(p.size for p in parts), dtype)
+    pos = 0
+    for part in reversed([parts.pop() for _ in range(len(parts))]):  # each part freed once copied
+        tokens[pos : pos + part.size] = part
+        pos += part.size
+    return tokens, np.asarray(lengths, np.int64)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
+
+
+class _InProcess:
+    """The executor of one worker: runs each unit in this process when submitted."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def _build(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> dict:
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        return _prepare(cfg, tok, folder, ident, workers)
+    except ValueError:  # bad input: leave nothing behind that was not there
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> dict:
+    t0 = time.perf_counter()
+    unit_bytes = max(1, int(cfg.shard_mb * 2**20))
+    files = source_files(cfg)
+    plan = plan_units(files, unit_bytes) if files is not None else None
+    plan_id = _digest([ident, plan if plan is not None else unit_bytes])
+    records = _finished_shards(folder, plan_id)
+    units = enumerate(plan if plan is not None else hub_units(cfg, unit_bytes))
+    dtype = token_dtype(tok.vocab_size)
+    docs = sum(r["docs"] for r in records)
+    train = sum(r["train_tokens"] for r in records)
+    if not any(r["last"] for r in records):
+        for _ in records:  # the finished units
+            next(units)
+        if plan is not None:  # no more workers than units left
+            workers = max(1, min(workers, len(plan) - len(records)))
+        gc.freeze()  # forked workers then leave this process's objects alone: no copy-on-write by their GC
+        pool = _InProcess() if workers <= 1 else ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("fork"), initializer=_init_worker)
+        pending: deque[tuple[int, Future]] = deque()
+        try:
+            while True:
+                while len(pending) < workers and (nxt := next(units, None)) is not None:
+                    k, unit = nxt
+                    pending.append((k, pool.submit(tokenize_unit, unit, cfg.tokenizer, cfg.text_field, cfg.min_doc_tokens)))
+                if not pending:
+                    break
+                k, future = pending.popleft()
+                record = _write_shard(folder, k, *future.result(), docs, train, cfg, dtype, plan_id)
+                records.append(record)
+                docs, train = docs + record["docs"], train + record["train_tokens"]
+                if record["last"]:
+                    break
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            gc.unfreeze()
+    return _finalize(cfg, tok, folder, ident, records, dtype, time.perf_counter() - t0)
+
+
+def _finished_shards(folder: Path, plan_id: str) -> list[dict]:
+    """Records of the finished units 0..k-1 of this plan whose files match their checksums; every
+    other file of an earlier attempt is removed."""
+    records: list[dict] = []
+    while True:
+        path = folder / f"shard_{len(records):05d}.json"
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            break
+        if record.get("plan") != plan_id or not all(
+            _sha256(folder / name) == digest for name, digest in record["sha256"].items()
+        ):
+            break
+        records.append(record)
+    keep = {name for r in records for name in r["sha256"]} | {f"shard_{k:05d}.json" for k in range(len(records))}
+    for path in folder.iterdir():
+        if STORE_FILE.fullmatch(path.name) and path.name not in keep:
+            path.unlink()
+    return records
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def _write_shard(folder: Path, k: int, tokens: np.ndarray, lengths: np.ndarray, doc0: int, train0: int,
+                 cfg: DataConfig, dtype: np.dtype, plan_id: str) -> dict:
+    """Splits unit k (documents doc0, doc0 + 1, ... of the corpus) into training and validation
+    documents, cuts it where the training tokens reach ``data.max_tokens``, and writes its files and
+    then its record."""
+    is_val = (np.arange(doc0, doc0 + lengths.size) * GOLDEN) % 1.0 < cfg.val_fraction
+    last = False
+    if cfg.max_tokens is not None:
+        reached = np.flatnonzero((train0 + np.cumsum(np.where(is_val, 0, lengths)) >= cfg.max_tokens) & ~is_val)
+        if reached.size:  # the document that reaches the cap is cut; none after it is read
+            j, last = int(reached[0]), True
+            lengths, is_val = lengths[: j + 1].copy(), is_val[: j + 1]
+            lengths[j] = cfg.max_tokens - train0 - int(lengths[:j][~is_val[:j]].sum())
+            tokens = tokens[: int(lengths.sum())]
+    digests, counts = {}, {}
+    for split, docs in (("train", ~is_val), ("val", is_val)):
+        name = f"{split}_{k:05d}"
+        digests[f"{name}.bin"], counts[split] = _write_tokens(folder / f"{name}.bin", tokens, _runs(lengths, docs))
+        _write_atomic(folder / f"{name}.docs.npy", lambda f, a=lengths[docs]: np.save(f, a))
+        digests[f"{name}.docs.npy"] = _sha256(folder / f"{name}.docs.npy")
+    record = {"unit": k, "plan": plan_id, "docs": int(lengths.size), "train_tokens": counts["train"],
+              "val_tokens": counts["val"], "last": last, "sha256": digests}
+    _write_atomic(folder / f"shard_{k:05d}.json", lambda f: f.write(json.dumps(record).encode()))
+    return record
+
+
+def _runs(lengths: np.ndarray, docs: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) token ranges of the runs of consecutive documents selected by ``docs``."""
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], docs.astype(np.int8), [0]])))
+    return [(int(starts[a]), int(ends[b - 1])) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def _write_tokens(path: Path, tokens: np.ndarray, runs: list[tuple[int, int]]) -> tuple[str, int]:
+    """Writes the token ranges ``runs`` one after another, without copying them; (SHA-256, tokens)."""
+    digest = hashlib.sha256()
+
+    def write(f) -> None:
+        for a, b in runs:
+            view = memoryview(tokens[a:b]).cast("B")
+            f.write(view)
+            digest.update(view)
+
+    _write_atomic(path, write)
+    return digest.hexdigest(), sum(b - a for a, b in runs)
+
+
+def _join(folder: Path, names: list[str], dtype: np.dtype, out: Path, start: int = 0, stop: int | None = None) -> None:
+    """Writes tokens [start, stop) of the concatenation of the files ``names`` to ``out``, chunk by chunk."""
+    def write(f) -> None:
+        offset = 0
+        for name in names:
+            arr = np.memmap(folder / name, dtype=dtype, mode="r") if (folder / name).stat().st_size else np.zeros(0, dtype)
+            lo, hi = max(start - offset, 0), min((stop if stop is not None else offset + arr.size) - offset, arr.size)
+            for s in range(lo, hi, COPY_TOKENS):
+                f.write(memoryview(np.ascontiguousarray(arr[s : min(hi, s + COPY_TOKENS)])).cast("B"))
+            offset += arr.size
+
+    _write_atomic(out, write)
+
+
+def _split_lengths(lengths: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
+    """Document lengths of tokens [0, cut) and [cut, end) of a stream; a document across the cut is
+    counted in both, each with its own part."""
+    ends = np.cumsum(lengths)
+    i = int(np.searchsorted(ends, cut, side="left"))  # the document holding token cut - 1
+    head, tail = lengths[: i + 1].copy(), lengths[i:].copy()
+    if i < lengths.size:
+        head[-1] = cut - (int(ends[i - 1]) if i else 0)
+        tail[0] = int(ends[i]) - cut
+    return head[head > 0], tail[tail > 0]
+
+
+def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dict], dtype: np.dtype, seconds: float) -> dict:
+    """Joins the validation pieces, falls back to a tail split when every document is held out (a
+    corpus of one document), and writes the manifest; then drops the pieces."""
+    n = len(records)
+    val_pieces = [f"val_{k:05d}.bin" for k in range(n)]
+    train_tokens, val_tokens = sum(r["train_tokens"] for r in records), sum(r["val_tokens"] for r in records)
+    if train_tokens + val_tokens == 0:
+        where = f"data.hub {cfg.hub}" if cfg.hub else f"data.files {list(cfg.files)}" if cfg.files else "the embedded corpus"
+        filtered = f" of at least data.min_doc_tokens={cfg.min_doc_tokens} tokens" if cfg.min_doc_tokens else ""
+        raise ValueError(f"data: {where} holds no document{filtered}")
+    val_lengths = np.concatenate([np.load(folder / f"val_{k:05d}.docs.npy") for k in range(n)])
+    if train_tokens == 0:  # every document held out: hold out the tail of the stream instead
+        cut = int(val_tokens * (1 - cfg.val_fraction))
+        _join(folder, val_pieces, dtype, folder / "train_tail.bin", 0, cut)
+        _join(folder, val_pieces, dtype, folder / "val.bin", cut)
+        head, val_lengths = _split_lengths(val_lengths, cut)
+        np.save(folder / "train_tail.docs.npy", head)
+        shards = [{"file": "train_tail.bin", "docs": "train_tail.docs.npy", "tokens": cut,
+                   "sha256": _sha256(folder / "train_tail.bin")}]
+        train_tokens, val_tokens = cut, val_tokens - cut
+    else:
+        _join(folder, val_pieces, dtype, folder / "val.bin")
+        shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy", "tokens": r["train_tokens"],
+                   "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"]} for r in records if r["train_tokens"]]
+    np.save(folder / "val.docs.npy", val_lengths)
+    manifest = {
+        "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+        "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
+        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": _sha256(folder / "val.bin")},
+    }
+    _write_atomic(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    for name in val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)]:
+        (folder / name).unlink(missing_ok=True)
+    print(f"data: prepared the token store {folder} in {seconds:.1f} s")
+    return manifest
+
+
+def ensure_store(cfg: RunConfig) -> Store:
+    """The run's store, prepared when missing, checked to hold a window of ``train.seq_len + 1``
+    tokens in each split. ``train`` calls it before the run directory exists."""
+    store = open_store(cfg.data)
+    store.check_fits(cfg.train.seq_len)
+    return store
+
+
+def load_corpus(cfg: DataConfig, tokenizer=None):
+    """(training tokens, validation tokens) of the config's token store, prepared when missing:
+    the training stream as a ``TokenStream``, validation as one
+    memory-mapped array; each document is followed by the end-of-document id."""
+    store = open_store(cfg, build=True, tokenizer=tokenizer)
+    return store.train, store.val
