@@ -36,6 +36,9 @@ COPIED = (
 # Package modules the copies import whose part the folder's configuration module plays.
 REPLACED = {"hybrid_lightning.config": CONFIG_MODULE, "hybrid_lightning.model.plan": CONFIG_MODULE}
 
+# The wrapper, written for the folder (export/remote/).
+REMOTE_FILES = (CONFIG_MODULE + ".py", "modeling_hybrid_lightning.py")
+
 _IMPORT = re.compile(rf"^(\s*)(from|import)\s+({PACKAGE}(?:\.\w+)*)", re.MULTILINE)
 
 
@@ -70,7 +73,7 @@ def write_model_source(out: Path) -> list[str]:
         name = flat_name(module) + ".py"
         (out / name).write_text(relative_source(module))
         names.append(name)
-    for path in sorted((Path(__file__).parent / "remote").glob("*.py")):
-        (out / path.name).write_text(path.read_text())
-        names.append(path.name)
+    for name in REMOTE_FILES:
+        (out / name).write_text((Path(__file__).parent / "remote" / name).read_text())
+        names.append(name)
     return names
