@@ -14,6 +14,7 @@ from conftest import TINY, run_cli
 
 transformers = pytest.importorskip("transformers", reason="the export extra (transformers, safetensors) is not installed")
 
+from hybrid_lightning.config import dump_config, load_config  # noqa: E402
 from hybrid_lightning.data.tokenizer import ByteTokenizer  # noqa: E402
 from hybrid_lightning.eval.generation import exact_match_by_task, greedy_generate, read_probes, score_probes  # noqa: E402
 from hybrid_lightning.export.folder import load_native, write_folder  # noqa: E402
@@ -87,6 +88,27 @@ def test_padded_batches_are_refused(tmp_path):
         hf(torch.randint(0, 256, (2, PROMPT)), attention_mask=mask)
 
 
+def test_generation_exact_match_agrees_with_teacher_forcing():
+    """score_probes counts a probe right iff every answer token is the argmax given the ones before
+    (scoring.token_nll's teacher-forced exact match), here for answers that are and are not the greedy text."""
+    from hybrid_lightning.eval.scoring import token_nll
+
+    torch.manual_seed(0)
+    model, tok = build_model(SMALL | {"n_layers": 3, "pattern": "SMF", "window": 8}).eval(), ByteTokenizer()
+    with torch.no_grad():  # logit 0 for non-ASCII bytes and the end token: the greedy text is ASCII
+        model.lm_head.weight[128:] = 0
+    prompt = "The pass key is 4242. What is the pass key? The pass key is"
+    greedy = tok.decode(greedy_generate(model, torch.from_numpy(tok.encode(prompt))[None], 6)[0].tolist())
+    rows = [{"task": "passkey", "length": 0, "depth": d, "prompt": prompt, "answer": a}
+            for d, a in ((0.0, greedy), (1.0, greedy[:-1] + ("x" if greedy[-1] != "x" else "y")))]
+    records = score_probes(model, tok, rows)
+    assert [r["exact"] for r in records] == [1, 0] and records[0]["generated"] == greedy
+    for row, record in zip(rows, records):
+        ids = torch.from_numpy(tok.encode(row["prompt"] + row["answer"]))[None]
+        correct = token_nll(model, ids, chunk=16)[1][0, -len(row["answer"]):]
+        assert bool(correct.all()) == bool(record["exact"])
+
+
 def test_tokenizer_is_the_byte_tokenizer(tmp_path):
     _, _, out = export_random(tmp_path, {"pattern": "SF", "window": 8})
     tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
@@ -97,6 +119,27 @@ def test_tokenizer_is_the_byte_tokenizer(tmp_path):
     assert tok.eos_token_id == native.eos_id and tok.decode([104, 105, native.eos_id], skip_special_tokens=True) == "hi"
     every_byte = list(range(256))
     assert tok.convert_tokens_to_ids(tok.convert_ids_to_tokens(every_byte)) == every_byte
+
+
+def test_tokenizers_json_file_is_carried(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from hybrid_lightning.data.tokenizer import JsonTokenizer
+    from hybrid_lightning.eval.tasks import NOISE
+    from hybrid_lightning.export.tokenizer import write_tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator([NOISE] * 50, trainers.BpeTrainer(vocab_size=300, special_tokens=["</s>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.save(str(tmp_path / "bpe.json"))
+    native = JsonTokenizer(str(tmp_path / "bpe.json"))
+    write_tokenizer(str(tmp_path / "bpe.json"), native, tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = NOISE + " Where is the sun? 12345"
+    assert tok(text).input_ids == native.encode(text).tolist() and len(native.encode(text)) < len(text)
+    assert tok.decode(native.encode(text).tolist()) == native.decode(native.encode(text)) == text
+    assert tok.eos_token_id == native.eos_id
 
 
 def test_folder_needs_no_hybrid_lightning(tmp_path):
@@ -119,13 +162,9 @@ def test_folder_needs_no_hybrid_lightning(tmp_path):
 
 
 def test_export_user_errors(tmp_path):
-    run = tmp_path / "run"
-    r = run_cli("train", "--run-dir", str(run), *TINY, "--set", "train.max_steps=1", "--set", "train.warmup_steps=0",
-                "--set", "eval.at_end=false", "--set", "eval.heads.at_end=false", "--set", "eval.every_n_steps=0",
-                "--set", "eval.heads.every_n_steps=0")
-    assert r.returncode == 0, r.stderr[-3000:]
-    for ckpt in (run / "checkpoints").iterdir():
-        ckpt.unlink()
+    run = tmp_path / "run"  # a run directory whose training wrote no checkpoint yet
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_config(load_config(None)))
     r = run_cli("export", str(run), "--out", str(tmp_path / "a"))
     assert r.returncode == 2 and "no checkpoint" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "a").exists()
