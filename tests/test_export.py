@@ -220,3 +220,14 @@ def test_cli_export_and_lm_eval_score_equal_the_package_score(tmp_path):
                    for line in f.read_text().splitlines()]
         generated = {s["doc"]["depth"]: s["resps"][0][0] for s in samples}
         assert generated == {rec["depth"]: rec["generated"] for rec in records if rec["task"] == task}
+
+
+def test_bad_probes_files_are_named(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        read_probes(tmp_path / "none.jsonl")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"text": "abc", "answer": "c"}) + "\n")
+    with pytest.raises(ValueError, match=r"p.jsonl:1: no \['task', 'length', 'depth'\]"):
+        read_probes(tmp_path / "p.jsonl")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"text": "abc", "answer": "x", "task": "t", "length": 3, "depth": 0}) + "\n")
+    with pytest.raises(ValueError, match="does not end with its answer"):
+        read_probes(tmp_path / "p.jsonl")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of eval/export.py's probes file
+
 
 @torch.no_grad()
 def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop_id: int | None = None,
@@ -41,11 +43,16 @@ def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop_id: i
 
 def read_probes(path: str | Path) -> list[dict]:
     """The probes of a ``hybrid-lightning probes`` file, each with its ``prompt`` (``text`` less the answer)."""
+    if not Path(path).is_file():
+        raise ValueError(f"probes file not found: {path}")
     rows = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         row = json.loads(line)
+        missing = [k for k in PROBE_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{n}: no {missing}; is this a 'hybrid-lightning probes' file?")
         if not row["text"].endswith(row["answer"]):
             raise ValueError(f"{path}:{n}: the text does not end with its answer; is this a 'hybrid-lightning probes' file?")
         rows.append(row | {"prompt": row["text"][: len(row["text"]) - len(row["answer"])]})
