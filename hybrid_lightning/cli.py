@@ -207,6 +207,13 @@ def cmd_probes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from hybrid_lightning.export import export_run
+
+    print(f"exported to {export_run(args.run_dir, args.out, args.ckpt, args.force, args.probes)}")
+    return 0
+
+
 def cmd_heads(args: argparse.Namespace) -> int:
     from hybrid_lightning.eval.ablation import parse_heads
     from hybrid_lightning.eval.heads_report import ablation_table, control_table, heads_path, heads_table, single_table
@@ -308,6 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
                    help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
     p.set_defaults(func=cmd_heads)
+
+    p = sub.add_parser("export", help="a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
+                       "with trust_remote_code=True, AutoTokenizer)")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
+    p.add_argument("--out", required=True, help="folder to write (must be empty or absent unless --force)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--probes", metavar="FILE", help="a 'hybrid-lightning probes' file: also write it as "
+                   "lm-evaluation-harness tasks in OUT/lm_eval (lm_eval --include_path OUT/lm_eval --tasks hybrid_probes)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("params", help="per-layer parameter table and totals")
     _add_config_args(p)

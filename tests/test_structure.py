@@ -24,7 +24,8 @@ LAYERS = [
     ("hybrid_lightning.eval",),
     ("hybrid_lightning.training",),
     ("hybrid_lightning.grid",),
-    ("hybrid_lightning.cli", "hybrid_lightning.__main__", "hybrid_lightning.offline", "hybrid_lightning.bench", "analysis"),
+    ("hybrid_lightning.cli", "hybrid_lightning.__main__", "hybrid_lightning.offline", "hybrid_lightning.export",
+     "hybrid_lightning.bench", "analysis"),
 ]
 # analysis sits beside the command line but reads the run directory only: it imports from these layers
 # (and itself), never the model, data, evaluation, training or grid code.

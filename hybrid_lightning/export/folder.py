@@ -1,0 +1,129 @@
+"""``hybrid-lightning export``: a run's checkpoint as a ``transformers`` model folder.
+
+    <out>/config.json              HybridLightningConfig: the resolved model: section and the layer plan
+    <out>/model.safetensors        the weights, fp32, as the run's HybridLM holds them under ``model.``
+    <out>/configuration_hybrid_lightning.py, modeling_hybrid_lightning.py   the wrapper (trust_remote_code)
+    <out>/hl_*.py                  the package's model source, copied (export/source.py)
+    <out>/tokenizer.json, tokenizer_config.json   the run's tokenizer (export/tokenizer.py)
+    <out>/generation_config.json   generation stops at the end-of-document token
+    <out>/lm_eval/                 with --probes: the probes as lm-evaluation-harness tasks (export/lm_eval_task.py)
+
+The folder is written under a temporary name beside ``out`` and moved into place when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from hybrid_lightning.config import ModelConfig, RunConfig
+from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
+from hybrid_lightning.eval.generation import read_probes
+from hybrid_lightning.export.lm_eval_task import write_probe_tasks
+from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
+from hybrid_lightning.export.tokenizer import write_tokenizer
+from hybrid_lightning.kinds import KINDS
+from hybrid_lightning.model import HybridLM, build_model
+from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
+
+LM_EVAL_DIR = "lm_eval"  # the probes' lm-evaluation-harness tasks (--probes)
+MODEL_CLASS = "HybridLightningForCausalLM"
+AUTO_MAP = {
+    "AutoConfig": f"{CONFIG_MODULE}.HybridLightningConfig",
+    "AutoModelForCausalLM": f"modeling_hybrid_lightning.{MODEL_CLASS}",
+}
+
+
+def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = None, force: bool = False,
+               probes: str | Path | None = None) -> Path:
+    """Exports a checkpoint of ``run_dir`` (default: its newest valid one) to the folder ``out``.
+
+    Args:
+        run_dir: a run directory (config.yaml, checkpoints/).
+        out: the folder to write; it must not exist or be empty, unless ``force`` (then it is replaced).
+        ckpt: a checkpoint file of the run instead of its newest.
+        force: replace a non-empty ``out``.
+        probes: a ``hybrid-lightning probes`` file to write as lm-evaluation-harness tasks in ``out/lm_eval``.
+    Returns the folder. Raises ``ValueError`` (nothing written) for a run without checkpoint, a missing
+    ``ckpt``, a bad probes file or a non-empty ``out`` without ``force``.
+    """
+    run_dir, out = Path(run_dir), Path(out)
+    cfg = read_run_config(run_dir)
+    ckpt = checkpoint_of(run_dir, ckpt)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"--out {out} is not empty; pass --force to replace it")
+    rows = read_probes(probes) if probes is not None else None
+    model, tok = load_native(cfg, ckpt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_folder(model, cfg.data.tokenizer, tok, staging)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if rows is not None:  # after the move: the tasks name their data files by absolute path
+        write_probe_tasks(rows, tok, out / LM_EVAL_DIR)
+    return out
+
+
+def load_native(cfg: RunConfig, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:
+    """The run's model (on the CPU, in eval mode) with the weights of checkpoint ``ckpt``, and its tokenizer."""
+    tok = load_tokenizer(cfg.data.tokenizer)
+    model = build_model(cfg.model, tok.vocab_size)
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
+    return model.eval(), tok
+
+
+def checkpoint_of(run_dir: Path, ckpt: str | Path | None = None) -> Path:
+    """``ckpt`` if given (it must exist), else the run's newest valid checkpoint; ``ValueError`` otherwise."""
+    if ckpt is not None:
+        if not Path(ckpt).is_file():
+            raise ValueError(f"--ckpt: file not found: {ckpt}")
+        return Path(ckpt)
+    found = find_resume_checkpoint(run_dir)
+    if found is None:
+        raise ValueError(f"{run_dir}: no checkpoint to export (checkpoints/ holds no valid .ckpt)")
+    return found[0]
+
+
+def write_folder(model: HybridLM, tokenizer_spec: str, tok: ByteTokenizer | JsonTokenizer, out: Path) -> None:
+    """Writes the ``transformers`` folder of a native ``model`` (and its tokenizer) into ``out``."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    from hybrid_lightning.export.remote.configuration_hybrid_lightning import HybridLightningConfig
+
+    config = HybridLightningConfig(
+        hybrid_model=exported_settings(model.cfg), layers=[dataclasses.asdict(s) for s in model.plan],
+        architectures=[MODEL_CLASS], auto_map=AUTO_MAP, eos_token_id=tok.eos_id, dtype="float32",
+    )
+    config.save_pretrained(out)
+    GenerationConfig(eos_token_id=tok.eos_id, pad_token_id=tok.eos_id).save_pretrained(out)
+    # clone: safetensors stores no shared tensors (a tied head is the embedding; both keys load into it)
+    weights = {"model." + k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_model_source(out)
+    write_tokenizer(tokenizer_spec, tok, out)
+
+
+def exported_settings(cfg: ModelConfig) -> dict:
+    """The ``model:`` section as the folder's model code reads it: values the package derives (key/value
+    heads, head width, the recurrent mixers' heads) filled in, backends ``auto`` (the fast path where the
+    loading machine has one, the torch path elsewhere)."""
+    settings = cfg.model_dump(mode="json")
+    settings.update(kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, attn_backend="auto", recurrent_backend="auto")
+    for kind in KINDS.values():
+        opts = getattr(cfg, kind.options) if kind.options else None
+        if opts is not None and hasattr(opts, "n_heads"):
+            settings[kind.options]["n_heads"], settings[kind.options]["head_dim"] = cfg.heads(opts)
+    return settings
