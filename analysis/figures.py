@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from hybrid_lightning.kinds import FULL
+
 DPI = 110
 TITLE_WIDTH = 90  # characters per title line at the suptitle's font size
 
@@ -152,7 +154,7 @@ def head_maps(maps: pd.DataFrame, threshold: float = 0.1) -> Figure:
                  + ("" if r.applicable else " (not attn)") for r in layers.itertuples()]
         ax.set_yticks(range(len(layers)), names, fontsize=7)
         for tick, kind in zip(ax.get_yticklabels(), layers["kind"]):
-            tick.set_fontweight("bold" if kind == "full" else "normal")
+            tick.set_fontweight("bold" if kind == FULL else "normal")
         ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer (bold: full attention)", fontsize=8)

@@ -44,7 +44,7 @@ import pandas as pd
 from analysis import stats, tables
 from analysis.load import Runs
 from analysis.stats import Comparison
-from hybrid_lightning.kinds import KINDS
+from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.units import si
 
 SCORE = "longctx/token_acc"
@@ -218,18 +218,26 @@ def _where(runs: Runs) -> _Test:
     if h.empty:
         return _Test(f, "where", verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
     last = h[h["step"] == h.groupby("run")["step"].transform("max")]
-    full = last["kind"].eq("full")
-    ret = last["retrieval"].astype(bool)
-    per_run = pd.DataFrame({"heads": full.groupby(last["run"]).mean(), "retrieval": ret.groupby(last["run"]).sum(),
-                            "retrieval_full": (ret & full).groupby(last["run"]).sum()})
+    # Only heads that could reach a copy source compete: a head whose window never held one cannot score, so
+    # counting it would make full layers win by geometry. Records without reachability (written before it was
+    # recorded) compare all heads, and the evidence says so.
+    reach = "reach_steps" in last and last["reach_steps"].notna().all()
+    if reach:
+        last = last[last["reach_steps"] > 0]
+    retrieval = last["reach_retrieval" if reach else "retrieval"].astype(bool)
+    last = last.assign(retrieval=retrieval)
+    full = last["kind"].eq(FULL)
+    per_run = pd.DataFrame({"heads": full.groupby(last["run"]).mean(), "retrieval": retrieval.groupby(last["run"]).sum(),
+                            "retrieval_full": (retrieval & full).groupby(last["run"]).sum()})
     with_heads = per_run[per_run["retrieval"] > 0]
-    evidence = (f"{int(per_run['retrieval'].sum())} retrieval heads at the last scoring of {len(per_run)} SWA hybrids, "
-                f"{int(per_run['retrieval_full'].sum())} in full-attention layers, in {len(with_heads)} runs")
+    among = "among the heads that could reach a copy source" if reach else "among all heads (no reachability recorded)"
+    evidence = (f"{int(per_run['retrieval'].sum())} retrieval heads at the last scoring of {len(per_run)} SWA hybrids "
+                f"{among}, {int(per_run['retrieval_full'].sum())} in full-attention layers, in {len(with_heads)} runs")
     if with_heads.empty:
         return _Test(f, "where", verdict="no signal", evidence=evidence)
     excess = with_heads["retrieval_full"] / with_heads["retrieval"] - with_heads["heads"]
     # null: within each run, the retrieval heads are any heads of that run (as many)
-    p = stats.stratified_p([(g["kind"].eq("full").to_numpy(), g["retrieval"].astype(bool).to_numpy())
+    p = stats.stratified_p([(g["kind"].eq(FULL).to_numpy(), g["retrieval"].to_numpy())
                             for _, g in last[last["run"].isin(with_heads.index)].groupby("run")])
     comparison = Comparison.paired("share of retrieval heads in full layers - share of heads there", excess.to_numpy(), p, +1)
     return _Test(f, "where", [comparison], evidence + "; per run: "

@@ -32,7 +32,7 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     changed by ``eval.*`` overrides. On the machine that trained the run, evaluating it gives the
     callbacks' numbers for the same weights: same probes, same batches, same precision."""
     from hybrid_lightning.data.datamodule import LMDataModule
-    from hybrid_lightning.model import build_model
+    from hybrid_lightning.model import load_trained
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
@@ -47,10 +47,8 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
         ckpt = found[0]
     elif not Path(ckpt).is_file():
         raise ValueError(f"--ckpt: file not found: {ckpt}")
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    model, state = load_trained(cfg.model, ckpt)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.accelerator != "cpu" else "cpu")
-    model = build_model(cfg.model)
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
     model.to(device)
     data = LMDataModule(cfg)
     data.setup()

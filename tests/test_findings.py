@@ -281,3 +281,21 @@ def test_three_seeds_say_when_no_p_can_be_small_enough(tmp_path):
     beyond = verdicts(tmp_path).loc["beyond: pos.full=rope"]
     assert beyond["p"] == pytest.approx(0.1) and beyond["ci_low"] > 0
     assert_inconclusive(beyond, "with 3/3 seeds no p can fall below 0.1")
+
+
+def test_where_compares_only_heads_that_could_reach_a_source(tmp_path):
+    """With reachability recorded, heads whose window never held a copy source (layers 0-1 here) are left out:
+    among the 4 heads that could reach one, half are full-attention heads, and both retrieval heads are
+    there, so the effect is 1 - 0.5 = +0.5 per run (it would be +0.75 counting every head)."""
+    arm(tmp_path, "h", 5, heads=lambda s: ((0, 0.0),) * 3 + ((1, 0.5),))
+    for s in range(5):
+        path = tmp_path / f"h-s{s}" / "eval" / f"heads_step_{EVAL_STEPS[-1]}.json"
+        report = json.loads(path.read_text())
+        for h in report["heads"]:
+            h["reach_steps"] = 0 if h["layer"] < 2 else 16
+            h["reach_retrieval"] = h["layer"] == 3
+            h["retrieval"] = h["layer"] == 3
+        path.write_text(json.dumps(report))
+    where = verdicts(tmp_path).loc["where"]
+    assert where["effect"] == pytest.approx(0.5) and "could reach a copy source" in where["evidence"]
+    assert_reproduced(where)

@@ -89,12 +89,10 @@ def resolve_evaluator(spec: str) -> tuple[Path | None, str | None]:
 
 def load_model(ckpt: Path, device: torch.device) -> tuple[RunConfig, torch.nn.Module]:
     """The model of checkpoint ``ckpt`` (in ``<run>/checkpoints/``) with its run's config, in eval mode."""
-    from hybrid_lightning.model import build_model
+    from hybrid_lightning.model import load_trained
 
     cfg = read_run_config(ckpt.parent.parent)
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    model = build_model(cfg.model)
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
+    model, _ = load_trained(cfg.model, ckpt)
     return cfg, model.to(device).eval()
 
 

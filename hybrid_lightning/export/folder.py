@@ -19,8 +19,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-
 from hybrid_lightning.config import ModelConfig, RunConfig
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
 from hybrid_lightning.eval.generation import read_probes
@@ -28,7 +26,7 @@ from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer
 from hybrid_lightning.kinds import KINDS
-from hybrid_lightning.model import HybridLM, build_model
+from hybrid_lightning.model import HybridLM, load_trained
 from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
 
 LM_EVAL_DIR = "lm_eval"  # the probes' lm-evaluation-harness tasks (--probes)
@@ -78,9 +76,7 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
 def load_native(cfg: RunConfig, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:
     """The run's model (on the CPU, in eval mode) with the weights of checkpoint ``ckpt``, and its tokenizer."""
     tok = load_tokenizer(cfg.data.tokenizer)
-    model = build_model(cfg.model, tok.vocab_size)
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
+    model, _ = load_trained(cfg.model, ckpt, tok.vocab_size)
     return model.eval(), tok
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
+import torch
 from torch import nn
 
 from hybrid_lightning.config import ModelConfig, validate_config
@@ -25,13 +27,23 @@ def resolve_model_config(cfg: ModelConfig | Mapping, vocab_size: int | None = No
     return cfg
 
 
+def load_trained(cfg: ModelConfig | Mapping, path: str | Path, vocab_size: int | None = None) -> tuple[HybridLM, dict]:
+    """The model of ``cfg`` (on the CPU) with the weights of the training checkpoint at ``path``, and the
+    checkpoint itself: its ``state_dict`` holds the model's weights under ``model.`` (the training system's
+    attribute), with ``global_step`` and the other training state beside it."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    model = build_model(cfg, vocab_size)
+    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()})
+    return model, ckpt
+
+
 def build_model(cfg: ModelConfig | Mapping, vocab_size: int | None = None) -> HybridLM:
     """Builds the hybrid LM from the ``model:`` section (a dict or a ``ModelConfig``)."""
     cfg = resolve_model_config(cfg, vocab_size)
     return HybridLM(cfg, matched_plan(cfg))
 
 
-__all__ = ["BYTE_VOCAB", "HybridLM", "LayerSpec", "build_model", "count_params", "layer_plan", "plan_string", "resolve_model_config"]
+__all__ = ["BYTE_VOCAB", "HybridLM", "LayerSpec", "build_model", "count_params", "layer_plan", "load_trained", "plan_string", "resolve_model_config"]
 
 
 def model_flops_per_token(model: HybridLM, T: int) -> float:
