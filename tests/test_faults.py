@@ -92,17 +92,18 @@ def mounts():
 
 def test_moved_run_directory_resumes_from_its_newest_step(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    assert train(a, *args(20, 10, "--set", "train.keep_checkpoints=2")).returncode == 0
+    keep = ("--set", "train.keep_checkpoints=2")
+    assert train(a, *args(10, 5, *keep)).returncode == 0
     shutil.move(a, b)
-    r = train(b, *args(40, 10, "--set", "train.keep_checkpoints=2"))
+    r = train(b, *args(20, 5, *keep))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "at step 20" in r.stdout and "dirpath has changed" not in r.stderr
-    r = train(b, *args(50, 10, "--set", "train.keep_checkpoints=2"))
-    assert r.returncode == 0 and "at step 40" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "at step 10" in r.stdout and "dirpath has changed" not in r.stderr
+    r = train(b, *args(25, 5, *keep))
+    assert r.returncode == 0 and "at step 20" in r.stdout, r.stdout + r.stderr[-3000:]
     names = sorted(p.name for p in (b / "checkpoints").iterdir())
-    assert names == ["last.ckpt", "step_0000040.ckpt", "step_0000050.ckpt"], names  # one name per step, kept 2
-    assert stored_step(b / "checkpoints" / "last.ckpt") == 50
-    assert loss_steps(b) == list(range(50))
+    assert names == ["last.ckpt", "step_0000020.ckpt", "step_0000025.ckpt"], names  # one name per step, 2 kept
+    assert stored_step(b / "checkpoints" / "last.ckpt") == 25
+    assert loss_steps(b) == list(range(25))
 
 
 def test_concurrent_train_is_refused_and_a_dead_holder_taken_over(tmp_path):

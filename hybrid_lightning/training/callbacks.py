@@ -152,8 +152,12 @@ class StopOnRequest(L.Callback):
         self.request, self.checkpoint = request, checkpoint
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        # Every rank must stop at the same step, so the decision is "any rank was asked".
-        if trainer.strategy.reduce_boolean_decision(self.request.is_set(), all=False):
+        # Every rank must stop at the same step, so the decision is "any rank was asked" (a collective,
+        # skipped by a single process).
+        asked = self.request.is_set()
+        if trainer.world_size > 1:
+            asked = trainer.strategy.reduce_boolean_decision(asked, all=False)
+        if asked:
             trainer.save_checkpoint(self.checkpoint)
             trainer.should_stop = True
             if trainer.global_step < trainer.max_steps:  # not the end: no end-of-training evaluations
