@@ -235,9 +235,12 @@ def test_lost_config_yaml_resumes_only_the_same_model(tmp_path):
     (run / "config.yaml").unlink()
     line = one_line_error(train(run, *args(20, 10, "--set", "model.window=8")))
     assert "model.window: 32 -> 8" in line and "last.ckpt" in line
-    r = train(run, *args(20, 10))
+    r = train(run, *args(20, 10, "--set", "train.progress_bar=true"))
     assert r.returncode == 0 and "at step 10" in r.stdout, r.stderr[-3000:]
     assert (run / "config.yaml").is_file()
+    bar = (r.stdout + r.stderr).replace("\r", "\n")
+    assert "| 10/20 [" in bar and "train: 100%" in bar and "| 20/20 [" in bar  # steps of max_steps after a resume
+    assert "Tip" not in r.stderr and "deprecated" not in r.stderr  # no third-party noise in the log
 
 
 def test_bad_inputs_are_one_line_and_create_nothing(tmp_path):
