@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.resources
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig, load_config
+from hybrid_lightning.rundir import IOFailure, read_status
 
+# OSErrors of the machine rather than of the code: reported in one line with what to do.
+_ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
 ConfigLoader = Callable[[argparse.Namespace], RunConfig]
 
 
@@ -34,8 +38,17 @@ def _load(args: argparse.Namespace) -> RunConfig:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from hybrid_lightning.training.run import train
+    from hybrid_lightning.training.stop import Stopped
 
-    train(_load(args), args.run_dir)
+    try:
+        run_dir = train(_load(args), args.run_dir)
+    except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (unless a second signal came)
+        where = f" at step {e.step}" if e.step is not None else ""
+        print(f"hybrid-lightning train: stopped by {e}{where}; run the same command again to resume", file=sys.stderr)
+        return 128 + e.signum
+    status = read_status(run_dir) or {}
+    if status.get("state") == "interrupted":
+        print(f"{run_dir}: stopped at step {status.get('step')}; run the same command again to resume")
     return 0
 
 
@@ -342,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as e:  # user errors: bad config, missing files; no traceback
         print(f"hybrid-lightning {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a folder without write permission: say what to do, no traceback
+        if e.errno not in _ENVIRONMENT_ERRORS:
+            raise
+        print(f"hybrid-lightning {args.command}: error: {IOFailure.of(e)}", file=sys.stderr)
         return 2
 
 

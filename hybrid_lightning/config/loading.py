@@ -42,7 +42,18 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"--set expects dotted.key=value, got {item!r}")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+    return key.strip().split("."), read_yaml(raw, f"--set {item}") if raw.strip() else None
+
+
+def read_yaml(text: str, source: str | Path) -> Any:
+    """``yaml.safe_load(text)``; a syntax error is a ``ValueError`` naming ``source``, line and column."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ValueError(f"{source}: not valid YAML{where}: {problem}") from None
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
@@ -103,7 +114,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file not found: {path}")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path.read_text(), path) or {}
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: a run config must be a YAML mapping")
         raw.pop(PROVENANCE_KEY, None)  # written by train next to the config; not an input

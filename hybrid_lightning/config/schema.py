@@ -8,7 +8,9 @@ Reading YAML, overrides and turning validation errors into one ``ValueError`` li
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import typing
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,6 +21,35 @@ PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revi
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools_as_numbers(cls, data: Any) -> Any:
+        """YAML's true/false are not numbers (``window: true`` would otherwise pass as 1), and a
+        switch takes true or false only (not 1 or "yes")."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if field is None:
+                    continue
+                if field.annotation is bool and not isinstance(value, bool):
+                    raise ValueError(f"{name} must be true or false, not {json.dumps(value)}")
+                if _holds_bool(value) and not _admits_bool(field.annotation):
+                    raise ValueError(f"{name} must be {_expected(field.annotation)}, not {json.dumps(value)}")
+        return data
+
+
+def _holds_bool(value: Any) -> bool:
+    return isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value))
+
+
+def _admits_bool(annotation: Any) -> bool:
+    return annotation is bool or annotation is Any or any(_admits_bool(a) for a in typing.get_args(annotation))
+
+
+def _expected(annotation: Any) -> str:
+    names = {int: "a whole number", float: "a number"}
+    return names.get(annotation) or f"a value of type {str(annotation).replace('typing.', '')}"
 
 
 class PosConfig(_Frozen):

@@ -1,15 +1,81 @@
-"""Small training callbacks: throughput logging, a progress bar that knows max_steps, and a
-stop at the next step boundary when asked (a requeue signal)."""
+"""Small training callbacks: the run's checkpoints, throughput logging, status updates, a progress bar
+that knows max_steps, and a stop at the next step boundary when asked (a signal)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
+from lightning.pytorch.trainer.states import TrainerStatus
+
+from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
+from hybrid_lightning.training.stop import Stopped
+
+
+class StepCheckpoints(ModelCheckpoint):
+    """``step_<N>.ckpt`` every ``every`` steps (the newest ``keep`` kept) and ``last.ckpt``: one name
+    per step, overwritten rather than versioned (``-vN``), and paths that follow the run directory
+    when it is moved.
+
+    Lightning saves at the end of a step but logs that step's scalars afterwards, so a checkpoint
+    of step N only gets its name (``AtomicCheckpointIO.commit``) at the start of step N + 1 or when
+    training ends, once the TensorBoard events up to step N - 1 are flushed: a run that dies in
+    between resumes from the previous checkpoint and TensorBoard misses no step. A background write
+    failure is raised at the step after it.
+    """
+
+    def __init__(self, dirpath: Path, every: int, keep: int):
+        super().__init__(
+            dirpath=dirpath, filename="step_{step:07d}", auto_insert_metric_name=False, every_n_train_steps=every,
+            save_last=True, save_top_k=keep, monitor="step", mode="max", save_on_train_epoch_end=False,
+            enable_version_counter=False,
+        )
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        _commit(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        _commit(trainer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        old = state_dict.get("dirpath")
+        if old and self.dirpath and old != self.dirpath:  # the run directory moved: same files, new folder
+
+            def moved(path: Any) -> Any:
+                return self.dirpath + path[len(old):] if isinstance(path, str) and path.startswith(old) else path
+
+            state_dict = {k: moved(v) for k, v in state_dict.items()}
+            state_dict["best_k_models"] = {moved(k): v for k, v in state_dict.get("best_k_models", {}).items()}
+        super().load_state_dict(state_dict)
+
+
+def _commit(trainer: L.Trainer) -> None:
+    io = trainer.strategy.checkpoint_io
+    if isinstance(io, AtomicCheckpointIO):
+        io.check()
+        if io.pending and trainer.logger is not None:
+            trainer.logger.experiment.flush()  # TensorBoard's writer otherwise holds events up to 2 min
+        io.commit()
+
+
+class StatusUpdates(L.Callback):
+    """Calls ``write(step)`` (rank 0) at every logging and checkpoint step, so that the run's status
+    shows the step reached."""
+
+    def __init__(self, write: Callable[[int], None], every: tuple[int, ...]):
+        self.write, self.every = write, every
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.is_global_zero and any(trainer.global_step % n == 0 for n in self.every):
+            self.write(trainer.global_step)
 
 
 class Throughput(L.Callback):
@@ -47,12 +113,21 @@ class Throughput(L.Callback):
 
 
 class StepProgressBar(TQDMProgressBar):
-    """One bar over optimizer steps, from the resumed step to max_steps."""
+    """One bar over optimizer steps, from the resumed step to max_steps; its rate counts this
+    process's steps only."""
+
+    def on_train_start(self, trainer: L.Trainer, *_) -> None:
+        super().on_train_start(trainer)
+        self._start(trainer)  # a resume in the middle of an epoch gets no on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_) -> None:
         super().on_train_epoch_start(trainer)
+        self._start(trainer)
+
+    def _start(self, trainer: L.Trainer) -> None:
         bar = self.train_progress_bar
-        bar.total, bar.initial = trainer.max_steps, trainer.global_step
+        bar.reset(total=trainer.max_steps)
+        bar.initial = trainer.global_step  # tqdm's rate is (n - initial) / elapsed
         _update_n(bar, trainer.global_step)
         bar.set_description("train")
 
@@ -77,7 +152,62 @@ class StopOnRequest(L.Callback):
         self.request, self.checkpoint = request, checkpoint
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        # Every rank must stop at the same step, so the decision is "any rank was asked".
-        if trainer.strategy.reduce_boolean_decision(self.request.is_set(), all=False):
+        # Every rank must stop at the same step, so the decision is "any rank was asked" (a collective,
+        # skipped by a single process).
+        asked = self.request.is_set()
+        if trainer.world_size > 1:
+            asked = trainer.strategy.reduce_boolean_decision(asked, all=False)
+        if asked:
             trainer.save_checkpoint(self.checkpoint)
             trainer.should_stop = True
+            if trainer.global_step < trainer.max_steps:  # not the end: no end-of-training evaluations
+                trainer.state.status = TrainerStatus.INTERRUPTED
+
+
+class StopOnSignals(StopOnRequest):
+    """SIGTERM and SIGINT where nobody else handles them (a local run; under submitit, SLURM's
+    signals stay submitit's): the first one during training stops at the end of the current step
+    with a checkpoint; one before training starts, or a second one, raises ``Stopped`` at once
+    (a checkpoint being written is abandoned, the previous one stays).
+
+    ``install`` before anything else, ``restore`` at the end; ``signum`` is the signal received.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, checkpoint: Path):
+        super().__init__(threading.Event(), checkpoint)
+        self.signum: int | None = None
+        self._training = False
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.SIGNALS:
+            if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training = True
+        for sig in self._previous:  # Lightning sets its own SIGTERM handler when fit starts
+            signal.signal(sig, self._handle)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training = False  # a signal now stops at once
+        super().on_train_end(trainer, pl_module)
+
+    def _handle(self, signum: int, frame) -> None:
+        first = self.signum is None
+        self.signum = self.signum or signum
+        if first and self._training:
+            print(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint "
+                  "(send it again to stop at once)", flush=True)
+            self.request.set()
+            return
+        raise Stopped(signum)

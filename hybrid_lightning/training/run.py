@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -21,19 +22,28 @@ from hybrid_lightning.model import HybridLM, count_params
 from hybrid_lightning.model.matching import non_embedding_params
 from hybrid_lightning.rundir import (
     CKPT_DIR,
+    CONFIG_FILE,
     LAST_CKPT,
     LAYER_FIELDS,
     LAYERS_KEY,
     PARAM_FIELDS,
     PARAMS_KEY,
+    IOFailure,
+    RunLock,
     find_resume_checkpoint,
+    read_checkpoint_meta,
     read_config_dict,
+    read_status,
+    remove_temporaries,
     write_config,
     write_status,
 )
+from hybrid_lightning.training.stop import Stopped
 
 if TYPE_CHECKING:
     import lightning as L
+
+    from hybrid_lightning.training.callbacks import StopOnSignals
 
 # Keys that may change when a run directory is trained again (they do not change the result).
 RESUMABLE_CHANGES = {
@@ -99,58 +109,116 @@ def provenance(model: HybridLM) -> dict:
     }
 
 
-def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
-    """A run directory belongs to one config; only harmless keys may change between invocations."""
+def check_same_run(run_dir: Path, cfg: RunConfig, checkpoint: Path | None = None) -> None:
+    """A run directory belongs to one config; only harmless keys may change between invocations.
+
+    The config is compared with ``config.yaml`` and with the config stored in ``checkpoint`` (the
+    one training would resume from), so that a lost or edited ``config.yaml`` cannot resume a
+    checkpoint under another model.
+    """
     old = read_config_dict(run_dir)
-    if old is None:
-        return
-    old.pop(PROVENANCE_KEY, None)
+    if old is not None:
+        old.pop(PROVENANCE_KEY, None)
+        _check_same(run_dir, old, cfg, CONFIG_FILE)
+    stored = read_checkpoint_meta(checkpoint)["config"] if checkpoint is not None else None
+    if stored is not None:
+        _check_same(run_dir, stored, cfg, f"{CKPT_DIR}/{checkpoint.name}")
+
+
+def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
     a, b = flatten(old), flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     blocking = [k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(RESUMABLE_SECTIONS)]
     if blocking:
         diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
-        raise ValueError(f"{run_dir} holds a run with another config ({diffs}); use another --run-dir")
+        raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another --run-dir")
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is global rank 0, from the environment (before any Trainer exists):
+    Lightning's launcher, torchrun and SLURM set these for every other rank."""
+    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK"))
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence[L.Callback] = ()) -> Path:
     """Trains (or resumes) the run in ``run_dir``; returns the run directory.
 
-    Everything that can be wrong with the config is checked before the directory is created.
-    ``callbacks`` are added to the Trainer's own; one that stops training before
-    ``train.max_steps`` leaves the run ``interrupted``, to be resumed.
+    Everything that can be wrong with the config is checked before the directory is created. Rank 0
+    holds the directory's lock (``rundir.RunLock``) for the whole run; a directory in use by another
+    command is refused. Training resumes from the newest valid checkpoint (``find_resume_checkpoint``).
+    ``callbacks`` are added to the Trainer's own; one that stops training before ``train.max_steps``
+    leaves the run ``interrupted``, to be resumed. SIGTERM and SIGINT, where no one else handles
+    them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
     """
     cfg = resolve_config(cfg)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    check_same_run(run_dir, cfg)
+    from hybrid_lightning.training.callbacks import StopOnSignals
+
+    signals = StopOnSignals(run_dir / CKPT_DIR / LAST_CKPT)
+    signals.install()
+    try:
+        with RunLock(run_dir) if is_rank_zero() else contextlib.nullcontext():
+            if is_rank_zero():
+                remove_temporaries(run_dir)  # of a writer killed mid-write; the lock says none is running
+            return _train_locked(cfg, run_dir, [signals, *callbacks], signals)
+    finally:
+        signals.restore()
+
+
+def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopOnSignals) -> Path:
+    from hybrid_lightning.training.callbacks import StatusUpdates
+
     resume = find_resume_checkpoint(run_dir)
-    if resume is not None and resume[1] >= cfg.train.max_steps:
-        print(f"{run_dir}: already complete ({resume[1]}/{cfg.train.max_steps} steps)")
-        write_status(run_dir, state="done", step=resume[1], max_steps=cfg.train.max_steps)
+    check_same_run(run_dir, cfg, resume[0] if resume else None)
+    step = resume[1] if resume else 0
+    if step >= cfg.train.max_steps:
+        print(f"{run_dir}: already complete ({step}/{cfg.train.max_steps} steps)")
+        if is_rank_zero():  # the process that trained it stays recorded
+            write_status(run_dir, **{**(read_status(run_dir) or {}), "state": "done", "step": step,
+                                     "max_steps": cfg.train.max_steps})
         return run_dir
     ensure_store(cfg)  # the token store: prepared (or awaited) before the run directory exists
     # Imported here: Lightning is slow to import and not needed to validate.
+    from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
     from hybrid_lightning.training.trainer import build_trainer, fit
 
-    trainer, module, datamodule = build_trainer(cfg, run_dir, resume[1] if resume else 0, callbacks)
+    status = StatusUpdates(lambda n: None, (cfg.train.log_every_n_steps, cfg.train.checkpoint_every_n_steps))
+    trainer, module, datamodule = build_trainer(cfg, run_dir, step, [*callbacks, status])
+    io = trainer.strategy.checkpoint_io
+    assert isinstance(io, AtomicCheckpointIO)
+    status.write = lambda n: io.later(lambda: _status(trainer, run_dir, "running", n, cfg))
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_config(run_dir, cfg, provenance(module.model))
     if resume is not None:
-        print(f"{run_dir}: resuming from {resume[0].name} at step {resume[1]}")
-    _status(trainer, run_dir, "running", resume[1] if resume else 0, cfg)
+        print(f"{run_dir}: resuming from {resume[0].name} at step {step}")
+    _status(trainer, run_dir, "running", step, cfg)
     try:
         fit(trainer, module, datamodule, resume[0] if resume else None)
-    except BaseException as e:  # an error fails the run; Ctrl-C, SIGTERM or an exit interrupt it
+        finished = trainer.global_step >= cfg.train.max_steps
+        if finished and trainer.global_step % cfg.train.checkpoint_every_n_steps:
+            trainer.save_checkpoint(run_dir / CKPT_DIR / LAST_CKPT)  # the periodic save missed the last step
+        io.wait()  # every checkpoint on disk under its name, or the failure raised
+    except BaseException as e:  # an error fails the run; a signal or an exit interrupts it
+        io.teardown()
         state = "failed" if isinstance(e, Exception) else "interrupted"
-        _status(trainer, run_dir, state, trainer.global_step, cfg, error=f"{type(e).__name__}: {e}")
+        if isinstance(e, OSError) and e.errno:
+            reason = str(IOFailure.of(e))
+        else:
+            reason = str(e) if isinstance(e, Stopped) else f"{type(e).__name__}: {e}"
+        with contextlib.suppress(OSError):  # a full disk may refuse this too; the error is raised anyway
+            _status(trainer, run_dir, state, trainer.global_step, cfg, error=reason)
+        if isinstance(e, Stopped):
+            e.step = trainer.global_step
         raise
-    if trainer.interrupted or trainer.global_step < cfg.train.max_steps:
-        _status(trainer, run_dir, "interrupted", trainer.global_step, cfg)
+    io.teardown()
+    if finished:
+        _status(trainer, run_dir, "done", trainer.global_step, cfg)
         return run_dir
-    if trainer.global_step % cfg.train.checkpoint_every_n_steps:  # the periodic save missed the last step
-        trainer.save_checkpoint(run_dir / CKPT_DIR / LAST_CKPT)
-    _status(trainer, run_dir, "done", trainer.global_step, cfg)
+    stopped = Stopped(signals.signum, trainer.global_step) if signals.signum is not None else None
+    _status(trainer, run_dir, "interrupted", trainer.global_step, cfg, **({"error": str(stopped)} if stopped else {}))
+    if stopped:
+        raise stopped
     return run_dir
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
@@ -16,14 +16,18 @@ from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.precision import resolve_precision
 from hybrid_lightning.rundir import CKPT_DIR
-from hybrid_lightning.training.callbacks import StepProgressBar, Throughput
+from hybrid_lightning.training.callbacks import StepCheckpoints, StepProgressBar, Throughput
+from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.system import LMSystem
 
 # The step sampler makes data order a function of the step, so Lightning's warning that a plain
 # dataloader cannot resume mid-epoch does not apply; nor does its advice on dataloader workers.
+# Lightning's own use of a deprecated torch API and its product tips are noise in a run's log.
 for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.*command is available.*",
-                 ".*isn't resumable.*", ".*Checkpoint directory .* exists and is not empty.*"):
+                 ".*isn't resumable.*", ".*Checkpoint directory .* exists and is not empty.*",
+                 r".*isinstance\(treespec, LeafSpec\).*is deprecated.*"):
     warnings.filterwarnings("ignore", message=_pattern)
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: not str(record.msg).startswith("💡"))
 
 
 def build_trainer(
@@ -33,14 +37,11 @@ def build_trainer(
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     logger = TensorBoardLogger(
         save_dir=str(run_dir), name="", version="", default_hp_metric=False,
-        # Steps >= resume_step logged before a crash are hidden by TensorBoard: no duplicates.
-        purge_step=resume_step if resume_step else None,
+        # Steps >= resume_step logged before a crash (or a restart from 0) are hidden by TensorBoard:
+        # no duplicates, no gaps.
+        purge_step=resume_step,
     )
-    checkpoints = ModelCheckpoint(
-        dirpath=run_dir / CKPT_DIR, filename="step_{step:07d}", auto_insert_metric_name=False,
-        every_n_train_steps=t.checkpoint_every_n_steps, save_last=True, save_top_k=t.keep_checkpoints,
-        monitor="step", mode="max", save_on_train_epoch_end=False,
-    )
+    checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
     tokens_per_step = t.batch_size * t.seq_len
     throughput = Throughput(tokens_per_step, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
@@ -51,7 +52,9 @@ def build_trainer(
         callbacks.append(RetrievalHeadsEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
-    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []  # submitit owns requeue
+    plugins = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeue
     trainer = L.Trainer(
         default_root_dir=str(run_dir),
         max_steps=t.max_steps,
