@@ -59,15 +59,20 @@ def main(argv: list[str] | None = None) -> int:
         result["machine"], result["seconds"] = machine, round(time.perf_counter() - t0, 1)
         (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
         print(markdown(result))
+    write_index(args.out)
+    return 0
+
+
+def write_index(out: Path) -> None:
+    """``out/README.md``: every section's table found in ``out`` (its ``<section>.json``), in section order."""
     order = list(SECTIONS)  # (a), (b), ... then any other section found there
-    sections = sorted((f.stem for f in args.out.glob("*.json")), key=lambda s: (order.index(s) if s in order else len(order), s))
+    sections = sorted((f.stem for f in out.glob("*.json")), key=lambda s: (order.index(s) if s in order else len(order), s))
     body = ["# Benchmarks", "", "Regenerate with `python -m hybrid_lightning.bench` (sections: "
             + ", ".join(sections) + ").", ""]
     for name in sections:
-        result = json.loads((args.out / f"{name}.json").read_text())
+        result = json.loads((out / f"{name}.json").read_text())
         body += [markdown(result), f"_{result['machine']}; {result['seconds']} s_", ""]
-    (args.out / "README.md").write_text("\n".join(body))
-    return 0
+    (out / "README.md").write_text("\n".join(body))
 
 
 if __name__ == "__main__":
