@@ -206,11 +206,7 @@ def tokenize_unit(unit: Unit, tokenizer: str, text_field: str, min_doc_tokens: i
             flush()
             size = 0
     flush()
-    tokens = np.empty(sum(p.size for p in parts), dtype)
-    pos = 0
-    for part in reversed([parts.pop() for _ in range(len(parts))]):  # each part freed once copied
-        tokens[pos : pos + part.size] = part
-        pos += part.size
+    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
     return tokens, np.asarray(lengths, np.int64)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import lightning as L
 
-from hybrid_lightning.config import EvalConfig, RunConfig
+from hybrid_lightning.config import RunConfig
 from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
 from hybrid_lightning.eval.heads_report import heads_scalars, score_image, write_heads
 from hybrid_lightning.eval.longppl import evaluator_key_tokens
@@ -123,15 +123,6 @@ class LongContextEvaluation(PeriodicEvaluation):
             writer.add_scalar(tag, value, step)
         if report["records"]:
             writer.add_figure("longctx/heatmap", heatmap(report), step, close=False)
-
-
-def check_probes(cfg: EvalConfig, tokenizer) -> None:
-    """Raises ``ValueError`` naming the key when a probe of an enabled evaluation callback cannot be
-    built (e.g. ``eval.lengths`` too short for a task), so a grid fails at planning, not in its cells."""
-    if cfg.every_n_steps or cfg.at_end:
-        check_lengths(cfg, tokenizer)
-    if cfg.heads.every_n_steps or cfg.heads.at_end:
-        check_heads_probes(cfg, tokenizer)
 
 
 class RetrievalHeadsEvaluation(PeriodicEvaluation):

@@ -73,11 +73,20 @@ def check_heads_probes(cfg: EvalConfig, tokenizer) -> None:
         probes = cfg.model_copy(update={"tasks": h.tasks, "lengths": h.lengths, "value_tokens": h.value_tokens})
         check_lengths(probes, tokenizer)
         if h.echo:
-            ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), h.value_tokens)
+            ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), h.value_tokens, cfg.vt_example)
             for task, length in itertools.product(h.tasks, h.lengths):
                 make_probe((task, length, 0.5, 0, True), ctx, cfg.seed)
     except ValueError as e:
         raise ValueError(re.sub(r"^eval\.", "eval.heads.", str(e))) from None
+
+
+def check_probes(cfg: EvalConfig, tokenizer) -> None:
+    """Raises ``ValueError`` naming the key when a probe of an enabled evaluation callback (long-context or heads) cannot be
+    built (e.g. ``eval.lengths`` too short for a task), so a grid fails at planning, not in its cells. Imports no Lightning: the grid planner calls it."""
+    if cfg.every_n_steps or cfg.at_end:
+        check_lengths(cfg, tokenizer)
+    if cfg.heads.every_n_steps or cfg.heads.at_end:
+        check_heads_probes(cfg, tokenizer)
 
 
 def attention_layers(model) -> list[tuple[int, Attention]]:
