@@ -42,7 +42,7 @@ def export_random(tmp_path, settings: dict):
     model = build_model(settings | {"n_layers": len(settings["pattern"])}).eval()
     out = tmp_path / "hf"
     out.mkdir()
-    write_folder(model, "byte", ByteTokenizer(), out)
+    write_folder(model, ByteTokenizer(), out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     return model, hf, out
 
@@ -124,7 +124,7 @@ def test_tokenizer_is_the_byte_tokenizer(tmp_path):
 def test_tokenizers_json_file_is_carried(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from hybrid_lightning.data.tokenizer import JsonTokenizer
+    from hybrid_lightning.data.tokenizer import JsonTokenizer, load_tokenizer
     from hybrid_lightning.eval.tasks import NOISE
     from hybrid_lightning.export.tokenizer import write_tokenizer
 
@@ -133,8 +133,11 @@ def test_tokenizers_json_file_is_carried(tmp_path):
     bpe.train_from_iterator([NOISE] * 50, trainers.BpeTrainer(vocab_size=300, special_tokens=["</s>"],
                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     bpe.save(str(tmp_path / "bpe.json"))
-    native = JsonTokenizer(str(tmp_path / "bpe.json"))
-    write_tokenizer(str(tmp_path / "bpe.json"), native, tmp_path / "hf")
+    (tmp_path / "folder").mkdir()  # a tokenizer folder, as data.tokenizer accepts, exports the same way
+    bpe.save(str(tmp_path / "folder" / "tokenizer.json"))
+    assert load_tokenizer(str(tmp_path / "folder")).backend.to_str() == JsonTokenizer(str(tmp_path / "bpe.json")).backend.to_str()
+    native = load_tokenizer(str(tmp_path / "folder"))
+    write_tokenizer(native, tmp_path / "hf")
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = NOISE + " Where is the sun? 12345"
     assert tok(text).input_ids == native.encode(text).tolist() and len(native.encode(text)) < len(text)

@@ -51,6 +51,11 @@ class JsonTokenizer:
             raise ValueError(f"data.tokenizer {path}: no end-of-document token; expected one of {list(EOS_NAMES)}")
         self.eos_id = found[0]
 
+    @property
+    def backend(self):
+        """The loaded ``tokenizers.Tokenizer``."""
+        return self._tok
+
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 

@@ -62,7 +62,7 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write_folder(model, cfg.data.tokenizer, tok, staging)
+        write_folder(model, tok, staging)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -92,7 +92,7 @@ def checkpoint_of(run_dir: Path, ckpt: str | Path | None = None) -> Path:
     return found[0]
 
 
-def write_folder(model: HybridLM, tokenizer_spec: str, tok: ByteTokenizer | JsonTokenizer, out: Path) -> None:
+def write_folder(model: HybridLM, tok: ByteTokenizer | JsonTokenizer, out: Path) -> None:
     """Writes the ``transformers`` folder of a native ``model`` (and its tokenizer) into ``out``."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig
@@ -109,7 +109,7 @@ def write_folder(model: HybridLM, tokenizer_spec: str, tok: ByteTokenizer | Json
     weights = {"model." + k: v.detach().float().clone() for k, v in model.state_dict().items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     write_model_source(out)
-    write_tokenizer(tokenizer_spec, tok, out)
+    write_tokenizer(tok, out)
 
 
 def exported_settings(cfg: ModelConfig) -> dict:

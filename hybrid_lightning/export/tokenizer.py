@@ -35,13 +35,12 @@ def byte_tokenizer():
     return tok
 
 
-def write_tokenizer(spec: str, tok: ByteTokenizer | JsonTokenizer, out: Path) -> None:
-    """Writes ``tokenizer.json`` and ``tokenizer_config.json`` of the run's tokenizer (``data.tokenizer``
-    = ``spec``, loaded as ``tok``) into ``out``."""
-    from tokenizers import Tokenizer
+def write_tokenizer(tok: ByteTokenizer | JsonTokenizer, out: Path) -> None:
+    """Writes ``tokenizer.json`` and ``tokenizer_config.json`` of the run's loaded tokenizer ``tok`` (from a
+    ``tokenizers`` file or a tokenizer folder alike) into ``out``."""
     from transformers import PreTrainedTokenizerFast
 
-    inner = byte_tokenizer() if spec == "byte" else Tokenizer.from_file(spec)
+    inner = byte_tokenizer() if isinstance(tok, ByteTokenizer) else tok.backend
     fast = PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=inner.id_to_token(tok.eos_id),
                                    clean_up_tokenization_spaces=False)
     fast.save_pretrained(Path(out))
