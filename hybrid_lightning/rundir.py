@@ -70,14 +70,14 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replaces ``path`` with ``text`` all at once: a unique temporary beside it, fsynced, renamed onto
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Replaces ``path`` with ``text`` (or bytes) all at once: a unique temporary beside it, fsynced, renamed onto
     it, the folder fsynced. On any failure (or interruption) the temporary is removed and ``path``
     is untouched."""
     fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(text.encode())
+            f.write(text.encode() if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -15,9 +15,8 @@ K, alpha, beta and the autocast dtype.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 
 from hybrid_lightning.config import EvalConfig, RunConfig
 from hybrid_lightning.eval.scoring import short_context_nll, token_nll
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_run_config, read_status
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_run_config, read_status, write_atomic
 
 NO_EVALUATOR = "no evaluator model (eval.longppl_evaluator is null): key tokens are chosen by one model for all"
 
@@ -97,11 +96,8 @@ def load_model(ckpt: Path, device: torch.device) -> tuple[RunConfig, torch.nn.Mo
 
 
 def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def cache_key(evaluator_digest: str, sequences: list[np.ndarray], cfg: EvalConfig, dtype: torch.dtype | None) -> str:
@@ -142,8 +138,7 @@ def evaluator_key_tokens(run: RunConfig, sequences: list[np.ndarray], device: to
                          f"{ours[0]!r} ({ours[1]} tokens); the evaluator must share the run's tokenizer")
     key = select_key_tokens(model, sequences, cfg, dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")  # ranks may write at once: each its own file
-    with os.fdopen(fd, "wb") as f:
-        np.save(f, key)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    np.save(buffer, key)
+    write_atomic(path, buffer.getvalue())  # ranks may write at once: each through its own temporary
     return KeyTokens(str(ckpt), key)
