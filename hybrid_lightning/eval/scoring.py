@@ -144,12 +144,15 @@ def score_samples(model, samples: list[Sample], chunk: int, dtype: torch.dtype |
     ids = torch.from_numpy(np.stack([np.concatenate([s.prompt, s.answer]) for s in samples])).to(device)  # (B, L)
     x, y = ids[:, :-1], ids[:, 1:]  # (B, L-1)
     lengths = torch.tensor([len(s.prompt) for s in samples], device=device)
-    start = _agree(int(lengths.min()), dist.ReduceOp.MIN, device)  # generation forks after the shortest prompt
     states = model.new_states()
-    nll0, correct0, logits = _feed(model, states, x[:, :start], y[:, :start], chunk, dtype)
-    fork = _fork(states) if tokenizer is not None else None
-    nll1, correct1, _ = _feed(model, states, x[:, start:], y[:, start:], chunk, dtype)
-    nll, correct = torch.cat([nll0, nll1], dim=1), torch.cat([correct0, correct1], dim=1)  # (B, L-1)
+    if tokenizer is None:  # teacher-forced only: one pass, no fork and no agreement between ranks needed
+        nll, correct, _ = _feed(model, states, x, y, chunk, dtype)  # (B, L-1)
+    else:
+        start = _agree(int(lengths.min()), dist.ReduceOp.MIN, device)  # generation forks after the shortest prompt
+        nll0, correct0, logits = _feed(model, states, x[:, :start], y[:, :start], chunk, dtype)
+        fork = _fork(states)
+        nll1, correct1, _ = _feed(model, states, x[:, start:], y[:, start:], chunk, dtype)
+        nll, correct = torch.cat([nll0, nll1], dim=1), torch.cat([correct0, correct1], dim=1)  # (B, L-1)
     mask = torch.arange(nll.shape[1], device=device)[None, :] >= lengths[:, None] - 1  # (B, L-1): the answer tail
     n_tok = mask.sum(dim=1)
     n_correct = (correct & mask).sum(dim=1)
