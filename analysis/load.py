@@ -236,7 +236,10 @@ def _labels(identities: list[dict], plans: list[tuple[list[str], bool]]) -> list
     labels = [_label({k: shown[k][v] for k, v in i.items() if k in shown and v is not None}, names) or _model(i, *plan)
               for i, plan in zip(identities, plans)]
     archs = [json.dumps(i, sort_keys=True, default=str) for i in identities]
-    shared = {label for label in labels if len({a for a, other in zip(archs, labels) if other == label}) > 1}
+    by_label: dict[str, set[str]] = {}
+    for label, a in zip(labels, archs):
+        by_label.setdefault(label, set()).add(a)
+    shared = {label for label, kinds in by_label.items() if len(kinds) > 1}
     return [f"{label} #{hashlib.sha1(a.encode()).hexdigest()[:4]}" if label in shared else label
             for label, a in zip(labels, archs)]
 
