@@ -23,8 +23,9 @@ of ``val/retrieval_acc`` and the retrieval heads of eval/heads_step_<k>.json:
    full-attention layers minus the share of full-attention heads among its scored heads (> 0: retrieval
    heads concentrate in full layers); p: the retrieval marks moved among each run's heads
    (``stats.stratified_p``). *Ablation*: per run, the probe token accuracy drop (lengths within training)
-   from masking the top-K heads minus the mean drop of the K-random draws (mean over its checkpoints and
-   K); p: the top-K masking swapped with the random draws of its checkpoint and K. *Laziness*: among SWA hybrids with RoPE full layers, the rank
+   from masking the top-K heads minus the mean drop of the random draws (mean over its checkpoints and
+   K): the layer-matched controls of ``heads --mask-top K --controls N`` where the checkpoint has them, else
+   the ``--mask-random K`` draws; p: the top-K masking swapped with the random draws of its checkpoint and K. *Laziness*: among SWA hybrids with RoPE full layers, the rank
    correlation between the window and the first step from which every later scoring has a retrieval head
    (a run without one ranks after every run with one); > 0: larger windows form heads later.
 3. NoPE. For each pair of architectures differing only in ``model.pos.full``: the score beyond the training
@@ -248,17 +249,21 @@ def _where(runs: Runs) -> _Test:
 def _ablation(runs: Runs) -> _Test:
     f = "2. retrieval heads"
     a = tables.ablation(runs.ablations, runs.configs)
-    if a.empty or not {"top", "random"} <= set(a["selection"]):
-        return _Test(f, "ablation", verdict="not tested", evidence="no run has both a top-K and a random-K head ablation")
+    if a.empty or "top" not in set(a["selection"]) or not set(tables.DRAWS) & set(a["selection"]):
+        return _Test(f, "ablation", verdict="not tested",
+                     evidence="no run has both a top-K head ablation and random draws (controls or random K heads)")
     a = a[a["within"]]  # within the training length, where retrieval can have formed
     keys = ["run", "step", "k"]  # one masking experiment: a checkpoint and a K
-    draws = a.groupby([*keys, "selection", "seed"], dropna=False)["token_drop"].mean().reset_index()
-    random = draws[draws["selection"] == "random"]
+    draws = a.groupby([*keys, "selection", "seed", "draw"], dropna=False)["token_drop"].mean().reset_index()
+    # the null draws of an experiment: its layer-matched controls where it has them, else its random K heads
+    null = draws[draws["selection"].isin(tables.DRAWS)]
+    controlled = null["selection"].eq("control").groupby([null[k] for k in keys]).transform("any")
+    random = null[null["selection"].eq("control") | ~controlled]
     per = pd.DataFrame({"top": draws[draws["selection"] == "top"].groupby(keys)["token_drop"].mean(),
                         "random": random.groupby(keys)["token_drop"].mean(),
                         "draws": random.groupby(keys).size()}).dropna()
     if per.empty:
-        return _Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both top-K and random-K maskings")
+        return _Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both a top-K masking and random draws")
     # null: within each experiment, the top-K masking is one more random draw of K heads
     strata = {key: (np.r_[per.loc[key, "top"], g["token_drop"].to_numpy()], np.r_[True, np.zeros(len(g), bool)])
               for key, g in random.groupby(keys) if key in per.index}
@@ -266,12 +271,14 @@ def _ablation(runs: Runs) -> _Test:
     as_harmful = {key: (v >= v[0]).mean() for key, (v, _) in strata.items()}
     by_run = per.groupby(level="run")[["top", "random"]].mean()
     k = ", ".join(sorted({str(int(x)) for x in per.index.get_level_values("k")}))
+    kind = " and ".join({"control": "layer-matched random draws", "random": "random K heads outside the top K"}[s]
+                        for s in sorted(set(random["selection"])))
     comparison = Comparison.paired(f"top-K drop - random-K drop (K = {k})", (by_run["top"] - by_run["random"]).to_numpy(),
                                    stats.stratified_p(list(strata.values())), +1)
     return _Test(f, "ablation", [comparison],
-                 f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, random K "
-                 f"heads {by_run['random'].mean():.3f}; per run, step and K: "
-                 + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (random draws: {int(r['draws'])}, "
+                 f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, {kind} "
+                 f"{by_run['random'].mean():.3f}; per run, step and K: "
+                 + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (draws: {int(r['draws'])}, "
                              f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
 
 

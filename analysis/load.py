@@ -310,7 +310,7 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
             records,
             _concat(heads, ["run", "step", "tokens", "layer", "head", "kind", "window", "pos", "score", "retrieval", "role"]),
             _concat(layers, ["run", "step", "tokens", "layer", "kind", "window", "pos", "applicable"]),
-            _concat(ablations, ["run", "step", "tokens", "selection", "k", "seed", "masked", "task", "length", "n",
+            _concat(ablations, ["run", "step", "tokens", "selection", "k", "seed", "draw", "masked", "task", "length", "n",
                                 "accuracy", "masked_accuracy", "token_accuracy", "masked_token_accuracy",
                                 "answer_loss", "masked_answer_loss", "chance_token_accuracy", "chance_loss"]))
 

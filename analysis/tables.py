@@ -176,9 +176,12 @@ def head_maps(heads: pd.DataFrame, layers: pd.DataFrame, configs: pd.DataFrame) 
     return out[columns].sort_values(["label", "layer", "head"]).reset_index(drop=True)
 
 
-ABLATION_COLUMNS = ["run", "label", "step", "selection", "k", "seed", "heads", "length", "within", "n", "token_accuracy",
+ABLATION_COLUMNS = ["run", "label", "step", "selection", "k", "seed", "draw", "heads", "length", "within", "n", "token_accuracy",
                     "masked_token_accuracy", "token_drop", "accuracy", "masked_accuracy", "exact_drop",
                     "chance_token_accuracy"]
+
+
+DRAWS = ("control", "random")  # selections drawn at random: layer-matched controls, or any heads outside the top K
 
 
 def ablation(ablations: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
@@ -186,7 +189,8 @@ def ablation(ablations: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
     the tasks (weighted by their probes). A draw is one masking of a run's checkpoint: (step, selection,
     K, seed, masked heads).
 
-    Returns: run, label, step, selection (top, random, list), k, seed (random draws), heads (the masked
+    Returns: run, label, step, selection (top, random, control, list, single), k, seed (random draws and
+    controls), draw (the index of a control draw: ``heads --mask-top K --controls N``), heads (the masked
     heads as "layer.head", space-separated), length, within (length <= train.seq_len), n (probes),
     token_accuracy and masked_token_accuracy, token_drop (unmasked - masked), accuracy and masked_accuracy
     (exact match), exact_drop, chance_token_accuracy.
@@ -194,8 +198,9 @@ def ablation(ablations: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
     if ablations.empty:
         return pd.DataFrame(columns=ABLATION_COLUMNS)
     rows = ablations.assign(heads=ablations["masked"].map(lambda hs: " ".join(f"{layer}.{head}" for layer, head in hs)),
-                            seed=ablations["seed"].astype("Int64"), k=ablations["k"].astype("Int64"))
-    keys = ["run", "step", "selection", "k", "seed", "heads", "length"]
+                            seed=ablations["seed"].astype("Int64"), k=ablations["k"].astype("Int64"),
+                            draw=ablations["draw"].astype("Int64") if "draw" in ablations else pd.NA)
+    keys = ["run", "step", "selection", "k", "seed", "draw", "heads", "length"]
     values = ["token_accuracy", "masked_token_accuracy", "accuracy", "masked_accuracy", "chance_token_accuracy"]
     weighted = rows[values].mul(rows["n"], axis=0).assign(n=rows["n"], **{k: rows[k] for k in keys})
     out = weighted.groupby(keys, dropna=False, sort=True).sum().reset_index()
@@ -209,15 +214,15 @@ def ablation(ablations: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
 
 
 def ablation_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """``ablation`` per run, checkpoint, selection, K, masked heads (empty for random draws, which are
-    pooled) and length, over the draws: draws, the mean, min and max of token_drop, the mean of
+    """``ablation`` per run, checkpoint, selection, K, masked heads (empty for random and control draws,
+    which are pooled) and length, over the draws: draws, the mean, min and max of token_drop, the mean of
     exact_drop, and the unmasked token accuracy and its chance level.
 
     Returns: run, label, step, selection, k, heads, length, within, draws, token_accuracy,
     chance_token_accuracy, token_drop, token_drop_min, token_drop_max, exact_drop.
     """
     keys = ["run", "label", "step", "selection", "k", "heads", "length", "within"]
-    table = table.assign(heads=table["heads"].where(table["selection"] != "random", ""))
+    table = table.assign(heads=table["heads"].where(~table["selection"].isin(DRAWS), ""))
     out = table.groupby(keys, dropna=False, sort=True).agg(
         draws=("n", "size"), token_accuracy=("token_accuracy", "mean"),
         chance_token_accuracy=("chance_token_accuracy", "mean"), token_drop=("token_drop", "mean"),

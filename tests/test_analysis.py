@@ -432,8 +432,8 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     # Top 0.9 against random 0.2 (within the training length); one run: too few seeds for a verdict.
     verdict = findings(runs).set_index("test").loc["ablation"]
     assert verdict["verdict"] == "inconclusive" and verdict["effect"] == pytest.approx(0.7) and verdict["seeds"] == "1"
-    assert "top-K heads 0.900, random K heads 0.200" in verdict["evidence"]
-    assert "s0 step 39 K=2: 0.900 vs 0.200 (random draws: 2, as harmful: 0.33)" in verdict["evidence"]
+    assert "top-K heads 0.900, random K heads outside the top K 0.200" in verdict["evidence"]
+    assert "s0 step 39 K=2: 0.900 vs 0.200 (draws: 2, as harmful: 0.33)" in verdict["evidence"]
     analyze(root, tmp_path / "out", workers=1)
     assert len(pd.read_csv(tmp_path / "out" / "ablation.csv")) == 5
     assert "## 6. Head ablations" in (tmp_path / "out" / "report.md").read_text()
@@ -441,4 +441,4 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     rows.append(ablation_row("random", [[1, 2], [1, 3]], 8, 1.0, 0.0, n=8, seed=2))
     path.write_text(json.dumps({**json.loads(path.read_text()), "ablation": rows}))
     verdict = findings(load_runs(find_runs(root), root=root)).set_index("test").loc["ablation"]
-    assert "random K heads 0.467" in verdict["evidence"] and "as harmful: 0.50" in verdict["evidence"]
+    assert "random K heads outside the top K 0.467" in verdict["evidence"] and "as harmful: 0.50" in verdict["evidence"]

@@ -196,6 +196,29 @@ def test_ablation(tmp_path, seeds, effect):
     assert "as harmful:" in row["evidence"]
 
 
+@pytest.mark.parametrize("seeds", [2, 5])
+def test_ablation_uses_layer_matched_controls(tmp_path, seeds):
+    """Where a checkpoint has the layer-matched controls of ``heads --mask-top K --controls N`` (selection
+    ``control``, one ``draw`` index each, one seed), they are its null draws, each kept apart, and its
+    --mask-random draws are not used: top drop 0.9, controls 0.1, 0.3, 0.2, 0.2 (mean 0.2), a random draw 0.9."""
+    arm(tmp_path, "a", seeds)
+    for s in range(seeds):
+        rows = [ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1)]
+        rows += [ablation_row("control", [[3, d], [3, 3]], 8, 1.0, 1.0 - drop, seed=0) | {"draw": d}
+                 for d, drop in enumerate((0.1, 0.3, 0.2, 0.2))]
+        rows += [ablation_row("random", [[0, 0], [1, 0]], 8, 1.0, 0.1, seed=0)]
+        path = tmp_path / f"a-s{s}" / "eval" / f"heads_step_{EVAL_STEPS[-1]}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "ablation": rows}))
+    row = verdicts(tmp_path).loc["ablation"]
+    assert row["effect"] == pytest.approx(0.7) and row["seeds"] == str(seeds)
+    assert "layer-matched random draws" in row["evidence"] and "(draws: 4, as harmful: 0.20)" in row["evidence"]
+    if seeds == 2:
+        assert_inconclusive(row, "too few seeds")
+    else:
+        assert_reproduced(row)
+        assert row["p"] == pytest.approx(2 / 5 ** 5)
+
+
 def first_head(step):
     """Heads counts at EVAL_STEPS: a retrieval head from ``step`` on."""
     return tuple((int(s >= step), 0.5 * (s >= step)) for s in EVAL_STEPS)
