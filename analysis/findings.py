@@ -285,13 +285,14 @@ def _ablation(runs: Runs) -> _Test:
 def _laziness(runs: Runs) -> _Test:
     f, c = "2. retrieval heads", runs.configs
     rope = c[_swa_hybrids(c) & c["model.pos.full"].eq("rope")]
-    first = _stable_first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
+    first = tables.first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
     if first["window"].nunique() < 2:
         return _Test(f, "laziness", verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
     by_window = first.groupby("window")
-    evidence = ("first step with a retrieval head for good, per window (seeds; never = none by the end): "
+    evidence = ("first step with a retrieval head for good, per window (seeds; never = none by the end; mean and 95% "
+                "bootstrap CI where every seed has one): "
                 + "; ".join(f"W={int(w)}: {', '.join('never' if np.isnan(x) else str(int(x)) for x in g['first_step'])}"
-                            for w, g in by_window))
+                            + _mean_with_ci(g["first_step"].to_numpy(float)) for w, g in by_window))
     if first["first_step"].isna().all():
         return _Test(f, "laziness", verdict="no signal", evidence=evidence)
     arms = [g["first_step"].fillna(np.inf).to_numpy(float) for _, g in by_window]  # never ranks last
@@ -299,12 +300,9 @@ def _laziness(runs: Runs) -> _Test:
     return _Test(f, "laziness", [comparison], evidence)
 
 
-def _stable_first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
-    """``tables.first_heads`` with the first step from which every later scoring has a retrieval head."""
-    counts = metrics[metrics["metric"] == "heads/retrieval_heads"].sort_values(["run", "step"])
-    # a scoring counts once it and all later ones of its run have a head: reverse cumulative minimum
-    stable = counts.assign(value=counts.iloc[::-1].groupby("run")["value"].cummin().iloc[::-1])
-    return tables.first_heads(pd.concat([metrics[metrics["metric"] != "heads/retrieval_heads"], stable]), configs)
+def _mean_with_ci(steps: np.ndarray) -> str:
+    low, high = stats.mean_ci(steps)
+    return "" if np.isnan(low) else f" (mean {steps.mean():.0f}, CI {low:.0f} to {high:.0f})"
 
 
 def _nope(runs: Runs) -> list[_Test]:

@@ -148,8 +148,9 @@ def _laziness(runs: Runs, out: Path) -> str:
     _write(by_arch, out, "first_heads_by_arch.csv")
     text = ["## 2. Laziness: retrieval heads by SWA window\n",
             "Retrieval heads (score above the run's `eval.heads.threshold`) and the highest head score against "
-            "training tokens. First retrieval head: the first scored step with at least one; means over the seeds "
-            "that have one (`runs_with_head` of `runs`).\n"]
+            "training tokens. First retrieval head: the first scored step from which every scoring has at least one; "
+            "means over the seeds that have one (`runs_with_head` of `runs`), with a 95% bootstrap CI of the mean "
+            "where every seed has one.\n"]
     if first.empty:
         return "\n".join(text + ["No run has retrieval-head scores (eval/heads_step_<k>.json) yet.\n"])
     threshold = _head_threshold(runs)

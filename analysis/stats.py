@@ -91,6 +91,13 @@ def bootstrap_ci(arms: list[np.ndarray], statistic: Statistic = mean_difference,
     return float(low), float(high)
 
 
+def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of one arm's seeds; NaN with fewer than two values or any NaN."""
+    if len(values) < 2 or np.isnan(values).any():
+        return math.nan, math.nan
+    return bootstrap_ci([values], lambda x, groups: x.mean(axis=1), level)
+
+
 def permutation_p(arms: list[np.ndarray], statistic: Statistic = mean_difference, upper: bool = False) -> float:
     """Permutation p of ``statistic`` under the null that the arms are exchangeable, from its values over the
     relabellings of the runs to the arms (arm sizes kept): two-sided (``_tail_p``), or with ``upper`` the

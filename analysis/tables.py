@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from analysis import stats
 from analysis.metrics import metric_tag, record_metric
 
 FRACTIONS = (0.5, 0.9)  # thresholds: shares of the final score
@@ -65,7 +66,8 @@ def windows(configs: pd.DataFrame) -> pd.Series:
 
 
 def first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
-    """Per run with retrieval-head scores: the first scored step with at least one retrieval head.
+    """Per run with retrieval-head scores: the first scored step with a retrieval head for good (it and every
+    later scoring have at least one), so a head that flickers above the threshold once does not count.
 
     Returns: run, label, seed, window, scored_until (last scored step), first_step, first_tokens (NaN: none yet).
     """
@@ -73,7 +75,7 @@ def first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     window = windows(configs)
     for run, r in d.groupby("run", sort=True):
-        hit = r[r["value"] >= 1]
+        hit = r[r["value"].iloc[::-1].cummin().iloc[::-1] >= 1]  # reverse cumulative minimum: held from here on
         rows.append({"run": run, "label": r["label"].iloc[0], "seed": r["seed"].iloc[0], "window": window[run],
                      "scored_until": r["step"].iloc[-1],
                      "first_step": hit["step"].iloc[0] if len(hit) else np.nan,
@@ -82,13 +84,17 @@ def first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
 
 
 def first_heads_by_arch(first: pd.DataFrame) -> pd.DataFrame:
-    """``first_heads`` per architecture: window, runs, runs_with_head, and the mean, min and max of first_step and
-    first_tokens over the runs that have a retrieval head (NaN where none has)."""
+    """``first_heads`` per architecture: window, runs, runs_with_head, the mean, min and max of first_step and
+    first_tokens over the runs that have a retrieval head (NaN where none has), and first_step_ci_low/high: a
+    95% bootstrap CI of the mean first step over seeds (``stats.mean_ci``), where at least two runs have a head
+    and every run has one (a run without one has no step to average)."""
     g = first.groupby("label", sort=True)
     out = g.agg(window=("window", "first"), runs=("run", "count"), runs_with_head=("first_step", "count"),
                 first_step_mean=("first_step", "mean"), first_step_min=("first_step", "min"),
                 first_step_max=("first_step", "max"), first_tokens_mean=("first_tokens", "mean"),
                 first_tokens_min=("first_tokens", "min"), first_tokens_max=("first_tokens", "max"))
+    ci = g["first_step"].agg(lambda v: stats.mean_ci(v.to_numpy(float)))
+    out["first_step_ci_low"], out["first_step_ci_high"] = ci.str[0], ci.str[1]
     return out.reset_index().sort_values(["window", "label"], na_position="last").reset_index(drop=True)
 
 

@@ -154,13 +154,27 @@ def test_laziness_csvs(fabricated):
     by = csv(out, "first_heads_by_arch.csv").set_index("label")
     rope = by.loc["W=16 EEEF pos.full=rope"]
     assert rope[["runs", "runs_with_head", "first_step_mean", "first_step_min", "first_step_max", "first_tokens_mean"]].tolist() == [2, 2, 24, 19, 29, 400]
+    assert rope[["first_step_ci_low", "first_step_ci_high"]].tolist() == [19, 29]  # bootstrap of seeds 19 and 29
     assert by.loc["W=16 EEEF pos.full=nope", ["runs_with_head", "first_step_mean"]].tolist() == [1, 39]
+    assert np.isnan(by.loc["W=16 EEEF pos.full=nope", "first_step_ci_low"])  # a seed without a head: no mean to bound
     assert by.loc["W=64 EEEF pos.full=rope", "runs_with_head"] == 0
     hc = csv(out, "head_curves.csv")
     maxes = hc[(hc["metric"] == "heads/max_score") & (hc["label"] == "W=16 EEEF pos.full=rope")]
     assert maxes["mean"].tolist() == pytest.approx([0.0, 0.125, 0.2, 0.4])
     counts = hc[(hc["metric"] == "heads/retrieval_heads") & (hc["label"] == "W=16 EEEF pos.full=rope")]
     assert counts["mean"].tolist() == pytest.approx([0, 0.5, 1, 1.5]) and counts["max"].tolist() == [0, 1, 1, 2]
+
+
+def test_first_head_is_held_for_good():
+    """A head that appears once and goes again does not count: the first step is where heads stay."""
+    from analysis import tables
+
+    counts = [(9, 0), (19, 1), (29, 0), (39, 2), (49, 1)]
+    metrics = pd.DataFrame([{"run": "r", "label": "W=16", "seed": 0, "metric": "heads/retrieval_heads", "step": step,
+                             "tokens": 16 * (step + 1), "value": float(v)} for step, v in counts])
+    configs = pd.DataFrame([{"run": "r", "arch": json.dumps({"model.window": 16})}])
+    first = tables.first_heads(metrics, configs).iloc[0]
+    assert (first["first_step"], first["first_tokens"], first["scored_until"]) == (39, 640, 49)
 
 
 def test_niah_pos_maps_and_summary_csvs(fabricated):
@@ -353,7 +367,7 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     assert table.loc["ablation", "verdict"] == "not tested"
     # First retrieval head for good: W=16 seeds at 29 and 19, W=64 none by its end (ranks last).
     lazy = table.loc["laziness"]
-    assert lazy["verdict"] == "inconclusive" and "W=16: 29, 19; W=64: never" in lazy["evidence"] and lazy["seeds"] == "2/1"
+    assert lazy["verdict"] == "inconclusive" and "W=16: 29, 19 (mean 24, CI 19 to 29); W=64: never" in lazy["evidence"] and lazy["seeds"] == "2/1"
     # Beyond the training length NoPE seeds 0.4, 0.6 vs RoPE 0.8, 0.6; val/loss 2.4 vs 2.1, 0.28 over the 0.02 allowed.
     beyond, cost = table.loc["beyond: W=16 EEEF pos.full=rope"], table.loc["cost: W=16 EEEF pos.full=rope"]
     assert beyond["effect"] == pytest.approx(-0.2) and beyond["seeds"] == "2/2" and beyond["verdict"] == "inconclusive"

@@ -243,6 +243,8 @@ def test_laziness(tmp_path, seeds, effect):
     elif effect == "strong":
         assert_reproduced(row)
         assert row["effect"] > 0.8 and "W=64: never" in row["evidence"]
+        assert "W=16: 9, 9, 9, 9, 9 (mean 9, CI 9 to 9)" in row["evidence"]  # W=64 has a never: no mean, no CI
+        assert row["evidence"].endswith("W=64: never, 29, 29, 29, 29")
     elif effect == "reversed":
         assert row["verdict"] == "refuted" and row["effect"] < -0.8
     else:
