@@ -97,7 +97,7 @@ def test_embedded_default_has_train_and_val():
 
 def test_documents_of_seq_len_minus_one_tokens_fill_one_window_each(tmp_path):
     """With the end-of-document token, documents of train.seq_len - 1 tokens make every real training
-    window exactly one document (as ablations/retrieval_heads.yaml relies on): each window starts at a
+    window exactly one document (as ablations/cpu_replica.yaml relies on): each window starts at a
     document's first token and holds its end-of-document token last."""
     rng = np.random.default_rng(0)
     docs = ["".join(rng.choice(list("abcdefgh"), 63)) for _ in range(200)]

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -73,9 +74,15 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert grid.cells[-1].config.model.d_model == 256 and grid.cells[-1].config.model.window == 128
     assert load_profile(REPO / "slurm" / "local.yaml")["slurm_partition"] == "debug"
     assert load_profile(REPO / "slurm" / "example.yaml")["gpus_per_node"] == 8
-    replica = load_grid(REPO / "ablations" / "cpu_replica.yaml", root=tmp_path)
-    assert [c.name for c in replica.cells][::2] == ["arch=full,seed=0", "arch=swa32,seed=0", "arch=swa32-nope,seed=0",
-                                                     "arch=swa128,seed=0", "arch=lightning,seed=0"]
+    # the replica trains on probe documents that cpu_replica.sh writes under runs/: a stand-in beside a copy
+    (tmp_path / "ablations").mkdir()
+    shutil.copy(REPO / "ablations" / "cpu_replica.yaml", tmp_path / "ablations")
+    (tmp_path / "runs" / "cpu_replica").mkdir(parents=True)
+    (tmp_path / "runs" / "cpu_replica" / "probes.jsonl").write_text(json.dumps({"text": "a probe"}) + "\n")
+    replica = load_grid(tmp_path / "ablations" / "cpu_replica.yaml", root=tmp_path / "grid")
+    assert [c.name for c in replica.cells][::3] == ["arch=full,seed=0", "arch=swa32,seed=0", "arch=swa32-nope,seed=0",
+                                                     "arch=swa128,seed=0", "arch=swa256,seed=0"]
+    assert len(replica.cells) == 15 and {c.config.seed for c in replica.cells} == {0, 1, 2}  # 3 seeds for every arm
     assert {c.config.train.seq_len for c in replica.cells} == {512} and max(replica.cells[0].config.eval.lengths) == 2048
 
 
