@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU replica end to end (README, "The paper's matrix"): writes the probe-format training documents,
-# trains ablations/cpu_replica.yaml on this machine two cells at a time (about 1 h 40 min on 2 cores; run
+# trains ablations/cpu_replica.yaml on this machine two cells at a time (about 1 h 30 min on 2 cores; run
 # again, it resumes), then tests each run's retrieval heads by ablation at the training length: the 2 best
 # heads (chosen on held-out probes) against 20 layer-matched random draws, and every head alone (one run
 # per core, about 5 minutes in all), and writes the report with the verdicts on the paper's findings to
