@@ -25,9 +25,10 @@ of ``val/retrieval_acc`` and the retrieval heads of eval/heads_step_<k>.json:
    (``stats.stratified_p``). *Ablation*: per run, the probe token accuracy drop (lengths within training)
    from masking the top-K heads minus the mean drop of the random draws (mean over its checkpoints and
    K): the layer-matched controls of ``heads --mask-top K --controls N`` where the checkpoint has them, else
-   the ``--mask-random K`` draws; p: the top-K masking swapped with the random draws of its checkpoint and K. *Laziness*: among SWA hybrids with RoPE full layers, the rank
-   correlation between the window and the first step from which every later scoring has a retrieval head
-   (a run without one ranks after every run with one); > 0: larger windows form heads later.
+   the ``--mask-random K`` draws; p: the top-K masking swapped with the random draws of its checkpoint and
+   K. *Laziness*: among SWA hybrids with RoPE full layers, the rank correlation between the window and the
+   first step from which every later scoring has a retrieval head (a run without one ranks after every run
+   with one); > 0: larger windows form heads later.
 3. NoPE. For each pair of architectures differing only in ``model.pos.full``: the score beyond the training
    length, NoPE minus RoPE (> 0), and the short-context cost, NoPE minus RoPE ``val/loss`` minus
    ``LOSS_COST`` (< 0: the cost is below ``LOSS_COST`` nats per token).
