@@ -89,23 +89,28 @@ def verdicts(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     for group in (_emergence(runs), _mechanism(runs), _nope(runs)):
         stats.adjust([c for t in group for c in t.comparisons])
         for t in group:
-            tests.append(_row(t))
-            comparisons += [{"finding": t.finding, "test": t.test, "compared": c.what, "effect": c.effect, "unit": c.unit,
-                             "ci_low": c.ci[0], "ci_high": c.ci[1], "p": c.p, "p_holm": c.p_adj,
-                             "seeds": stats.seeds_text(c.seeds), **dict(zip(("verdict", "reason"), c.verdict()))}
-                            for c in t.comparisons]
+            decided = [(c, *c.verdict()) for c in t.comparisons]  # (comparison, verdict, reason)
+            tests.append(_row(t, decided))
+            comparisons += [{"finding": t.finding, "test": t.test, **_numbers(c), "verdict": verdict, "reason": reason}
+                            for c, verdict, reason in decided]
     return pd.DataFrame(tests, columns=TEST_COLUMNS), pd.DataFrame(comparisons, columns=COMPARISON_COLUMNS)
 
 
-def _row(t: _Test) -> dict:
-    """A test's verdict from its comparisons: reproduced where some comparison is and none is refuted,
-    refuted the other way round, else inconclusive; the numbers of the comparison it rests on."""
+def _numbers(c: Comparison) -> dict:
+    """A comparison's columns in the tables: compared, effect, unit, ci_low, ci_high, p, p_holm, seeds."""
+    return {"compared": c.what, "effect": c.effect, "unit": c.unit, "ci_low": c.ci[0], "ci_high": c.ci[1], "p": c.p,
+            "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds)}
+
+
+def _row(t: _Test, decided: list[tuple[Comparison, str, str]]) -> dict:
+    """A test's verdict from its comparisons (``decided``: each with its verdict and reason): reproduced where
+    some comparison is and none is refuted, refuted the other way round, else inconclusive; the numbers of the
+    comparison it rests on."""
     row = {"finding": t.finding, "test": t.test, "verdict": t.verdict, "compared": "", "effect": math.nan, "unit": "",
            "ci_low": math.nan, "ci_high": math.nan, "p": math.nan, "p_holm": math.nan, "seeds": "", "reason": t.reason,
            "evidence": t.evidence}
-    if not t.comparisons:
+    if not decided:
         return row
-    decided = [(c, *c.verdict()) for c in t.comparisons]
     by = {v: [d for d in decided if d[1] == v] for v in ("reproduced", "refuted")}
     if by["reproduced"] and by["refuted"]:
         shown, verdict = by["reproduced"][0], "inconclusive"
@@ -114,9 +119,7 @@ def _row(t: _Test) -> dict:
         pool = by["reproduced"] or by["refuted"] or decided
         shown = min(pool, key=lambda d: (_nan_last(d[0].p_adj), -abs(d[0].effect)))
         verdict, reason = shown[1], shown[2]
-    c = shown[0]
-    return row | {"verdict": verdict, "compared": c.what, "effect": c.effect, "unit": c.unit, "ci_low": c.ci[0], "ci_high": c.ci[1],
-                  "p": c.p, "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds), "reason": reason}
+    return row | _numbers(shown[0]) | {"verdict": verdict, "reason": reason}
 
 
 def _nan_last(p: float) -> float:
