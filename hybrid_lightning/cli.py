@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib.resources
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid_lightning.config import RunConfig, load_config
+from hybrid_lightning import __version__
+from hybrid_lightning.config import RunConfig, dump_config, load_config
 from hybrid_lightning.rundir import IOFailure, read_status
 
 # OSErrors of the machine rather than of the code: reported in one line with what to do.
@@ -36,10 +38,24 @@ def _load(args: argparse.Namespace) -> RunConfig:
     return load_config(args.config, args.overrides)
 
 
+def _add_preview_args(p: argparse.ArgumentParser) -> None:
+    preview = p.add_mutually_exclusive_group()  # either prints and exits; nothing is written
+    preview.add_argument("--print-config", action="store_true", help="print the resolved config as YAML (train reads it)")
+    preview.add_argument("--dry-run", action="store_true", help="print parameters, tokens, steps and a time estimated here")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from hybrid_lightning.training.run import train
+    from hybrid_lightning.training.run import default_run_dir, resolve_config, train
     from hybrid_lightning.training.stop import Stopped
 
+    if args.print_config or args.dry_run:
+        from hybrid_lightning.training.dryrun import dry_run_report
+
+        cfg = resolve_config(_load(args))
+        if args.dry_run:
+            cmd_params(args)
+        print(dump_config(cfg) if args.print_config else dry_run_report(cfg, Path(args.run_dir or default_run_dir(cfg))))
+        return 0
     try:
         run_dir = train(_load(args), args.run_dir)
     except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (unless a second signal came)
@@ -129,7 +145,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _add_analysis_parsers(sub) -> None:
     from analysis.metrics import METRICS
 
-    p = sub.add_parser("analyze", help="figures, CSV tables and report.md from a folder of runs (a grid root or any)")
+    p = _command(sub, "analyze", "figures, CSV tables and report.md from a folder of runs (a grid root or any)", "analysis.md")
     p.add_argument("dir", help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
     p.add_argument("--out", help="output folder (default: DIR/analysis)")
     p.add_argument("--metric", choices=list(METRICS), default="token_acc",
@@ -139,7 +155,7 @@ def _add_analysis_parsers(sub) -> None:
                    help="open the report with rule-based verdicts on the paper's three findings (analysis/findings.py)")
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("demo", help="train a demo grid locally, then analyse it (grid submit --executor local + analyze)")
+    p = _command(sub, "demo", "train a demo grid locally, then analyse it (grid submit --executor local + analyze)", "analysis.md")
     p.add_argument("--grid", help="grid file (default: ablations/demo.yaml, installed with the package)")
     p.add_argument("--root", help="folder of the cells' run directories (default: runs/<grid name>)")
     p.add_argument("--parallel", type=int, default=2, metavar="N", help="cells trained at once (default 2)")
@@ -160,9 +176,17 @@ def cmd_grid_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_grid_submit(args: argparse.Namespace) -> int:
-    from hybrid_lightning.grid import load_grid, submit_grid
+    from hybrid_lightning.grid import EXECUTORS, load_grid, submit_grid
+    from hybrid_lightning.grid.report import dry_run_table
 
-    return submit_grid(load_grid(args.grid, args.root), args.executor, args.profile, args.parallel)
+    grid = load_grid(args.grid, args.root)
+    if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
+        configs = (f"---\n# cell {c.name}: {c.run_dir}\n{dump_config(c.config)}" for c in grid.cells)
+        print("".join(configs) if args.print_config else dry_run_table(grid))
+        return 0
+    if args.executor is None:
+        raise ValueError(f"grid submit needs --executor, one of {list(EXECUTORS)}")
+    return submit_grid(grid, args.executor, args.profile, args.parallel)
 
 
 def cmd_grid_status(args: argparse.Namespace) -> int:
@@ -183,13 +207,11 @@ def cmd_grid_cancel(args: argparse.Namespace) -> int:
 
 
 def _add_grid_parser(sub) -> None:
-    from hybrid_lightning.grid.executor import EXECUTORS
-
-    grid = sub.add_parser("grid", help="ablation grids: plan, submit (SLURM or local), status, cancel")
+    grid = _command(sub, "grid", "ablation grids: plan, submit (SLURM or local), status, cancel", "grids.md")
     actions = grid.add_subparsers(dest="grid_command", required=True, metavar="ACTION")
 
     def action(name: str, help: str, func) -> argparse.ArgumentParser:
-        p = actions.add_parser(name, help=help)
+        p = _command(actions, name, help, "grids.md")
         p.add_argument("grid", help="grid file (YAML: base, axes, zip, exclude)")
         p.add_argument("--root", help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
         p.set_defaults(func=func)
@@ -202,10 +224,11 @@ def _add_grid_parser(sub) -> None:
     speed.add_argument("--tflops", type=float, metavar="TFLOPS",
                        help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
     p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
-    p.add_argument("--executor", choices=list(EXECUTORS), required=True,
-                   help="; ".join(f"{name}: {cls.help}" for name, cls in EXECUTORS.items()))
+    p.add_argument("--executor", metavar="NAME",  # no choices=: listing the registry imports torch, slowing every --help
+                   help="where the cells run: slurm, local or another registered executor (docs/grids.md); needed to submit")
     p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
+    _add_preview_args(p)
     p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
     p.add_argument("--json", action="store_true", help="the rows as a JSON list")
     p = action("cancel", "cancel the live jobs of the grid (or of the cells named)", cmd_grid_cancel)
@@ -269,31 +292,39 @@ def cmd_data_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _add_data_parser(sub) -> None:
-    data = sub.add_parser("data", help="token stores and tokenizers: prepare a corpus, train a BPE")
+    data = _command(sub, "data", "token stores and tokenizers: prepare a corpus, train a BPE", "training.md")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    p = actions.add_parser("prepare", help="tokenize the config's corpus into its token store (resumes an interrupted one)")
+    p = _command(actions, "prepare", "tokenize the config's corpus into its token store (resumes an interrupted one)", "training.md")
     _add_config_args(p)
     p.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: data.prepare_workers, else the cores, at most 8)")
     p.set_defaults(func=cmd_data_prepare)
-    p = actions.add_parser("tokenizer", help="train a byte-level BPE on the config's corpus (tokenizers)")
+    p = _command(actions, "tokenizer", "train a byte-level BPE on the config's corpus (tokenizers)", "training.md")
     _add_config_args(p)
     p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="vocabulary size, <|endoftext|> included")
     p.add_argument("--out", required=True, help="tokenizers JSON file to write")
     p.set_defaults(func=cmd_data_tokenizer)
 
 
+def _command(sub, name: str, help: str, page: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help says what it does and names its page under docs/."""
+    return sub.add_parser(name, help=help, description=f"{help[0].upper()}{help[1:]}. Documented in docs/{page}.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
+        prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models. "
+        "Start with README.md; the reference is in docs/ (docs/configuration.md for every config key).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train (or resume) one run")
+    p = _command(sub, "train", "train (or resume) one run", "training.md")
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: runs/<name>)")
+    _add_preview_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)")
+    p = _command(sub, "eval", "long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)", "evaluation.md")
     p.add_argument("run_dir", help="run directory")
     p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
     p.add_argument("--lengths", nargs="+", metavar="N", help="probe lengths in tokens (default: the run's eval.lengths)")
@@ -302,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override an eval.* setting, e.g. --set eval.samples=4 (repeatable)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("probes", help="write long-context probes as text documents (JSON lines), e.g. as training data")
+    p = _command(sub, "probes", "write long-context probes as text documents (JSON lines), e.g. as training data", "evaluation.md")
     p.add_argument("tasks", nargs="+", metavar="TASK", help="probe tasks (as eval.tasks)")
     p.add_argument("--out", required=True, help="JSON-lines file to write")
     p.add_argument("--lengths", nargs="+", type=int, required=True, metavar="N", help="probe lengths in tokens")
@@ -312,8 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default byte)")
     p.set_defaults(func=cmd_probes)
 
-    p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
-                       "ablation (writes eval/heads_step_<k>.json)")
+    p = _command(sub, "heads", "retrieval scores of every attention head of a run's checkpoint, and head "
+             "ablation (writes eval/heads_step_<k>.json)", "evaluation.md")
     p.add_argument("run_dir", help="run directory")
     p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
     mask = p.add_mutually_exclusive_group()
@@ -329,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
     p.set_defaults(func=cmd_heads)
 
-    p = sub.add_parser("export", help="a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
-                       "with trust_remote_code=True, AutoTokenizer)")
+    p = _command(sub, "export", "a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
+             "with trust_remote_code=True, AutoTokenizer)", "export.md")
     p.add_argument("run_dir", help="run directory")
     p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
     p.add_argument("--out", required=True, help="folder to write (must be empty or absent unless --force)")
@@ -339,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "lm-evaluation-harness tasks in OUT/lm_eval (lm_eval --include_path OUT/lm_eval --tasks hybrid_probes)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("params", help="per-layer parameter table and totals")
+    p = _command(sub, "params", "per-layer parameter table and totals", "training.md")
     _add_config_args(p)
     p.set_defaults(func=cmd_params)
 
@@ -352,7 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone early (`| head`) is then the BrokenPipeError below
+        return code
+    except BrokenPipeError:  # the reader went away (`grid plan --json | head`): no traceback, no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except ValueError as e:  # user errors: bad config, missing files; no traceback
         print(f"hybrid-lightning {args.command}: error: {e}", file=sys.stderr)
         return 2

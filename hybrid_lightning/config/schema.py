@@ -256,7 +256,8 @@ class TrainConfig(_Frozen):
     def _check(self) -> TrainConfig:
         budget_pending = self.tokens_per_param is not None  # max_steps follows from it; checked once resolved
         if self.warmup_steps >= self.max_steps and self.max_steps > 1 and not budget_pending:
-            raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}")
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}: "
+                             f"set train.warmup_steps to at most {self.max_steps - 1} (e.g. --set train.warmup_steps=0)")
         if self.tokens_per_param is not None and self.devices == "auto":
             raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on it")
         return self

@@ -1,8 +1,11 @@
 """Small training callbacks: the run's checkpoints, throughput logging, status updates, a progress bar
-that knows max_steps, and a stop at the next step boundary when asked (a signal)."""
+that knows max_steps, the console's start, progress and end lines, peak memory, the last step logged
+and validated, and a stop at the next step boundary when asked (a signal)."""
 
 from __future__ import annotations
 
+import json
+import resource
 import signal
 import threading
 import time
@@ -11,11 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.trainer.states import TrainerStatus
 
+from hybrid_lightning.eval.report import headline, report_path
+from hybrid_lightning.model import count_params
+from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
+from hybrid_lightning.units import si
 from hybrid_lightning.training.stop import Stopped
 
 
@@ -112,6 +120,76 @@ class Throughput(L.Callback):
             self._t0 += time.perf_counter() - self._pause
 
 
+class LastStep(L.Callback):
+    """Logs and validates the last step whatever ``log_every_n_steps`` and ``val_every_n_steps``: Lightning
+    writes the step's scalars and runs validation when ``trainer.should_stop`` is set, so a 3-step run
+    logs its scalars and a 40-step run its ``val/*`` at the end."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
+class PeakMemory(L.Callback):
+    """Logs ``train/peak_memory_gib`` every ``every`` steps and at the last: the peak of memory
+    allocated by tensors on a GPU (``torch.cuda.max_memory_allocated``), else the process's peak
+    resident memory (``getrusage``, all of it: weights, activations, data)."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step % self.every and trainer.global_step < trainer.max_steps:
+            return
+        if pl_module.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(pl_module.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        pl_module.log("train/peak_memory_gib", peak / 2**30)
+
+
+class Console(L.Callback):
+    """What a person reading the console or a cell's log sees (rank 0): a start line (run directory,
+    parameters, tokens, the step training starts from); with ``every``, a progress line each ``every``
+    steps (for runs without a progress bar); an end summary (final losses, the long-context score,
+    where the outputs are)."""
+
+    PROGRESS = ("train/loss", "val/loss", "train/tokens_per_sec", "train/lr")
+    SUMMARY = ("train/loss", "val/loss", "val/ppl", "val/retrieval_acc")
+
+    def __init__(self, run_dir: Path, every: int | None = None):
+        self.run_dir, self.every = Path(run_dir), every
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            counts, step = count_params(pl_module.model), trainer.global_step
+            start = f"resuming at step {step}" if step else "from step 0"
+            print(f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
+                  f"{si(pl_module.tokens_at(trainer.max_steps))} tokens in {trainer.max_steps:,} steps, {start}", flush=True)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step
+        if self.every and trainer.is_global_zero and (step % self.every == 0 or step >= trainer.max_steps):
+            print(f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}", flush=True)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        end = "done" if trainer.global_step >= trainer.max_steps else "stopped"
+        record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
+        score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
+        scores = f"  longctx/score {score:.4g}" if score is not None else ""
+        print(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
+              f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
+              f"tensorboard --logdir {self.run_dir}", flush=True)
+
+
+def _metrics(trainer: L.Trainer, names: tuple[str, ...]) -> str:
+    """The latest value of each of ``names`` that was logged, as ``name value`` pairs."""
+    found = trainer.callback_metrics
+    return "  ".join(f"{name} {float(found[name]):.4g}" for name in names if name in found)
+
+
 class StepProgressBar(TQDMProgressBar):
     """One bar over optimizer steps, from the resumed step to max_steps; its rate counts this
     process's steps only."""
@@ -158,7 +236,7 @@ class StopOnRequest(L.Callback):
         if trainer.world_size > 1:
             asked = trainer.strategy.reduce_boolean_decision(asked, all=False)
         if asked:
-            trainer.save_checkpoint(self.checkpoint)
+            trainer.save_checkpoint(self.checkpoint, weights_only=False)
             trainer.should_stop = True
             if trainer.global_step < trainer.max_steps:  # not the end: no end-of-training evaluations
                 trainer.state.status = TrainerStatus.INTERRUPTED

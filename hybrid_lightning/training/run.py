@@ -67,7 +67,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     steps = budget_steps(cfg)
     if cfg.train.warmup_steps >= steps > 1:
         raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be below train.max_steps={steps} "
-                         f"(from train.tokens_per_param={cfg.train.tokens_per_param})")
+                         f"(from train.tokens_per_param={cfg.train.tokens_per_param}): set train.warmup_steps to at most {steps - 1}")
     raw = config_to_dict(cfg)
     raw["train"]["max_steps"] = steps
     return validate_config(raw)
@@ -197,7 +197,7 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
         fit(trainer, module, datamodule, resume[0] if resume else None)
         finished = trainer.global_step >= cfg.train.max_steps
         if finished and trainer.global_step % cfg.train.checkpoint_every_n_steps:
-            trainer.save_checkpoint(run_dir / CKPT_DIR / LAST_CKPT)  # the periodic save missed the last step
+            trainer.save_checkpoint(run_dir / CKPT_DIR / LAST_CKPT, weights_only=False)  # the periodic save missed the last step
         io.wait()  # every checkpoint on disk under its name, or the failure raised
     except BaseException as e:  # an error fails the run; a signal or an exit interrupts it
         io.teardown()

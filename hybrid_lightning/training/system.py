@@ -72,10 +72,15 @@ class LMSystem(L.LightningModule):
         # The logger writes step metrics every log_every_n_steps steps only, and each self.log call costs
         # about 4 ms of CPU (measured: Lightning moves its metric state on every call), so lr and tokens
         # are logged on the steps that are written.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        if self._written_step():
             self.log("train/lr", self.optimizers().param_groups[0]["lr"])
             self.log("train/tokens", float(self.tokens_at(self.global_step + 1)))
         return loss
+
+    def _written_step(self) -> bool:
+        """Whether the logger writes this step's scalars: every log_every_n_steps and the last (callbacks.LastStep)."""
+        step = self.global_step + 1
+        return step % self.trainer.log_every_n_steps == 0 or step >= self.trainer.max_steps
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         named = [(name, p.grad) for name, p in self.named_parameters() if p.grad is not None]
@@ -83,6 +88,8 @@ class LMSystem(L.LightningModule):
         if not torch.isfinite(norms).all():
             name = next(name for (name, _), norm in zip(named, norms) if not torch.isfinite(norm))
             raise NonFiniteLossError(f"non-finite gradient of {name} at step {self.global_step}")
+        if self._written_step():  # before clipping: the norm train.grad_clip is compared with
+            self.log("train/grad_norm", norms.norm())
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx == 0:
