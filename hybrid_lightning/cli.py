@@ -45,12 +45,11 @@ def _add_preview_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from hybrid_lightning.training.dryrun import dry_run_report
     from hybrid_lightning.training.run import default_run_dir, resolve_config, train
     from hybrid_lightning.training.stop import Stopped
 
     if args.print_config or args.dry_run:
-        from hybrid_lightning.training.dryrun import dry_run_report
-
         cfg = resolve_config(_load(args))
         if args.dry_run:
             cmd_params(args)
@@ -138,7 +137,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     grid_file = args.grid or demo_grid()
     grid = load_grid(grid_file, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print(f"report written to {analyze(grid.root, args.out, planned=_planned_cells(grid))}")
+    print(f"report.md and findings.md written to {analyze(grid.root, args.out, planned=_planned_cells(grid), findings=True).parent}")
     return code
 
 
@@ -155,7 +154,7 @@ def _add_analysis_parsers(sub) -> None:
                    help="open the report with rule-based verdicts on the paper's three findings (analysis/findings.py)")
     p.set_defaults(func=cmd_analyze)
 
-    p = _command(sub, "demo", "train a demo grid locally, then analyse it (grid submit --executor local + analyze)", "analysis.md")
+    p = _command(sub, "demo", "train a demo grid locally, then analyse it (grid submit --executor local + analyze --findings)", "analysis.md")
     p.add_argument("--grid", help="grid file (default: ablations/demo.yaml, installed with the package)")
     p.add_argument("--root", help="folder of the cells' run directories (default: runs/<grid name>)")
     p.add_argument("--parallel", type=int, default=2, metavar="N", help="cells trained at once (default 2)")
@@ -179,13 +178,13 @@ def cmd_grid_submit(args: argparse.Namespace) -> int:
     from hybrid_lightning.grid import EXECUTORS, load_grid, submit_grid
     from hybrid_lightning.grid.report import dry_run_table
 
+    if not (args.print_config or args.dry_run) and args.executor not in EXECUTORS:
+        raise ValueError(f"--executor {args.executor or 'is missing'}: one of {list(EXECUTORS)}")
     grid = load_grid(args.grid, args.root)
     if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
         configs = (f"---\n# cell {c.name}: {c.run_dir}\n{dump_config(c.config)}" for c in grid.cells)
         print("".join(configs) if args.print_config else dry_run_table(grid))
         return 0
-    if args.executor is None:
-        raise ValueError(f"grid submit needs --executor, one of {list(EXECUTORS)}")
     return submit_grid(grid, args.executor, args.profile, args.parallel)
 
 
@@ -224,8 +223,7 @@ def _add_grid_parser(sub) -> None:
     speed.add_argument("--tflops", type=float, metavar="TFLOPS",
                        help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
     p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
-    p.add_argument("--executor", metavar="NAME",  # no choices=: listing the registry imports torch, slowing every --help
-                   help="where the cells run: slurm, local or another registered executor (docs/grids.md); needed to submit")
+    p.add_argument("--executor", metavar="NAME", help="local, slurm or another registered executor (docs/grids.md); needed to submit")
     p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
     _add_preview_args(p)

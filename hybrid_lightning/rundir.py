@@ -39,6 +39,7 @@ CKPT_DIR = "checkpoints"
 LAST_CKPT = "last.ckpt"
 EVAL_DIR = "eval"
 GRID_DIR = ".grid"  # a grid's state (job records, lock, logs, cell configs) under its root; not a run
+HPARAMS_SUFFIX = ".hparams"  # the TensorBoard event files of a run's HParams session, beside the training's
 # Evaluation record kind -> file name prefix in EVAL_DIR: <prefix><step>.json.
 EVAL_KINDS = {"longctx": "step_", "heads": "heads_step_"}
 _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)\.json$")

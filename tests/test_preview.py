@@ -61,7 +61,7 @@ def test_grid_submit_previews_write_nothing(tmp_path, capsys):
     assert "window=16  not submitted     20" in out and "2 of 2 cells to submit" in out and "nothing written" in out
     assert _files(tmp_path) == before
     assert main(["grid", "submit", str(grid)]) == 2  # submitting needs an executor
-    assert "needs --executor, one of" in capsys.readouterr().err
+    assert "--executor is missing: one of ['local', 'slurm']" in capsys.readouterr().err
 
 
 def test_version(capsys):

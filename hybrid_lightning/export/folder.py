@@ -63,6 +63,7 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         write_folder(model, tok, staging)
+        share_modes(staging)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -71,6 +72,16 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     if rows is not None:  # after the move: the tasks name their data files by absolute path
         write_probe_tasks(rows, tok, out / LM_EVAL_DIR)
     return out
+
+
+def share_modes(folder: Path) -> None:
+    """Gives ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` give (0777 and 0666
+    less the umask; 0755 and 0644 under the usual 022): ``mkdtemp`` makes the folder 0700 and
+    safetensors writes 0600, which colleagues on a shared filesystem could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def load_native(cfg: RunConfig, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import resource
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +20,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.trainer.states import TrainerStatus
 
+from hybrid_lightning.config import RunConfig, config_to_dict, dump_config, flatten
 from hybrid_lightning.eval.report import headline, report_path
 from hybrid_lightning.model import count_params
-from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR
+from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR, HPARAMS_SUFFIX
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.units import si
 from hybrid_lightning.training.stop import Stopped
@@ -164,13 +166,13 @@ class Console(L.Callback):
         if trainer.is_global_zero:
             counts, step = count_params(pl_module.model), trainer.global_step
             start = f"resuming at step {step}" if step else "from step 0"
-            print(f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
-                  f"{si(pl_module.tokens_at(trainer.max_steps))} tokens in {trainer.max_steps:,} steps, {start}", flush=True)
+            _say(trainer, f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
+                          f"{si(pl_module.tokens_at(trainer.max_steps))} tokens in {trainer.max_steps:,} steps, {start}")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
         if self.every and trainer.is_global_zero and (step % self.every == 0 or step >= trainer.max_steps):
-            print(f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}", flush=True)
+            _say(trainer, f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
@@ -179,9 +181,47 @@ class Console(L.Callback):
         record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
         score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
         scores = f"  longctx/score {score:.4g}" if score is not None else ""
-        print(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
-              f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
-              f"tensorboard --logdir {self.run_dir}", flush=True)
+        _say(trainer, f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
+                      f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
+                      f"tensorboard --logdir {self.run_dir}")
+
+
+# The config keys a study of hybrids varies: the HParams dashboard compares runs by them.
+STUDY_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed")
+
+
+def study_hparams(cfg: RunConfig) -> dict[str, float | str]:
+    """``STUDY_KEYS`` of ``cfg`` as HParams values (numbers as floats: one type per hparam across runs)."""
+    flat = flatten(config_to_dict(cfg))
+    return {k: float(flat[k]) if isinstance(flat[k], int) else flat[k] for k in STUDY_KEYS}
+
+
+class RunSummary(L.Callback):
+    """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``) and,
+    unless the run directory holds a session already (a grid writes its cells', grid/tensorboard.py),
+    an HParams session of the run's ``STUDY_KEYS``: the HParams dashboard lists every run."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or trainer.logger is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        writer = trainer.logger.experiment
+        text = dump_config(self.cfg).rstrip("\n")
+        writer.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # a Markdown code block
+        if not any(self.run_dir.glob(f"events.out.tfevents.*{HPARAMS_SUFFIX}")):
+            _, session, _ = hparams(study_hparams(self.cfg), {})
+            writer._get_file_writer().add_summary(session)
+
+
+def _say(trainer: L.Trainer, text: str) -> None:
+    """Prints a line above an active progress bar rather than into it."""
+    bar = trainer.progress_bar_callback
+    (bar.print if bar is not None else print)(text)
+    sys.stdout.flush()  # a cell's log shows the line now
 
 
 def _metrics(trainer: L.Trainer, names: tuple[str, ...]) -> str:

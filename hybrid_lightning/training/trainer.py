@@ -16,7 +16,15 @@ from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.precision import resolve_precision
 from hybrid_lightning.rundir import CKPT_DIR
-from hybrid_lightning.training.callbacks import Console, LastStep, PeakMemory, StepCheckpoints, StepProgressBar, Throughput
+from hybrid_lightning.training.callbacks import (
+    Console,
+    LastStep,
+    PeakMemory,
+    RunSummary,
+    StepCheckpoints,
+    StepProgressBar,
+    Throughput,
+)
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.system import LMSystem
 
@@ -57,7 +65,8 @@ def build_trainer(
     tokens_per_step = t.batch_size * t.seq_len
     throughput = Throughput(tokens_per_step, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
-    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), *extra_callbacks]
+    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir),
+                 *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
