@@ -1,5 +1,6 @@
 """What TensorBoard shows, read through a real TensorBoard server's HTTP API: no ``epoch`` scalar, the
-resolved config as text, an HParams session for a plain ``train`` run and for every grid cell with the
+resolved config as text, images no wider than their cards, an HParams session for a plain ``train`` run and
+for every grid cell with the
 keys a study varies, and no stray run ``.`` at a grid's root."""
 
 import json
@@ -12,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from hybrid_lightning.config import load_config
+from hybrid_lightning.eval.callback import CARD_PX
 from hybrid_lightning.grid import load_grid
 from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.training.callbacks import STUDY_KEYS
@@ -19,7 +21,6 @@ from hybrid_lightning.training.run import train
 
 from conftest import TINY
 from test_grid import write_grid
-from test_run_console import NO_EVAL
 
 
 class Server:
@@ -51,7 +52,9 @@ class Server:
 
 
 def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tmp_path):
-    cfg = load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=3", "train.warmup_steps=0", "seed=7"])
+    evaluations = ["eval.every_n_steps=0", "eval.tasks=[passkey]", "eval.lengths=[256]", "eval.position_sequences=0",
+                   "eval.heads.every_n_steps=0", "eval.heads.tasks=[passkey]", "eval.heads.lengths=[512]"]
+    cfg = load_config(None, [*TINY[1::2], *evaluations, "train.max_steps=3", "train.warmup_steps=0", "seed=7"])
     train(cfg, tmp_path / "plain")
     grid = load_grid(write_grid(tmp_path, axes={"model.window": [8, 16]}))  # sessions only: nothing trained
     write_hparams(grid)
@@ -65,6 +68,11 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
         assert server.get("/data/plugin/text/tags") == {"plain": ["config/text_summary"]}
         text = server.get("/data/plugin/text/text?run=plain&tag=config/text_summary")[0]["text"]
         assert "window: 32" in text and "seed: 7" in text
+        for tag in ("longctx/heatmap", "heads/scores"):  # images no wider than their cards
+            query = server.get(f"/data/plugin/images/images?run=plain&tag={urllib.parse.quote(tag)}")[-1]["query"]
+            with urllib.request.urlopen(f"{server.base}/data/plugin/images/individualImage?{query}", timeout=10) as r:
+                png = r.read()
+            assert int.from_bytes(png[16:20], "big") <= CARD_PX, tag  # the PNG header's width
         experiment = server.get("/data/plugin/hparams/experiment", {"experimentName": ""})
         names = [h["name"] for h in experiment["hparamInfos"]]
         assert sorted(names) == sorted(STUDY_KEYS)  # the axis model.window is one of them

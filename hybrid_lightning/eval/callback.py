@@ -25,6 +25,14 @@ from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 from hybrid_lightning.precision import autocast_dtype
 
+CARD_PX = 340  # the width of an image card in TensorBoard's Images dashboard (2.21, seen in a browser), in pixels
+
+
+def fit_card(fig):
+    """``fig`` at a resolution whose width fits an image card: the Images dashboard shows images at their size."""
+    fig.set_dpi(min(fig.get_dpi(), CARD_PX / fig.get_figwidth()))
+    return fig
+
 
 class PeriodicEvaluation(L.Callback, abc.ABC):
     """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
@@ -122,7 +130,7 @@ class LongContextEvaluation(PeriodicEvaluation):
         for tag, value in scalars(report).items():
             writer.add_scalar(tag, value, step)
         if report["records"]:
-            writer.add_figure("longctx/heatmap", heatmap(report), step, close=False)
+            writer.add_figure("longctx/heatmap", fit_card(heatmap(report)), step, close=False)
 
 
 class RetrievalHeadsEvaluation(PeriodicEvaluation):
@@ -154,4 +162,4 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
     def log_report(self, writer, report: dict, step: int) -> None:
         for tag, value in heads_scalars(report).items():
             writer.add_scalar(tag, value, step)
-        writer.add_figure("heads/scores", score_image(report), step, close=False)
+        writer.add_figure("heads/scores", fit_card(score_image(report)), step, close=False)

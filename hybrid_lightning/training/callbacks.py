@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.trainer.states import TrainerStatus
+from tqdm import tqdm
 
 from hybrid_lightning.config import RunConfig, config_to_dict, dump_config, flatten
 from hybrid_lightning.eval.report import headline, report_path
@@ -166,13 +167,13 @@ class Console(L.Callback):
         if trainer.is_global_zero:
             counts, step = count_params(pl_module.model), trainer.global_step
             start = f"resuming at step {step}" if step else "from step 0"
-            _say(trainer, f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
-                          f"{si(pl_module.tokens_at(trainer.max_steps))} tokens in {trainer.max_steps:,} steps, {start}")
+            _say(f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
+                 f"{si(pl_module.tokens_at(trainer.max_steps))} tokens in {trainer.max_steps:,} steps, {start}")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
         if self.every and trainer.is_global_zero and (step % self.every == 0 or step >= trainer.max_steps):
-            _say(trainer, f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}")
+            _say(f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
@@ -181,9 +182,9 @@ class Console(L.Callback):
         record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
         score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
         scores = f"  longctx/score {score:.4g}" if score is not None else ""
-        _say(trainer, f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
-                      f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
-                      f"tensorboard --logdir {self.run_dir}")
+        _say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
+             f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
+             f"tensorboard --logdir {self.run_dir}")
 
 
 # The config keys a study of hybrids varies: the HParams dashboard compares runs by them.
@@ -217,10 +218,9 @@ class RunSummary(L.Callback):
             writer._get_file_writer().add_summary(session)
 
 
-def _say(trainer: L.Trainer, text: str) -> None:
-    """Prints a line above an active progress bar rather than into it."""
-    bar = trainer.progress_bar_callback
-    (bar.print if bar is not None else print)(text)
+def _say(text: str) -> None:
+    """Prints a line, above an active progress bar rather than into it."""
+    tqdm.write(text)
     sys.stdout.flush()  # a cell's log shows the line now
 
 
