@@ -1,7 +1,6 @@
 """What TensorBoard shows, read through a real TensorBoard server's HTTP API: no ``epoch`` scalar, the
-resolved config as text, images no wider than their cards, an HParams session for a plain ``train`` run and
-for every grid cell with the
-keys a study varies, and no stray run ``.`` at a grid's root."""
+resolved config as text, images no wider than their cards, an HParams session for a plain ``train`` run
+and for every grid cell with the keys a study varies, and no stray run ``.`` at a grid's root."""
 
 import json
 import socket

@@ -18,7 +18,7 @@ from hybrid_lightning.precision import autocast_dtype, resolve_precision
 from hybrid_lightning.rundir import find_resume_checkpoint
 
 MEASURED_STEPS = 2  # timed optimizer steps, after one untimed step (allocations, lazy initialisation)
-MEASURED_TOKENS = 8192  # at most this many tokens per measured step: the run's batch, cut to fit (one sequence at least)
+MEASURED_TOKENS = 4096  # at most this many tokens per measured step: the run's batch, cut to fit (one sequence at least)
 
 
 @dataclass(frozen=True)
