@@ -1,4 +1,4 @@
-"""``hybrid-lightning analyze``: run directories -> CSV tables, PNG figures and ``report.md`` (README, "Analysis")."""
+"""``hybrid-lightning analyze``: run directories -> CSV tables, PNG figures and ``report.md`` (docs/analysis.md)."""
 
 from __future__ import annotations
 
