@@ -15,7 +15,7 @@ from hybrid_lightning.config import load_config
 from hybrid_lightning.eval.callback import CARD_PX
 from hybrid_lightning.grid import load_grid
 from hybrid_lightning.grid.tensorboard import write_hparams
-from hybrid_lightning.training.callbacks import STUDY_KEYS
+from hybrid_lightning.training.callbacks import HPARAMS_METRICS, STUDY_KEYS
 from hybrid_lightning.training.run import train
 
 from conftest import TINY
@@ -75,6 +75,7 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
         experiment = server.get("/data/plugin/hparams/experiment", {"experimentName": ""})
         names = [h["name"] for h in experiment["hparamInfos"]]
         assert sorted(names) == sorted(STUDY_KEYS)  # the axis model.window is one of them
+        assert [m["name"]["tag"] for m in experiment["metricInfos"]] == list(HPARAMS_METRICS)
         groups = server.get("/data/plugin/hparams/session_groups", {
             "experimentName": "", "startIndex": 0, "sliceSize": 100,
             "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],

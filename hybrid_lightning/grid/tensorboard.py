@@ -17,9 +17,8 @@ from typing import Any
 
 from hybrid_lightning.grid.spec import Grid, format_value
 from hybrid_lightning.rundir import HPARAMS_SUFFIX as SUFFIX
+from hybrid_lightning.training.callbacks import HPARAMS_METRICS as METRICS
 from hybrid_lightning.training.callbacks import study_hparams
-
-METRICS = ("train/loss", "val/loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score", "longctx/longppl")
 
 
 def _hparam_values(values: list[Any]) -> list[Any]:

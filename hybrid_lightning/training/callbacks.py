@@ -187,8 +187,9 @@ class Console(L.Callback):
              f"tensorboard --logdir {self.run_dir}")
 
 
-# The config keys a study of hybrids varies: the HParams dashboard compares runs by them.
+# The config keys a study of hybrids varies: the HParams dashboard compares runs by them, on these metrics.
 STUDY_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed")
+HPARAMS_METRICS = ("train/loss", "val/loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score", "longctx/longppl")
 
 
 def study_hparams(cfg: RunConfig) -> dict[str, float | str]:
@@ -200,7 +201,8 @@ def study_hparams(cfg: RunConfig) -> dict[str, float | str]:
 class RunSummary(L.Callback):
     """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``) and,
     unless the run directory holds a session already (a grid writes its cells', grid/tensorboard.py),
-    an HParams session of the run's ``STUDY_KEYS``: the HParams dashboard lists every run."""
+    an HParams session of the run's ``STUDY_KEYS`` with an experiment naming them and ``HPARAMS_METRICS``
+    (the same for every run, so that the one the dashboard picks among several fits them all)."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path):
         self.cfg, self.run_dir = cfg, Path(run_dir)
@@ -214,8 +216,9 @@ class RunSummary(L.Callback):
         text = dump_config(self.cfg).rstrip("\n")
         writer.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # a Markdown code block
         if not any(self.run_dir.glob(f"events.out.tfevents.*{HPARAMS_SUFFIX}")):
-            _, session, _ = hparams(study_hparams(self.cfg), {})
-            writer._get_file_writer().add_summary(session)
+            experiment, session, _ = hparams(study_hparams(self.cfg), dict.fromkeys(HPARAMS_METRICS, 0.0))
+            for summary in (experiment, session):
+                writer._get_file_writer().add_summary(summary)
 
 
 def _say(text: str) -> None:
