@@ -82,7 +82,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from hybrid_lightning.offline import evaluate_checkpoint
+    from hybrid_lightning.eval.offline import evaluate_checkpoint
     from hybrid_lightning.eval.report import report_path, table
 
     overrides = list(args.overrides)
@@ -213,7 +213,7 @@ def _add_grid_parser(sub) -> None:
 
 
 def cmd_probes(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.export import export_probes
+    from hybrid_lightning.probes.files import export_probes
 
     n = export_probes(args.out, args.tasks, args.lengths, args.samples, args.seed, args.value_tokens, args.tokenizer)
     print(f"{n} probes written to {args.out}")
@@ -228,9 +228,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.ablation import parse_heads
-    from hybrid_lightning.eval.heads_report import ablation_table, control_table, heads_path, heads_table, single_table
-    from hybrid_lightning.offline import heads_checkpoint
+    from hybrid_lightning.heads.ablation import parse_heads
+    from hybrid_lightning.heads.report import ablation_table, control_table, heads_path, heads_table, single_table
+    from hybrid_lightning.eval.offline import heads_checkpoint
 
     if args.mask_top is not None:
         selection, k = "top", args.mask_top

@@ -9,7 +9,7 @@ import pytest
 
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES
 from hybrid_lightning.data.tokenizer import ByteTokenizer
-from hybrid_lightning.eval.tasks import NOISE, RULER_DEPTHS, TASKS, GenContext, make_sample, sentences
+from hybrid_lightning.probes.tasks import NOISE, RULER_DEPTHS, TASKS, GenContext, make_sample, sentences
 
 from conftest import run_cli
 

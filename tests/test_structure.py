@@ -1,7 +1,7 @@
 """The package's import graph, read from the source with ``ast``: no cycle between modules, and no import
-from a lower layer back up (layers, low to high: kinds and config < model < data < eval < training < grid
-< cli, the offline commands and bench; ``analysis`` sits beside the command line and reads the run
-directory only, README "The run directory")."""
+from a lower layer back up (layers, low to high: kinds and config < model < data < probes < eval < heads
+< the evaluation callbacks and offline commands < training < grid < cli and bench; ``analysis`` sits
+beside the command line and reads the run directory only, README "The run directory")."""
 
 import ast
 import os
@@ -21,10 +21,13 @@ LAYERS = [
     ("hybrid_lightning.config", "hybrid_lightning.precision", "hybrid_lightning.rundir"),
     ("hybrid_lightning.model",),
     ("hybrid_lightning.data",),
+    ("hybrid_lightning.probes",),
     ("hybrid_lightning.eval",),
+    ("hybrid_lightning.heads",),
+    ("hybrid_lightning.eval.callback", "hybrid_lightning.eval.offline"),
     ("hybrid_lightning.training",),
     ("hybrid_lightning.grid",),
-    ("hybrid_lightning.cli", "hybrid_lightning.__main__", "hybrid_lightning.offline", "hybrid_lightning.export",
+    ("hybrid_lightning.cli", "hybrid_lightning.__main__", "hybrid_lightning.export",
      "hybrid_lightning.bench", "analysis"),
 ]
 # analysis sits beside the command line but reads the run directory only: it imports from these layers
@@ -151,9 +154,9 @@ def test_the_layer_check_reports_imports_up():
              "analysis.load": {"hybrid_lightning.rundir", "analysis.scores", "hybrid_lightning.grid.report"},
              "hybrid_lightning.kinds": {"hybrid_lightning.model.plan"}}
     assert violations(graph) == [
-        "analysis.load (layer 7) imports hybrid_lightning.grid.report (layer 6)",
+        "analysis.load (layer 10) imports hybrid_lightning.grid.report (layer 9)",
         "hybrid_lightning.config.schema (layer 1) imports hybrid_lightning.data.corpus (layer 3)",
-        "hybrid_lightning.eval.callback (layer 4) imports hybrid_lightning.training.trainer (layer 5)",
+        "hybrid_lightning.eval.callback (layer 7) imports hybrid_lightning.training.trainer (layer 8)",
         "hybrid_lightning.kinds (layer 0) imports hybrid_lightning.model.plan (layer 2)",
     ]
 

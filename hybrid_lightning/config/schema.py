@@ -264,7 +264,7 @@ class TrainConfig(_Frozen):
 
 def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:
     """Checks the probe grid of ``section`` (eval or eval.heads); errors name its keys. Task names are
-    checked by the evaluation code that owns them (eval/tasks.py ``check_tasks``)."""
+    checked by the evaluation code that owns them (probes/tasks.py ``check_tasks``)."""
     if len(set(tasks)) != len(tasks) or len(set(lengths)) != len(lengths):
         raise ValueError(f"{section}.tasks and {section}.lengths must not repeat an entry")
     if any(n < 2 for n in lengths):
@@ -275,7 +275,7 @@ def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...]
 
 class HeadsConfig(_Frozen):
     """The ``eval.heads:`` section: retrieval-head scores (Wu et al. 2024) during training and by
-    ``hybrid-lightning heads`` (hybrid_lightning/eval/heads.py). Probes share ``eval.seed``,
+    ``hybrid-lightning heads`` (hybrid_lightning/heads/retrieval.py). Probes share ``eval.seed``,
     ``eval.batch_size`` and ``eval.chunk_tokens`` with the long-context evaluation."""
 
     every_n_steps: int = Field(100, ge=0, description="score heads every N optimizer steps; 0 = not at intervals")
@@ -289,7 +289,7 @@ class HeadsConfig(_Frozen):
     min_copy_precision: float = Field(0.5, ge=0, le=1, description="copy head: retrieval head with at least this share of its in-span argmaxes on the source token")
     min_in_span: float = Field(0.5, ge=0, le=1, description="locator head: argmax in the answer span on at least this share of answer steps, not a copy head")
     min_answer_accuracy: float | None = Field(None, ge=0, le=1, description="score only samples whose answer tokens are right (teacher-forced) in more than this share; null = all")
-    echo: bool = Field(True, description="add echo probes (eval/near.py), one per task, length and sample at the middle depth: a copy source inside small windows")
+    echo: bool = Field(True, description="add echo probes (probes/near.py), one per task, length and sample at the middle depth: a copy source inside small windows")
     selection_seed: int | None = Field(None, description="probe seed of the scores that choose heads to ablate; null = eval.seed + 1 (held out)")
 
     @model_validator(mode="after")
@@ -303,7 +303,7 @@ class EvalConfig(_Frozen):
 
     every_n_steps: int = Field(100, ge=0, description="evaluate every N optimizer steps; 0 = not at intervals")
     at_end: bool = Field(True, description="evaluate when training ends (unless the last step was just evaluated)")
-    tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks (hybrid_lightning/eval/tasks.py)")
+    tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks (hybrid_lightning/probes/tasks.py)")
     lengths: tuple[int, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer")
     depths: tuple[float, ...] = Field((0.0, 0.5, 1.0), description="needle depths, 0 = start of the haystack, 1 = its end")
     samples: int = Field(1, ge=1, description="samples per (task, length, depth)")

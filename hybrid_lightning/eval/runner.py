@@ -1,4 +1,4 @@
-"""One long-context evaluation of one model at one step: the probes (tasks.py), the per-position
+"""One long-context evaluation of one model at one step: the probes (probes/tasks.py), the per-position
 loss and LongPPL on held-out text, summed through torchmetrics (samples split across ranks, sums
 synced) into a report that the callback and ``hybrid-lightning eval`` log and write alike.
 
@@ -21,7 +21,7 @@ from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.longppl import NO_EVALUATOR, KeyTokens, scored_columns
 from hybrid_lightning.eval.report import GENERATION_FIELDS
 from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, token_nll
-from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample, check_tasks, make_sample
+from hybrid_lightning.probes.tasks import NOISE, GenContext, Sample, check_tasks, make_sample
 
 
 class SumTable(Metric):

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hybrid_lightning.eval.tasks import Sample
+from hybrid_lightning.probes.tasks import Sample
 
 # Per-sample statistics summed into cells: samples, exact matches, answer tokens, correct answer
 # tokens, answer NLL (nats), chance NLL (nats, -log P(answer) under the value prior), distance

@@ -36,7 +36,7 @@ from hybrid_lightning.config import (
     validate_config,
 )
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.eval.heads import check_probes
+from hybrid_lightning.heads.retrieval import check_probes
 from hybrid_lightning.grid.schema import GridConfig, validate_grid_config
 from hybrid_lightning.rundir import GRID_DIR
 from hybrid_lightning.training.run import resolve_config

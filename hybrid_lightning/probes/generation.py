@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of eval/export.py's probes file
+PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of probes/files.py's probes file
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.eval.heads import RetrievalHeads, attention_layers
+from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
 from hybrid_lightning.eval.report import pool
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 

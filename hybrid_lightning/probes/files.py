@@ -12,7 +12,7 @@ import numpy as np
 from hybrid_lightning.config import DataConfig
 from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.eval.tasks import GenContext, check_tasks, make_sample
+from hybrid_lightning.probes.tasks import GenContext, check_tasks, make_sample
 
 
 def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples: int, seed: int,

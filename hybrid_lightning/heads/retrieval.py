@@ -28,7 +28,7 @@ averaged over samples (they keep samples answered with ROUGE-1 recall > 0.5); a 
   (``min_copy_precision``); ``locator`` = any other head whose argmax is in the span on most answer
   steps (``min_in_span``).
 
-- Reach: besides the task's probes, *echo* probes (near.py) state the answer again a few tokens
+- Reach: besides the task's probes, *echo* probes (probes/near.py) state the answer again a few tokens
   before it is asked, so a sliding-window head can reach a copy source. Every head records the
   answer steps whose source lay inside its window (``reach_steps``) and its score over those alone
   (``reach_score``): where retrieval heads lie is compared among heads that could reach a source.
@@ -50,10 +50,10 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.eval.near import make_probe
+from hybrid_lightning.probes.near import make_probe
 from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
 from hybrid_lightning.eval.scoring import STATS, score_samples
-from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample
+from hybrid_lightning.probes.tasks import NOISE, GenContext, Sample
 from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
 
@@ -198,7 +198,7 @@ class RetrievalHeads:
     def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
         self.cfg, h = cfg, cfg.heads
         self.ctx = GenContext(tokenizer, held_out, h.value_tokens, cfg.vt_example)
-        # echo probes (near.py) at the middle depth only: the echo, not the needle, is their near source
+        # echo probes (probes/near.py) at the middle depth only: the echo, not the needle, is their near source
         echo_depths = [h.depths[len(h.depths) // 2]] if h.echo else []
         self.specs = [(t, n, d, i, e) for n in h.lengths for t in h.tasks
                       for e, depths in ((False, h.depths), (True, echo_depths)) for d in depths for i in range(h.samples)]
