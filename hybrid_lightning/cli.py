@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig, load_config
-from hybrid_lightning.rundir import IOFailure, read_status
+from hybrid_lightning.fileio import IOFailure
+from hybrid_lightning.rundir import read_status
 
 # OSErrors of the machine rather than of the code: reported in one line with what to do.
 _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}

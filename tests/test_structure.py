@@ -18,7 +18,7 @@ PACKAGES = ("hybrid_lightning", "analysis")
 # module and everything under it; the most specific name decides.
 LAYERS = [
     ("hybrid_lightning", "hybrid_lightning.kinds", "hybrid_lightning.units"),  # the root holds the version; its API is lazy
-    ("hybrid_lightning.config", "hybrid_lightning.precision", "hybrid_lightning.rundir"),
+    ("hybrid_lightning.config", "hybrid_lightning.precision", "hybrid_lightning.rundir", "hybrid_lightning.fileio"),
     ("hybrid_lightning.model",),
     ("hybrid_lightning.data",),
     ("hybrid_lightning.probes",),

@@ -25,7 +25,8 @@ import torch
 
 from hybrid_lightning.config import EvalConfig, RunConfig
 from hybrid_lightning.eval.scoring import short_context_nll, token_nll
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_run_config, read_status, write_atomic
+from hybrid_lightning.fileio import write_atomic
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_run_config, read_status
 
 NO_EVALUATOR = "no evaluator model (eval.longppl_evaluator is null): key tokens are chosen by one model for all"
 

@@ -20,6 +20,7 @@ from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model import HybridLM, count_params
 from hybrid_lightning.model.matching import non_embedding_params
+from hybrid_lightning.fileio import IOFailure, RunLock
 from hybrid_lightning.rundir import (
     CKPT_DIR,
     CONFIG_FILE,
@@ -28,8 +29,6 @@ from hybrid_lightning.rundir import (
     LAYERS_KEY,
     PARAM_FIELDS,
     PARAMS_KEY,
-    IOFailure,
-    RunLock,
     find_resume_checkpoint,
     read_checkpoint_meta,
     read_config_dict,
@@ -144,7 +143,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     """Trains (or resumes) the run in ``run_dir``; returns the run directory.
 
     Everything that can be wrong with the config is checked before the directory is created. Rank 0
-    holds the directory's lock (``rundir.RunLock``) for the whole run; a directory in use by another
+    holds the directory's lock (``fileio.RunLock``) for the whole run; a directory in use by another
     command is refused. Training resumes from the newest valid checkpoint (``find_resume_checkpoint``).
     ``callbacks`` are added to the Trainer's own; one that stops training before ``train.max_steps``
     leaves the run ``interrupted``, to be resumed. SIGTERM and SIGINT, where no one else handles
