@@ -58,7 +58,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
     from hybrid_lightning.model import build_model, count_params, resolve_model_config
     from hybrid_lightning.model.matching import param_report
-    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.config.resolve import resolve_config
 
     cfg = resolve_config(_load(args))
     model_cfg = resolve_model_config(cfg.model)

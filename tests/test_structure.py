@@ -1,7 +1,7 @@
 """The package's import graph, read from the source with ``ast``: no cycle between modules, and no import
-from a lower layer back up (layers, low to high: kinds and config < model < data < probes < eval < heads
-< the evaluation callbacks and offline commands < training < grid < cli and bench; ``analysis`` sits
-beside the command line and reads the run directory only, README "The run directory")."""
+from a lower layer back up (layers, low to high: kinds and config < model < data < config resolution < probes < eval
+< heads < the evaluation callbacks and offline commands < training < grid < cli and bench; ``analysis``
+sits beside the command line and reads the run directory only, README "The run directory")."""
 
 import ast
 import os
@@ -21,6 +21,7 @@ LAYERS = [
     ("hybrid_lightning.config", "hybrid_lightning.precision", "hybrid_lightning.rundir", "hybrid_lightning.fileio"),
     ("hybrid_lightning.model",),
     ("hybrid_lightning.data",),
+    ("hybrid_lightning.config.resolve",),  # resolution needs the tokenizer, the sources and the model's size
     ("hybrid_lightning.probes",),
     ("hybrid_lightning.eval",),
     ("hybrid_lightning.heads",),
@@ -154,9 +155,9 @@ def test_the_layer_check_reports_imports_up():
              "analysis.load": {"hybrid_lightning.rundir", "analysis.scores", "hybrid_lightning.grid.report"},
              "hybrid_lightning.kinds": {"hybrid_lightning.model.plan"}}
     assert violations(graph) == [
-        "analysis.load (layer 10) imports hybrid_lightning.grid.report (layer 9)",
+        "analysis.load (layer 11) imports hybrid_lightning.grid.report (layer 10)",
         "hybrid_lightning.config.schema (layer 1) imports hybrid_lightning.data.corpus (layer 3)",
-        "hybrid_lightning.eval.callback (layer 7) imports hybrid_lightning.training.trainer (layer 8)",
+        "hybrid_lightning.eval.callback (layer 8) imports hybrid_lightning.training.trainer (layer 9)",
         "hybrid_lightning.kinds (layer 0) imports hybrid_lightning.model.plan (layer 2)",
     ]
 

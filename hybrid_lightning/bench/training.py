@@ -136,7 +136,7 @@ def plain_seconds(cfg: RunConfig, warm: int) -> tuple[float, float]:
 
 
 def lightning_rows(quick: bool) -> list[dict]:
-    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.config.resolve import resolve_config
 
     warm, measured, rounds = (2, 3, 1) if quick else (20, 100, 3)
     overrides = {"max_steps": warm + measured, "warmup_steps": 1, "progress_bar": False,
