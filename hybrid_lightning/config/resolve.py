@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from hybrid_lightning import __version__
 from hybrid_lightning.config.loading import config_to_dict, flatten, validate_config
+from hybrid_lightning.config.roles import may_change_on_resume
 from hybrid_lightning.config.schema import PROVENANCE_KEY, RunConfig
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
@@ -30,15 +31,6 @@ from hybrid_lightning.rundir import (
 
 if TYPE_CHECKING:
     from hybrid_lightning.model import HybridLM
-
-# Keys that may change when a run directory is trained again (they do not change the result).
-RESUMABLE_CHANGES = {
-    "train.max_steps", "train.progress_bar", "train.checkpoint_every_n_steps", "train.keep_checkpoints",
-    "train.log_every_n_steps", "train.compile", "data.num_workers", "data.cache_dir",
-    "data.store", "data.shard_mb", "data.prepare_workers",
-}
-RESUMABLE_SECTIONS = ("eval.",)
-
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """Fills what follows from other settings: the vocabulary size from the tokenizer, the name, and
@@ -62,7 +54,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 def budget_steps(cfg: RunConfig) -> int:
     """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters, rounded up."""
     t = cfg.train
-    tokens_per_step = t.batch_size * t.seq_len * t.devices * t.num_nodes
+    tokens_per_step = t.tokens_per_step(t.planned_world_size(), accumulate=1)
     return max(1, math.ceil(t.tokens_per_param * non_embedding_params(cfg.model) / tokens_per_step))
 
 
@@ -96,7 +88,8 @@ def provenance(model: HybridLM) -> dict:
 
 
 def check_same_run(run_dir: Path, cfg: RunConfig, checkpoint: Path | None = None) -> None:
-    """A run directory belongs to one config; only harmless keys may change between invocations.
+    """A run directory belongs to one config; only the keys tagged resumable or bookkeeping
+    (config/roles.py) may change between invocations.
 
     The config is compared with ``config.yaml`` and with the config stored in ``checkpoint`` (the
     one training would resume from), so that a lost or edited ``config.yaml`` cannot resume a
@@ -114,7 +107,7 @@ def check_same_run(run_dir: Path, cfg: RunConfig, checkpoint: Path | None = None
 def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
     a, b = flatten(old), flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-    blocking = [k for k in changed if k not in RESUMABLE_CHANGES and not k.startswith(RESUMABLE_SECTIONS)]
+    blocking = [k for k in changed if not may_change_on_resume(k)]
     if blocking:
         diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
         raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another --run-dir")

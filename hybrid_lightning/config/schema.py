@@ -17,6 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from hybrid_lightning.kinds import KINDS, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
+# Each key's role for a run (config/roles.py): untagged = identity.
+ROLE_KEY, IDENTITY, RESUMABLE, BOOKKEEPING, LABEL = "role", "identity", "resumable", "bookkeeping", "label"
+
+
+def role(name: str) -> dict:
+    """``Field`` arguments tagging a field (or a whole section) with its role (config/roles.py)."""
+    return {"json_schema_extra": {ROLE_KEY: name}}
 
 
 class _Frozen(BaseModel):
@@ -119,11 +126,11 @@ class ModelConfig(_Frozen):
     tie_embeddings: bool = False
     norm_eps: float = Field(1e-5, gt=0)
     init_std: float = Field(0.02, gt=0)
-    attn_backend: Literal["auto", "reference", "sdpa", "blocked", "flash", "flex"] = "auto"
+    attn_backend: Literal["auto", "reference", "sdpa", "blocked", "flash", "flex"] = Field("auto", **role(BOOKKEEPING))
     recurrent_backend: Literal["auto", "chunked", "recurrent", "fla"] = Field(
-        "auto", description="recurrent mixers: auto = fla on CUDA when installed, else chunked"
+        "auto", description="recurrent mixers: auto = fla on CUDA when installed, else chunked", **role(BOOKKEEPING)
     )
-    recurrent_chunk: int = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend")
+    recurrent_chunk: int = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend", **role(BOOKKEEPING))
     mamba2: Mamba2Config = Field(default_factory=Mamba2Config)
     gated_deltanet: GatedDeltaNetConfig = Field(default_factory=GatedDeltaNetConfig)
     lightning: LightningConfig = Field(default_factory=LightningConfig)
@@ -206,11 +213,13 @@ class DataConfig(_Frozen):
     min_doc_tokens: int | None = Field(None, ge=1, description="keep only documents of at least this many tokens")
     val_fraction: float = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
-    cache_dir: str | None = Field(None, description="None = $HYBRID_LIGHTNING_CACHE or ~/.cache/hybrid_lightning")
-    store: str | None = Field(None, description="token store folder; None = <cache_dir>/store/<fingerprint>")
-    shard_mb: float = Field(32.0, gt=0, description="input text per store shard, in MiB")
-    prepare_workers: int | None = Field(None, ge=1, description="processes that tokenize a store; None = the cores, at most 8")
-    num_workers: int = Field(0, ge=0)
+    cache_dir: str | None = Field(None, description="None = $HYBRID_LIGHTNING_CACHE or ~/.cache/hybrid_lightning",
+                                  **role(BOOKKEEPING))
+    store: str | None = Field(None, description="token store folder; None = <cache_dir>/store/<fingerprint>", **role(BOOKKEEPING))
+    shard_mb: float = Field(32.0, gt=0, description="input text per store shard, in MiB", **role(BOOKKEEPING))
+    prepare_workers: int | None = Field(None, ge=1, description="processes that tokenize a store; None = the cores, at most 8",
+                                        **role(BOOKKEEPING))
+    num_workers: int = Field(0, ge=0, **role(BOOKKEEPING))
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -225,7 +234,7 @@ class DataConfig(_Frozen):
 class TrainConfig(_Frozen):
     """The ``train:`` section."""
 
-    max_steps: int = Field(200, ge=1)
+    max_steps: int = Field(200, ge=1, **role(RESUMABLE))
     tokens_per_param: float | None = Field(
         None, gt=0, description="token budget as a multiple of the non-embedding parameters (the paper's 100N-1000N); replaces max_steps"
     )
@@ -240,17 +249,19 @@ class TrainConfig(_Frozen):
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float | None = Field(1.0, gt=0)
     precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU, 32 on CPU")
-    compile: bool = Field(False, description="torch.compile the model (inductor); minutes of warm-up on a CPU")
+    compile: bool = Field(False, description="torch.compile the model (inductor); minutes of warm-up on a CPU",
+                          **role(BOOKKEEPING))
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     devices: int | Literal["auto"] = "auto"
     num_nodes: int = Field(1, ge=1)
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
-    checkpoint_every_n_steps: int = Field(100, ge=1)
-    keep_checkpoints: int = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = all")
-    log_every_n_steps: int = Field(10, ge=1)
-    val_every_n_steps: int = Field(100, ge=1)
-    val_batches: int = Field(8, ge=1)
-    progress_bar: bool = True
+    checkpoint_every_n_steps: int = Field(100, ge=1, **role(BOOKKEEPING))
+    keep_checkpoints: int = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = all",
+                                  **role(BOOKKEEPING))
+    log_every_n_steps: int = Field(10, ge=1, **role(BOOKKEEPING))
+    val_every_n_steps: int = Field(100, ge=1, **role(BOOKKEEPING))
+    val_batches: int = Field(8, ge=1, **role(BOOKKEEPING))
+    progress_bar: bool = Field(True, **role(BOOKKEEPING))
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -260,6 +271,15 @@ class TrainConfig(_Frozen):
         if self.tokens_per_param is not None and self.devices == "auto":
             raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on it")
         return self
+
+    def planned_world_size(self) -> int:
+        """Training processes as the config states them: devices (``auto`` counted as one) x nodes."""
+        return (1 if self.devices == "auto" else self.devices) * self.num_nodes
+
+    def tokens_per_step(self, world_size: int, accumulate: int) -> int:
+        """Training tokens per optimizer step over all ranks: sequences per device x their length x
+        ``world_size`` processes x ``accumulate`` micro-batches accumulated into each step."""
+        return self.batch_size * self.seq_len * world_size * accumulate
 
 
 def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:
@@ -337,11 +357,11 @@ class EvalConfig(_Frozen):
 class RunConfig(_Frozen):
     """A whole run: what ``train`` reads and writes next to every checkpoint."""
 
-    name: str | None = Field(None, description="run name; default: the config file's stem")
-    seed: int = 0
+    name: str | None = Field(None, description="run name; default: the config file's stem", **role(LABEL))
+    seed: int = Field(0, **role(LABEL))
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig, **role(BOOKKEEPING))  # evaluation does not change training
 
 

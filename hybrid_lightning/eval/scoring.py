@@ -45,6 +45,17 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module):
+    """``model`` in eval mode for the block; its training mode restored after it, an exception included."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 def ruler_output(text: str) -> str:
     """RULER's post-processing of a generated text: stripped, control characters made newlines."""
     return re.sub(r"[\x00-\x1f]", "\n", text.strip()).strip()
