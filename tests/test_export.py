@@ -126,7 +126,7 @@ def test_tokenizers_json_file_is_carried(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from hybrid_lightning.data.tokenizer import JsonTokenizer, load_tokenizer
-    from hybrid_lightning.probes.tasks import NOISE
+    from hybrid_lightning.probes.haystack import NOISE
     from hybrid_lightning.export.tokenizer import write_tokenizer
 
     bpe = Tokenizer(models.BPE())

@@ -21,7 +21,8 @@ from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.longppl import NO_EVALUATOR, KeyTokens, scored_columns
 from hybrid_lightning.eval.report import GENERATION_FIELDS
 from hybrid_lightning.eval.scoring import STATS, evaluating, position_buckets, score_samples, token_nll
-from hybrid_lightning.probes.tasks import NOISE, GenContext, Sample, check_tasks, make_sample
+from hybrid_lightning.probes.haystack import NOISE
+from hybrid_lightning.probes.tasks import GenContext, Sample, check_tasks, make_sample
 from hybrid_lightning.records import row
 
 

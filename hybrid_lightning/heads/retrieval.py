@@ -55,7 +55,8 @@ from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.probes.near import make_probe
 from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
 from hybrid_lightning.eval.scoring import STATS, evaluating, score_samples
-from hybrid_lightning.probes.tasks import NOISE, GenContext, Sample
+from hybrid_lightning.probes.haystack import NOISE
+from hybrid_lightning.probes.tasks import GenContext, Sample
 from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
 
