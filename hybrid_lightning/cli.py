@@ -283,6 +283,25 @@ def _add_data_parser(sub) -> None:
     p.set_defaults(func=cmd_data_tokenizer)
 
 
+def _add_heads_parser(sub) -> None:
+    p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
+                       "ablation (writes eval/heads_step_<k>.json)")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
+    mask = p.add_mutually_exclusive_group()
+    mask.add_argument("--mask-top", type=int, metavar="K", help="mask the K heads with the highest retrieval score "
+                      "and rerun the long-context evaluation (the run's eval.* probes)")
+    mask.add_argument("--mask-random", type=int, metavar="K", help="mask K random heads outside the top K instead")
+    mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
+    p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
+    p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many heads "
+                   "from the same layers, and the permutation p of the top K against them (default 20; 0 = none)")
+    p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
+    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
+                   help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
+    p.set_defaults(func=cmd_heads)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
@@ -313,22 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default byte)")
     p.set_defaults(func=cmd_probes)
 
-    p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
-                       "ablation (writes eval/heads_step_<k>.json)")
-    p.add_argument("run_dir", help="run directory")
-    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
-    mask = p.add_mutually_exclusive_group()
-    mask.add_argument("--mask-top", type=int, metavar="K", help="mask the K heads with the highest retrieval score "
-                      "and rerun the long-context evaluation (the run's eval.* probes)")
-    mask.add_argument("--mask-random", type=int, metavar="K", help="mask K random heads outside the top K instead")
-    mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
-    p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
-    p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many heads "
-                   "from the same layers, and the permutation p of the top K against them (default 20; 0 = none)")
-    p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
-    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
-                   help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
-    p.set_defaults(func=cmd_heads)
+    _add_heads_parser(sub)
 
     p = sub.add_parser("export", help="a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
                        "with trust_remote_code=True, AutoTokenizer)")

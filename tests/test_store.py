@@ -17,7 +17,8 @@ import torch
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule, MixedSequences, StepSampler, permute
-from hybrid_lightning.data.store import GOLDEN, open_store
+from hybrid_lightning.data.shards import GOLDEN
+from hybrid_lightning.data.store import open_store
 from hybrid_lightning.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 from conftest import TINY, run_cli
