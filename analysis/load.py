@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.scores import record_scores
+from hybrid_lightning.analysis.scores import record_scores
 from hybrid_lightning.config import PROVENANCE_KEY, TrainConfig, flatten
 from hybrid_lightning.config.roles import is_identity
 from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, KINDS, pattern_mixers

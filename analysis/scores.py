@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.metrics import RECORD_SCORES
+from hybrid_lightning.analysis.metrics import RECORD_SCORES
 from hybrid_lightning.records import POOL_WEIGHTS
 from hybrid_lightning.records import pooled as pool_sums
 

@@ -102,7 +102,7 @@ def _planned_cells(grid) -> list[tuple[str, Path]]:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from analysis.report import analyze
+    from hybrid_lightning.analysis.report import analyze
 
     planned = None
     if args.grid is not None:
@@ -117,7 +117,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from analysis.report import analyze
+    from hybrid_lightning.analysis.report import analyze
     from hybrid_lightning.grid import load_grid, submit_grid
 
     grid_file = args.grid or demo_grid()
@@ -128,7 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_analysis_parsers(sub) -> None:
-    from analysis.metrics import METRICS
+    from hybrid_lightning.analysis.metrics import METRICS
 
     p = sub.add_parser("analyze", help="figures, CSV tables and report.md from a folder of runs (a grid root or any)")
     p.add_argument("dir", help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from analysis.scores import pooled as pooled_frame
+from hybrid_lightning.analysis.scores import pooled as pooled_frame
 from conftest import REPO
 from hybrid_lightning import records
 from hybrid_lightning.eval.report import pool

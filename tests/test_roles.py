@@ -3,7 +3,7 @@ architectures follow from the tags, so they cannot disagree."""
 
 import pytest
 
-from analysis.load import _identity
+from hybrid_lightning.analysis.load import _identity
 from hybrid_lightning.config import RunConfig, config_to_dict, flatten
 from hybrid_lightning.config.resolve import _check_same
 from hybrid_lightning.config.roles import NOT_IDENTITY, RESUMABLE_CHANGES, ROLES, role_of, roles_table
