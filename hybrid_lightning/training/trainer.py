@@ -62,8 +62,7 @@ def build_trainer(
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    tokens_per_step = t.batch_size * t.seq_len
-    throughput = Throughput(tokens_per_step, t.log_every_n_steps)
+    throughput = Throughput(t.tokens_per_step(1, accumulate=1), t.log_every_n_steps)  # one rank's tokens per batch
     datamodule = LMDataModule(cfg)
     callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir),
                  *extra_callbacks]
