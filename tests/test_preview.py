@@ -12,7 +12,7 @@ import yaml
 from hybrid_lightning import __version__
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import load_config
-from hybrid_lightning.training.run import resolve_config
+from hybrid_lightning.config.resolve import resolve_config
 
 from conftest import TINY
 from test_grid import write_grid

@@ -60,10 +60,10 @@ def duration(seconds: float) -> str:
 
 
 def run_tokens(cfg: RunConfig) -> int:
-    """Training tokens of a resolved run: steps x batch x sequence length x devices (``auto`` = 1) x nodes."""
+    """Training tokens of a resolved run: steps x ``train.tokens_per_step`` over the processes the config
+    states (devices ``auto`` counted as one)."""
     t = cfg.train
-    devices = 1 if t.devices == "auto" else t.devices
-    return t.max_steps * t.batch_size * t.seq_len * devices * t.num_nodes
+    return t.max_steps * t.tokens_per_step(t.planned_world_size(), accumulate=1)
 
 
 def estimate(cfg: RunConfig) -> Estimate:
@@ -72,8 +72,7 @@ def estimate(cfg: RunConfig) -> Estimate:
     batch = max(1, min(cfg.train.batch_size, MEASURED_TOKENS // cfg.train.seq_len))
     precision = resolve_precision(cfg.train)
     rate = measure(cfg.model, batch, cfg.train.seq_len, device, precision)  # one device; each trains its own batch
-    devices = 1 if cfg.train.devices == "auto" else cfg.train.devices
-    return Estimate(cfg.train.max_steps, run_tokens(cfg), rate * devices * cfg.train.num_nodes, batch, device)
+    return Estimate(cfg.train.max_steps, run_tokens(cfg), rate * cfg.train.planned_world_size(), batch, device)
 
 
 @functools.cache
