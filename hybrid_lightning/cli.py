@@ -70,31 +70,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_params(args: argparse.Namespace) -> int:
-    import torch
-
     from hybrid_lightning.config.resolve import resolve_config
-    from hybrid_lightning.model import build_model, count_params, resolve_model_config
-    from hybrid_lightning.model.matching import param_report
+    from hybrid_lightning.model import resolve_model_config
+    from hybrid_lightning.model.matching import param_table
 
-    cfg = resolve_config(_load(args))
-    model_cfg = resolve_model_config(cfg.model)
-    with torch.device("meta"):  # counts without allocating weights
-        model = build_model(model_cfg)
-    counts = count_params(model)
-    rows = [("layer", "kind", "window", "pos", "mixer", "mlp", "mlp width", "norm", "total")]
-    for layer, spec in zip(counts["layers"], model.plan):
-        rows.append((str(layer["layer"]), layer["kind"], str(layer["window"] or "-"), str(layer["pos"] or "-"),
-                     f"{layer['mixer']:,}", f"{layer['mlp']:,}", str(spec.mlp_hidden), f"{layer['norm']:,}",
-                     f"{layer['total']:,}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    print(f"non-embedding {counts['non_embedding']:,}  embedding {counts['embedding']:,}  total {counts['total']:,}")
-    match = param_report(model_cfg)
-    how = (f"non-full SwiGLU width {match.width}, matched from {match.base_width}" if model_cfg.match_params
-           else "not matched (set model.match_params to match)")
-    print(f"reference (pattern {match.reference_pattern}) non-embedding {match.reference:,}  this model "
-          f"{match.matched:,}  deviation {match.deviation:+.2%}  {how}")
+    print(param_table(resolve_model_config(resolve_config(_load(args)).model)))
     return 0
 
 
