@@ -12,7 +12,7 @@ import inspect
 import json
 import typing
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -44,8 +44,11 @@ def sections(model: type[BaseModel] = RunConfig, prefix: str = "") -> Iterator[t
 
 
 def type_name(annotation: Any) -> str:
-    """``int | None`` -> ``int or null``; a ``Literal`` -> its values; a tuple -> a list of its items."""
+    """``int | None`` -> ``int or null``; a ``Literal`` -> its values; a tuple -> a list of its items;
+    ``Whole`` -> ``int``."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:  # Whole, Number, StrictBool: the type, its validators left out
+        return type_name(args[0])
     if origin is Literal:
         return " or ".join(f"`{a}`" for a in args)
     if origin is tuple:
