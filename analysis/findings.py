@@ -1,4 +1,4 @@
-"""Verdicts on the paper's three findings (README, "Analysis"), each decided by a fixed rule from the
+"""Verdicts on the paper's three findings (docs/analysis.md, "Findings"), each decided by a fixed rule from the
 runs' tables with statistics over seeds (analysis/stats.py). ``analyze --findings`` puts them at the top
 of the report (also ``findings.md``), in ``findings.csv`` (one row per test) and ``findings_comparisons.csv``.
 

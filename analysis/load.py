@@ -61,7 +61,7 @@ class Runs:
     metrics: run, step, tokens, metric, value, then ``label``, ``seed`` and the config keys that
         differ between runs. Metrics: the TensorBoard ``TAGS``, ``heads/<HEAD_TOTALS>`` and the
         long-context scores ``longctx/<score>`` and ``longctx/<score>_beyond`` (analysis/scores.py).
-    records: the long-context records of eval/step_<k>.json (docs/evaluation.md), one row per run x record.
+    records: the long-context records of eval/step_<k>.json (docs/run-directory.md), one row per run x record.
     heads: the per-head rows of eval/heads_step_<k>.json, one row per run x step x head.
     layers: the per-layer rows of eval/heads_step_<k>.json (``applicable`` false: not attention).
     ablations: the head-ablation rows of eval/heads_step_<k>.json (``hybrid-lightning heads --mask-*``).

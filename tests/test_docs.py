@@ -6,6 +6,7 @@ import re
 from hybrid_lightning.config.docs import reference
 from hybrid_lightning.config.schema import RunConfig
 from hybrid_lightning.config import flatten, config_to_dict
+from hybrid_lightning.config.roles import roles_table
 
 from conftest import REPO
 
@@ -21,6 +22,10 @@ def test_the_configuration_reference_lists_every_key_with_a_description():
         row = next((line for line in text.splitlines() if line.startswith(f"| `{key}` |")), None)
         assert row is not None, key
         assert row.rstrip(" |").split(" | ")[-1].strip(), f"{key} has no description in the schema"
+
+
+def test_the_resume_page_holds_the_current_roles_table():
+    assert roles_table() in (REPO / "docs" / "resume.md").read_text(), "paste config.roles.roles_table() into docs/resume.md"
 
 
 def test_relative_links_point_at_files():

@@ -1,7 +1,7 @@
 """The package's import graph, read from the source with ``ast``: no cycle between modules, and no import
 from a lower layer back up (layers, low to high: kinds and config < model < data < config resolution < probes < eval
 < heads < the evaluation callbacks and offline commands < training < grid < cli and bench; ``analysis``
-sits beside the command line and reads the run directory only, README "The run directory")."""
+sits beside the command line and reads the run directory only, docs/run-directory.md)."""
 
 import ast
 import os

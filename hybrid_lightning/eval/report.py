@@ -1,5 +1,5 @@
 """Reports of long-context evaluations: pooled figures, TensorBoard scalars, the depth x length
-heatmap, a printed table, and the ``eval/step_<k>.json`` files (format in README.md)."""
+heatmap, a printed table, and the ``eval/step_<k>.json`` files (format in docs/run-directory.md)."""
 
 from __future__ import annotations
 

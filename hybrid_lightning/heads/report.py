@@ -1,6 +1,6 @@
 """Reports of retrieval-head scores (retrieval.py) and head ablations (ablation.py): TensorBoard scalars,
 the layer x head score image, printed tables and the ``eval/heads_step_<k>.json`` files (format in
-README.md)."""
+docs/run-directory.md)."""
 
 from __future__ import annotations
 
