@@ -61,13 +61,13 @@ class Mamba2(nn.Module):
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
         xs = xs.view(B, T, H, P)
         y, ssm = gated_linear_attention(
-            c[:, :, None].expand(B, T, H, N),  # queries: C
-            b[:, :, None].expand(B, T, H, N),  # keys: B
+            c[:, :, None],  # queries: C, (B, T, 1, N) shared by the heads
+            b[:, :, None],  # keys: B
             xs * dt[..., None],  # values: Δ·x, (B, T, H, P)
             dt * -self.A_log.exp(),  # log-decay Δ·A
             scale=1.0, state=None if state is None else state.get("ssm"), backend=self.backend, chunk_size=self.chunk,
         )
         if state is not None:
             state["ssm"] = ssm
-        y = y + xs * self.D[:, None]  # (B, T, H, P)
+        y = torch.addcmul(y, xs, self.D[:, None])  # y + D·x, (B, T, H, P)
         return self.out_proj(self.norm(y.reshape(B, T, self.inner) * F.silu(z)))

@@ -62,7 +62,7 @@ def to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:
     pad = -T % size
     if pad:
         x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-    return x.reshape(*x.shape[:2], -1, size, *x.shape[3:])
+    return x.reshape(*x.shape[:2], -1, size, *x.shape[3:]).contiguous()
 
 
 def from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:
