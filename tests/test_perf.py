@@ -96,5 +96,8 @@ def test_training_section_quick_reports_every_architecture_and_both_paths():
     lightning, plain = result["rows"][-2:]
     assert lightning["setting"].startswith("Lightning") and plain["setting"].startswith("plain loop")
     assert lightning["Lightning / plain"] == pytest.approx(lightning["tokens/s"] / plain["tokens/s"])
-    assert all(row["tokens/s"] > 0 for row in result["rows"])
-    assert "G2: the Lightning path reaches" in result["notes"]
+    cpu = [row for row in result["rows"] if row["part"] == "CPU, one thread"]
+    assert [row["setting"].split(",")[0] for row in cpu] == list(architectures((32,)))
+    assert cpu[0]["step / full's"] == 1.0 and all(row["CPU ms/step"] > 0 and row["bf16 speed-up"] > 0 for row in cpu)
+    assert all(row["tokens/s"] > 0 for row in result["rows"] if row not in cpu)
+    assert "G2: the Lightning path reaches" in result["notes"] and "(target <= 1.25)" in result["notes"]

@@ -239,7 +239,7 @@ class TrainConfig(_Frozen):
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float | None = Field(1.0, gt=0)
-    precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU, 32 on CPU")
+    precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU; on CPU bf16-mixed where measured faster for the architecture (precision.py), else 32")
     compile: bool = Field(False, description="torch.compile the model (inductor); minutes of warm-up on a CPU")
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     devices: int | Literal["auto"] = "auto"

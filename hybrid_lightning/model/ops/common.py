@@ -7,12 +7,15 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from hybrid_lightning.model.ops.interpreter import interpreting, patch
+
 BACKENDS = ("auto", "chunked", "recurrent", "fla")
 
 
 @functools.cache
 def fla_available() -> bool:
-    """Whether flash-linear-attention's kernels import (they need triton, hence a CUDA build)."""
+    """Whether flash-linear-attention's kernels import (they need triton: a CUDA build, or Triton's
+    interpreter on CPU)."""
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
         import fla.ops.simple_gla  # noqa: F401
@@ -28,10 +31,16 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
     if backend == "auto":
         return "fla" if x.is_cuda and fla_available() else "chunked"
     if backend == "fla" and not x.is_cuda:
-        raise ValueError(
-            f"model.recurrent_backend='fla' runs on CUDA only, but this forward runs on {x.device.type}; "
-            "use 'auto' or 'chunked'"
-        )
+        if not interpreting():
+            raise ValueError(
+                f"model.recurrent_backend='fla' runs on CUDA, or on CPU under Triton's interpreter "
+                f"(TRITON_INTERPRET=1, the fla-cpu extra), but this forward runs on {x.device.type}; "
+                "use 'auto' or 'chunked'"
+            )
+        try:
+            patch()
+        except RuntimeError as e:
+            raise ValueError(f"model.recurrent_backend='fla': {e}") from e
     if backend == "fla" and not fla_available():
         raise ValueError(
             "model.recurrent_backend='fla' needs flash-linear-attention (pip install -e '.[gpu]'), "
