@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.ops import ShortConv, gated_linear_attention
+from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, gated_linear_attention
 
 if TYPE_CHECKING:
     from hybrid_lightning.config import ModelConfig
@@ -71,3 +71,7 @@ class Mamba2(nn.Module):
             state["ssm"] = ssm
         y = torch.addcmul(y, xs, self.D[:, None])  # y + D·x, (B, T, H, P)
         return self.out_proj(self.norm(y.reshape(B, T, self.inner) * F.silu(z)))
+
+    def flops_per_token(self, T: int) -> float:
+        """Training FLOPs per token of the SSD recurrence beyond the layer's weights (B and C shared by the heads)."""
+        return chunked_gla_flops(T, self.chunk, self.n_heads, self.d_state, self.head_dim, shared_qk=True)

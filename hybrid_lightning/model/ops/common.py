@@ -49,6 +49,13 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
     return backend
 
 
+def chunk_cost(T: int, chunk_size: int) -> tuple[int, float]:
+    """(C, padding factor) of the chunked form at length T: the chunk size it uses and the steps it
+    computes per real step (T padded up to whole chunks)."""
+    C = min(chunk_size, T)
+    return C, -(-T // C) * C / T
+
+
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The torch paths compute in at least fp32 (fp64 stays fp64), whatever the input precision."""
     return torch.promote_types(x.dtype, torch.float32)

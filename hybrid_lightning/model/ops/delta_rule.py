@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybrid_lightning.model.ops.common import (
+    chunk_cost,
     compute_dtype,
     from_chunks,
     kernel_dtype,
@@ -89,6 +90,16 @@ def chunked_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | Non
             S = decay_c * S + k_c @ pseudo[-1]
         o = (q * b.exp()[..., None]) @ torch.stack(before, dim=2) + scores @ torch.stack(pseudo, dim=2)  # (B, H, n, C, V)
         return from_chunks(o, T).to(out_dtype), S
+
+
+def chunked_delta_rule_flops(T: int, chunk_size: int, H: int, K: int, V: int) -> float:
+    """Training FLOPs per token of ``chunked_delta_rule`` over H heads, counted as ``chunked_gla_flops``
+    counts: per token and head, k·k and q·k over the chunk (2·C·K), the unit-triangular solve for V + K
+    right-hand sides (C·(V+K)/2), scores times pseudo-values (C·V), and three products with a K x V state
+    (the pseudo-values' correction, the state update, the queries against the carried state)."""
+    C, padding = chunk_cost(T, chunk_size)
+    per_head = 2 * C * K + C * (V + K) / 2 + C * V + 3 * K * V
+    return 6 * H * per_head * padding
 
 
 def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):

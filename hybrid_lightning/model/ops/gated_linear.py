@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybrid_lightning.model.ops.common import (
+    chunk_cost,
     compute_dtype,
     from_chunks,
     kernel_dtype,
@@ -87,6 +88,16 @@ def chunked_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None, chu
             S = chunk_decay * S + chunk_added
         o = o + b.exp()[..., None] * (q @ torch.stack(before, dim=2))  # from earlier chunks
         return from_chunks(o if scale == 1 else o * scale, T).to(out_dtype), S  # scale 1 in Mamba-2 and Lightning
+
+
+def chunked_gla_flops(T: int, chunk_size: int, H: int, K: int, V: int, shared_qk: bool = False) -> float:
+    """Training FLOPs per token of ``chunked_gla`` over H heads: its matmuls, forward (2 per multiply-add)
+    and backward (twice the forward), on T padded to whole chunks. Per token and head: q·k over the
+    chunk's C keys (once for all heads when shared), the chunk's scores times values (C·V), what it
+    adds to the state (K·V) and the queries against the carried state (K·V)."""
+    C, padding = chunk_cost(T, chunk_size)
+    per_head = C * K / (H if shared_qk else 1) + C * V + 2 * K * V
+    return 6 * H * per_head * padding
 
 
 def fla_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None):
