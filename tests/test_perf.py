@@ -1,6 +1,7 @@
 """The performance suite's own correctness: fair comparisons, FLOP counts, the GPU script's refusal,
 and the ``attention`` section end to end."""
 
+import importlib.util
 import json
 import math
 import os
@@ -136,3 +137,49 @@ def test_training_section_quick_reports_every_architecture_and_both_paths():
     assert cpu[0]["step / full's"] == 1.0 and all(row["CPU ms/step"] > 0 and row["bf16 speed-up"] > 0 for row in cpu)
     assert all(row["tokens/s"] > 0 for row in result["rows"] if row not in cpu)
     assert "G2: the Lightning path reaches" in result["notes"] and "(target <= 1.25)" in result["notes"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None,
+                    reason="triton or fla not installed (pip install -e '.[fla-cpu]'): the rehearsal runs fla's kernels")
+def test_gpu_check_rehearsed_on_cpu(tmp_path):
+    """Every section of the GPU check at tiny shapes on the CPU: the CPU's attention backends in bf16
+    against the reference, fla's kernels under the interpreter, MFU rows of the three architectures
+    (the first also compiled), and a training run killed, resumed and checked exact."""
+    r = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu", "--rehearse", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads((tmp_path / "rehearsal.json").read_text())
+    assert {row["backend"] for row in result["correctness"]} == {"sdpa", "blocked"}
+    assert result["recurrent"]["exit status"] == 0 and len(result["recurrent"]["rows"]) == 7
+    assert [(row["model"], row["compile"]) for row in result["mfu"]] == [
+        ("full", False), ("full", True), ("SWA-32 hybrid", False), ("gated_deltanet hybrid", False)]
+    assert all(row["model TFLOP/s"] > 0 and math.isfinite(row["loss"]) for row in result["mfu"])
+    assert result["resume"]["ok"] and result["resume"]["max weight difference"] <= 1e-6
+    assert (tmp_path / "rehearsal.md").read_text().startswith("# GPU check (rehearsal)")
+
+
+def cpu_bench_rows() -> dict[tuple[str, int], float]:
+    """(mixer, d_model) -> bf16 speed-up from the committed bench section (c)."""
+    result = json.loads((REPO / "analysis" / "results" / "bench" / "training.json").read_text())
+    names = {"full": "full", "SWA-32": "swa"} | {f"{m} hybrid": m for m in mixer_names(efficient_only=True)}
+    return {(names[row["setting"].split(",")[0]], int(row["setting"].split("d=")[1].split(",")[0])): row["bf16 speed-up"]
+            for row in result["rows"] if row["part"] == "CPU, one thread"}
+
+
+def test_cpu_precision_auto_follows_the_committed_measurement():
+    """``train.precision: auto`` on a CPU: bf16-mixed exactly where the committed bench measured bf16 at
+    least 5% faster, never where it measured slower; the table in precision.py is that measurement."""
+    from hybrid_lightning.precision import CPU_BF16_MARGIN, CPU_BF16_SPEEDUP, resolve_precision
+
+    measured = cpu_bench_rows()
+    assert {(m, d): round(v, 2) for (m, d), v in measured.items()} == {
+        (m, d): v for d, row in CPU_BF16_SPEEDUP.items() for m, v in row.items()}
+    for (mixer, d), speedup in measured.items():
+        model = {"pattern": "F"} if mixer == "full" else {"pattern": "EEEF", "mixer": mixer}
+        cfg = validate_config({"model": {"d_model": d, "n_heads": 2, **model}, "train": {"accelerator": "cpu"}})
+        chosen = resolve_precision(cfg.train, cfg.model)
+        assert chosen == ("bf16-mixed" if round(speedup, 2) >= CPU_BF16_MARGIN else "32-true"), (mixer, d)
+        assert speedup >= 1 or chosen == "32-true"
+    explicit = validate_config({"train": {"precision": "32", "accelerator": "cpu"}})
+    assert resolve_precision(explicit.train, explicit.model) == "32-true"
