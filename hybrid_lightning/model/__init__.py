@@ -50,7 +50,7 @@ def model_flops_per_token(model: HybridLM, T: int) -> float:
     """Training FLOPs per token at length T, forward and backward (PaLM, Chowdhery et al. 2022, appendix B):
     6 per matmul weight (forward 2, backward 4); in each attention layer 12 d per key a query sees
     (QK^T and PV, forward and backward), counting only the keys a causal or windowed query sees; in each
-    recurrent layer its operator's matmuls in the chunked form (the mixer's ``flops_per_token``).
+    recurrent layer its operator's matmuls in the chunked form (the mixer's optional ``flops_per_token``).
     tests/test_perf.py checks the count against torch's FlopCounterMode."""
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))  # with the head
     sequence = 0.0
@@ -60,6 +60,6 @@ def model_flops_per_token(model: HybridLM, T: int) -> float:
             W = min(spec.window or T, T)
             keys = (W * (W + 1) / 2 + (T - W) * W) / T  # mean over queries t of min(t + 1, W)
             sequence += 12 * d * keys
-        else:
+        elif hasattr(layer.mixer, "flops_per_token"):  # a mixer without one counts its weights only
             sequence += layer.mixer.flops_per_token(T)
     return 6 * matmul + sequence
