@@ -53,7 +53,7 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     data = LMDataModule(cfg)
     data.setup()
     return Checkpoint(cfg, model, data, int(state["global_step"]) - 1, int(state["tokens_seen"]),
-                      autocast_dtype(resolve_precision(cfg.train)))
+                      autocast_dtype(resolve_precision(cfg.train, cfg.model)))
 
 
 def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:

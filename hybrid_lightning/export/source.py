@@ -32,6 +32,7 @@ COPIED = (
     "hybrid_lightning.model.ops.common",
     "hybrid_lightning.model.ops.delta_rule",
     "hybrid_lightning.model.ops.gated_linear",
+    "hybrid_lightning.model.ops.interpreter",
     "hybrid_lightning.model.ops.short_conv",
 )
 # Package modules the copies import whose part the folder's configuration module plays.

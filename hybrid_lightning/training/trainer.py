@@ -84,7 +84,7 @@ def build_trainer(
         devices=t.devices,
         num_nodes=t.num_nodes,
         strategy=t.strategy,
-        precision=resolve_precision(t),
+        precision=resolve_precision(t, cfg.model),
         logger=logger,
         callbacks=callbacks,
         plugins=plugins,
