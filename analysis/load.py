@@ -191,7 +191,8 @@ def _tokens_per_step(cfg: dict, r: dict) -> float:
         return row["tokens"] / (row["step"] + 1)
     devices = cfg.get("train.devices")
     world = cfg.get("train.num_nodes", 1) * (devices if isinstance(devices, int) else 1)
-    return float(cfg.get("train.batch_size", 16) * cfg.get("train.seq_len", 128) * world)
+    sequences = cfg.get("train.batch_size", 16) * cfg.get("train.accumulate_grad_batches", 1)
+    return float(sequences * cfg.get("train.seq_len", 128) * world)
 
 
 def _mixer_plan(cfg: dict, plan: list[dict] | None) -> tuple[list[str], bool]:

@@ -211,6 +211,7 @@ class DataConfig(_Frozen):
     shard_mb: float = Field(32.0, gt=0, description="input text per store shard, in MiB")
     prepare_workers: int | None = Field(None, ge=1, description="processes that tokenize a store; None = the cores, at most 8")
     num_workers: int = Field(0, ge=0)
+    doc_mask: bool = Field(False, description="attention, positions and recurrent state restart at each end-of-document token")
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -229,7 +230,13 @@ class TrainConfig(_Frozen):
     tokens_per_param: float | None = Field(
         None, gt=0, description="token budget as a multiple of the non-embedding parameters (the paper's 100N-1000N); replaces max_steps"
     )
-    batch_size: int = Field(16, ge=1, description="sequences per device per step")
+    batch_size: int = Field(16, ge=1, description="sequences per device per forward (micro-batch)")
+    accumulate_grad_batches: int = Field(
+        1, ge=1, description="micro-batches whose gradients are summed per optimizer step (Lightning's accumulation)"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each block's activations in the backward (non-reentrant torch.utils.checkpoint)"
+    )
     seq_len: int = Field(128, ge=2)
     lr: float = Field(3e-3, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a share of lr")
@@ -251,6 +258,11 @@ class TrainConfig(_Frozen):
     val_every_n_steps: int = Field(100, ge=1)
     val_batches: int = Field(8, ge=1)
     progress_bar: bool = True
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences one device consumes per optimizer step: micro-batch x accumulation."""
+        return self.batch_size * self.accumulate_grad_batches
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -80,17 +80,20 @@ class MixedSequences(Dataset):
 
 
 class StepSampler(Sampler[list[int]]):
-    """Yields, for optimizer steps start, start+1, ..., this rank's slice of the global batch:
-    step s on rank r of w takes global sample ids (s*w + r)*B ... (s*w + r)*B + B - 1."""
+    """Yields, for optimizer steps start, start+1, ..., this rank's slice of the global batch in
+    ``accumulate`` micro-batches of B: micro-batch a of step s on rank r of w takes global sample ids
+    from ((s*w + r)*A + a)*B on, so a step's samples do not depend on how it is split (B x A)."""
 
-    def __init__(self, batch_size: int, start_step: int, rank: int = 0, world: int = 1):
+    def __init__(self, batch_size: int, start_step: int, rank: int = 0, world: int = 1, accumulate: int = 1):
         self.batch_size, self.start_step, self.rank, self.world = batch_size, start_step, rank, world
+        self.accumulate = accumulate
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
         while True:
-            base = (step * self.world + self.rank) * self.batch_size
-            yield list(range(base, base + self.batch_size))
+            for a in range(self.accumulate):
+                base = ((step * self.world + self.rank) * self.accumulate + a) * self.batch_size
+                yield list(range(base, base + self.batch_size))
             step += 1
 
 
@@ -116,7 +119,7 @@ class LMDataModule(L.LightningDataModule):
         trainer = self.trainer
         start = trainer.global_step if trainer is not None else 0
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        sampler = StepSampler(self.cfg.train.batch_size, start, rank, world)
+        sampler = StepSampler(self.cfg.train.batch_size, start, rank, world, self.cfg.train.accumulate_grad_batches)
         syn = self.cfg.data.synthetic
         synth = RetrievalSynth(self.tokenizer, self.train_tokens, syn) if syn.fraction > 0 else None
         dataset = MixedSequences(self.train_tokens, self.cfg.train.seq_len, self.cfg.seed, synth, syn.fraction, TRAIN_STREAM)

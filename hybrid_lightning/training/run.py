@@ -76,7 +76,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 def budget_steps(cfg: RunConfig) -> int:
     """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters, rounded up."""
     t = cfg.train
-    tokens_per_step = t.batch_size * t.seq_len * t.devices * t.num_nodes
+    tokens_per_step = t.sequences_per_step * t.seq_len * t.devices * t.num_nodes
     return max(1, math.ceil(t.tokens_per_param * non_embedding_params(cfg.model) / tokens_per_step))
 
 

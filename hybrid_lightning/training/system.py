@@ -46,6 +46,7 @@ class LMSystem(L.LightningModule):
         # pooled over tokens (weighted means; synced across ranks by torchmetrics).
         self.retrieval_loss = MeanMetric()
         self.retrieval_acc = MeanMetric()
+        self._step_losses: list[torch.Tensor] = []  # of the micro-batches of the current optimizer step
         if self.cfg.train.compile:
             self.model.compile()  # in place: parameter names, and so checkpoints, stay those of the eager model
 
@@ -62,22 +63,26 @@ class LMSystem(L.LightningModule):
 
     def tokens_at(self, step: int) -> int:
         """Training tokens consumed by all ranks after ``step`` optimizer steps."""
-        return step * self.cfg.train.batch_size * self.cfg.train.seq_len * self.trainer.world_size
+        return step * self.cfg.train.sequences_per_step * self.cfg.train.seq_len * self.trainer.world_size
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True)  # every step: the progress bar shows it
+        self._step_losses.append(loss.detach())
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per optimizer step, after the backward of its last micro-batch: logs the step's loss (the mean
+        over its micro-batches, equal in tokens) and checks the gradients."""
+        self.log("train/loss", torch.stack(self._step_losses).mean(), prog_bar=True)  # every step: the progress bar
+        self._step_losses.clear()
         # The logger writes step metrics every log_every_n_steps steps only, and each self.log call costs
         # about 4 ms of CPU (measured: Lightning moves its metric state on every call), so lr and tokens
         # are logged on the steps that are written.
         if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log("train/lr", self.optimizers().param_groups[0]["lr"])
             self.log("train/tokens", float(self.tokens_at(self.global_step + 1)))
-        return loss
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         named = [(name, p.grad) for name, p in self.named_parameters() if p.grad is not None]
         norms = torch.stack(torch._foreach_norm([g for _, g in named]))  # one device sync per step
         if not torch.isfinite(norms).all():

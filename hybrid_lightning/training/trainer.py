@@ -42,8 +42,7 @@ def build_trainer(
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    tokens_per_step = t.batch_size * t.seq_len
-    throughput = Throughput(tokens_per_step, t.log_every_n_steps)
+    throughput = Throughput(t.sequences_per_step * t.seq_len, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
     callbacks = [checkpoints, throughput, *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
@@ -68,8 +67,9 @@ def build_trainer(
         callbacks=callbacks,
         plugins=plugins,
         gradient_clip_val=t.grad_clip,
-        log_every_n_steps=t.log_every_n_steps,
-        val_check_interval=t.val_every_n_steps,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        log_every_n_steps=t.log_every_n_steps,  # counts optimizer steps
+        val_check_interval=t.val_every_n_steps * t.accumulate_grad_batches,  # counts micro-batches
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         enable_progress_bar=t.progress_bar,
