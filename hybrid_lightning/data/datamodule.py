@@ -45,6 +45,13 @@ def permute(i: int, n: int, keys: tuple[int, ...]) -> int:
             return x
 
 
+def document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(B, T) token ids -> (B, T) document ids for ``data.doc_mask``: a document ends with its end-of-document
+    token, so the token after an eos starts the next one (ids count the eos tokens before each position)."""
+    ends = (tokens == eos_id).long()
+    return ends.cumsum(dim=1) - ends
+
+
 class MixedSequences(Dataset):
     """Item g (a global sample id) is a (seq_len + 1)-token sequence: synthetic with probability
     ``fraction``, else real window permute(g mod n) of epoch e = g // n (a fresh permutation of the

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 # Keys that may change when a run directory is trained again (they do not change the result).
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.progress_bar", "train.checkpoint_every_n_steps", "train.keep_checkpoints",
-    "train.log_every_n_steps", "train.compile", "data.num_workers", "data.cache_dir",
+    "train.log_every_n_steps", "train.compile", "train.activation_checkpointing", "data.num_workers", "data.cache_dir",
     "data.store", "data.shard_mb", "data.prepare_workers",
 }
 RESUMABLE_SECTIONS = ("eval.",)

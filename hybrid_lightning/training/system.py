@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from hybrid_lightning.config import RunConfig, TrainConfig, validate_config
+from hybrid_lightning.data.datamodule import document_ids
+from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model import build_model
 
 
@@ -42,6 +44,9 @@ class LMSystem(L.LightningModule):
         self.save_hyperparameters()  # the resolved run config, as plain data
         self.cfg: RunConfig = validate_config(config)
         self.model = build_model(self.cfg.model)
+        self.model.activation_checkpointing = self.cfg.train.activation_checkpointing
+        # data.doc_mask: documents end at this token; None = every sequence is one document
+        self.eos_id = load_tokenizer(self.cfg.data.tokenizer).eos_id if self.cfg.data.doc_mask else None
         # Loss and argmax accuracy on the queried values of synthetic validation sequences,
         # pooled over tokens (weighted means; synced across ranks by torchmetrics).
         self.retrieval_loss = MeanMetric()
@@ -55,7 +60,9 @@ class LMSystem(L.LightningModule):
 
     def _logits(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, T, V) in fp32 for inputs batch[:, :-1] and the targets batch[:, 1:] (B, T)."""
-        return self.model(batch[:, :-1]).float(), batch[:, 1:]
+        inputs = batch[:, :-1]
+        doc_ids = None if self.eos_id is None else document_ids(inputs, self.eos_id)
+        return self.model(inputs, doc_ids=doc_ids).float(), batch[:, 1:]
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         logits, y = self._logits(batch)
