@@ -57,6 +57,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
     from hybrid_lightning.model import build_model, count_params, resolve_model_config
     from hybrid_lightning.model.matching import param_report
+    from hybrid_lightning.model.memory import estimate_memory
     from hybrid_lightning.training.run import resolve_config
 
     cfg = resolve_config(_load(args))
@@ -76,6 +77,8 @@ def cmd_params(args: argparse.Namespace) -> int:
     match = param_report(model_cfg)
     how = (f"non-full SwiGLU width {match.width}, matched from {match.base_width}" if model_cfg.match_params
            else "not matched (set model.match_params to match)")
+    memory = estimate_memory(cfg)
+    print(f"estimated peak memory at batch {cfg.train.batch_size} x {cfg.train.seq_len}: {memory.describe()}")
     print(f"reference (pattern {match.reference_pattern}) non-embedding {match.reference:,}  this model "
           f"{match.matched:,}  deviation {match.deviation:+.2%}  {how}")
     return 0

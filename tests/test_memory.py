@@ -36,3 +36,51 @@ def test_the_training_system_switches_checkpointing_on():
     raw = {"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "vocab_size": 257}}
     assert LMSystem(raw).model.activation_checkpointing is False
     assert LMSystem({**raw, "train": {"activation_checkpointing": True}}).model.activation_checkpointing is True
+
+
+@pytest.mark.parametrize("name", ["SWA-64 EEEF, d=128", "Gated DeltaNet EF, d=64", "Mamba-2 EF, d=64"])
+def test_the_estimate_is_within_a_quarter_of_the_measured_peak(name):
+    """The estimate against one measured CPU training step, activation checkpointing off and on."""
+    from hybrid_lightning.bench.memory import MODELS, config, measured_peak
+    from hybrid_lightning.model.memory import estimate_memory
+
+    cfg = config(MODELS[name], 8, 256)
+    estimate = estimate_memory(cfg)
+    for on in (False, True):
+        measured = measured_peak(cfg, on)
+        assert 0.75 <= estimate.peak(on) / measured <= 1.25, (on, estimate.peak(on), measured)
+    assert estimate.peak(True) < estimate.peak(False)
+
+
+def test_a_size_beyond_the_machine_is_refused_before_anything_is_allocated(tmp_path, capsys, monkeypatch):
+    """Issue 24 item 9: one line, exit 2, the estimate named, no run directory, store or lock left."""
+    import time
+
+    from hybrid_lightning.cli import main
+
+    monkeypatch.setenv("HYBRID_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    start = time.time()
+    code = main(["train", "--run-dir", str(tmp_path / "run"), "--set", "model.n_layers=100000"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "estimated peak memory" in err and "GiB per device" in err and "RAM" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    assert time.time() - start < 30
+
+
+def test_grid_plan_of_a_huge_model_answers_fast(tmp_path):
+    import time
+
+    from hybrid_lightning.grid import load_grid
+    from hybrid_lightning.grid.report import plan_rows, plan_table
+
+    grid = tmp_path / "huge.yaml"
+    grid.write_text("name: huge\nbase: {train: {max_steps: 30}}\naxes:\n  model.n_layers: [4, 100000]\n")
+    start = time.time()
+    loaded = load_grid(grid, tmp_path / "runs")
+    rows = plan_rows(loaded)
+    assert time.time() - start < 30
+    small, huge = rows
+    assert huge["non_embedding_params"] == 25_000 * small["non_embedding_params"] - 24_999 * 128  # one final norm
+    assert huge["peak_memory"] > 1000 * 2**30 > small["peak_memory"]
+    assert "GiB" in plan_table(loaded, rows)

@@ -237,6 +237,7 @@ class TrainConfig(_Frozen):
     activation_checkpointing: bool = Field(
         False, description="recompute each block's activations in the backward (non-reentrant torch.utils.checkpoint)"
     )
+    check_memory: bool = Field(True, description="refuse a run whose estimated peak memory exceeds a device's; false = try anyway")
     seq_len: int = Field(128, ge=2)
     lr: float = Field(3e-3, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a share of lr")

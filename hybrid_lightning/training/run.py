@@ -20,6 +20,7 @@ from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model import HybridLM, count_params
 from hybrid_lightning.model.matching import non_embedding_params
+from hybrid_lightning.model.memory import check_fits
 from hybrid_lightning.rundir import (
     CKPT_DIR,
     CONFIG_FILE,
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
 # Keys that may change when a run directory is trained again (they do not change the result).
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.progress_bar", "train.checkpoint_every_n_steps", "train.keep_checkpoints",
-    "train.log_every_n_steps", "train.compile", "train.activation_checkpointing", "data.num_workers", "data.cache_dir",
-    "data.store", "data.shard_mb", "data.prepare_workers",
+    "train.log_every_n_steps", "train.compile", "train.activation_checkpointing", "train.check_memory",
+    "data.num_workers", "data.cache_dir", "data.store", "data.shard_mb", "data.prepare_workers",
 }
 RESUMABLE_SECTIONS = ("eval.",)
 
@@ -151,6 +152,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
     """
     cfg = resolve_config(cfg)
+    check_fits(cfg)  # a size beyond the machine's memory is refused before anything is allocated
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     from hybrid_lightning.training.callbacks import StopOnSignals
 
