@@ -171,3 +171,12 @@ def test_rope_positions_restart_at_each_document():
     for b, s, e in documents(ids):
         q_alone, k_alone, _ = attention.project(x[b : b + 1, s:e], 0)
         assert rel(q[b : b + 1, :, s:e], q_alone) <= 1e-14 and rel(k[b : b + 1, :, s:e], k_alone) <= 1e-14
+
+
+def test_the_doc_mask_grid_crosses_every_arch_with_the_switch(tmp_path):
+    from conftest import REPO
+    from hybrid_lightning.grid import load_grid
+
+    cells = load_grid(REPO / "ablations" / "doc-mask.yaml", tmp_path).cells
+    pairs = {(c.labels["arch"], c.config.data.doc_mask) for c in cells}
+    assert pairs == {(arch, on) for arch in ("full", "swa16", "gdn") for on in (False, True)}
