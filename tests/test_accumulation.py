@@ -4,6 +4,7 @@ tokens includes A, and a run stopped and resumed with accumulation equals the un
 import threading
 
 import lightning as L
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -47,17 +48,21 @@ def test_the_sampler_splits_a_step_into_micro_batches_of_the_same_samples():
         assert next(whole) == next(split) + next(split)
 
 
-def test_batch_4_accumulated_twice_equals_batch_8_over_20_steps(tmp_path):
-    one, two = tmp_path / "b8x1", tmp_path / "b4x2"
+# fp32 sums the micro-batches' products in another order than one batch's; AdamW's division by the root of
+# the second moment grows those roundings over the 20 steps, the more the micro-batches (measured: 1.6e-7
+# relative at 4 x 2, 1.05e-6 at 2 x 4).
+@pytest.mark.parametrize("batch,accumulate,tol", [(4, 2, 1e-6), (2, 4, 2e-6)])
+def test_accumulated_micro_batches_equal_one_batch_of_8_over_20_steps(tmp_path, batch, accumulate, tol):
+    one, two = tmp_path / "b8x1", tmp_path / f"b{batch}x{accumulate}"
     train(validate_config(tiny(8, 1)), one)
-    train(validate_config(tiny(4, 2)), two)
+    train(validate_config(tiny(batch, accumulate)), two)
     a, b = weights(one), weights(two)
     assert a.keys() == b.keys()
     worst = max(rel(b[k], a[k]) for k in a)
-    assert worst <= 1e-6, worst
+    assert worst <= tol, worst
     loss_a, loss_b = scalars(one, "train/loss"), scalars(two, "train/loss")
     assert sorted(loss_a) == sorted(loss_b) == list(range(20))  # one loss per optimizer step
-    assert max(abs(loss_a[s] - loss_b[s]) / loss_a[s] for s in loss_a) <= 1e-6
+    assert max(abs(loss_a[s] - loss_b[s]) / loss_a[s] for s in loss_a) <= tol
     assert scalars(one, "train/tokens") == scalars(two, "train/tokens")  # both count 8 x 64 tokens a step
     assert scalars(two, "train/tokens")[19] == 20 * 8 * 64
     assert sorted(scalars(two, "val/loss")) == sorted(scalars(one, "val/loss")) == [9, 19]  # on optimizer steps
