@@ -84,3 +84,27 @@ def test_grid_plan_of_a_huge_model_answers_fast(tmp_path):
     assert huge["non_embedding_params"] == 25_000 * small["non_embedding_params"] - 24_999 * 128  # one final norm
     assert huge["peak_memory"] > 1000 * 2**30 > small["peak_memory"]
     assert "GiB" in plan_table(loaded, rows)
+
+
+def test_the_estimate_of_a_long_sequence_follows_the_counted_line():
+    """Beyond MEASURED_LENGTH the activations come from two counted lengths: the bytes of counting at the
+    length itself, and a billion tokens answer at once."""
+    from hybrid_lightning.config import validate_config
+    from hybrid_lightning.model import memory
+
+    def estimate(T: int, mixer: str):
+        cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "mixer": mixer,
+                                         "vocab_size": 257}, "train": {"batch_size": 1, "seq_len": T}})
+        return memory.estimate_memory(cfg)
+
+    for mixer in ("swa", "gated_deltanet"):
+        extended = estimate(20_000, mixer)
+        memory.MEASURED_LENGTH, saved = 10**6, memory.MEASURED_LENGTH
+        try:
+            counted = estimate(20_000, mixer)
+        finally:
+            memory.MEASURED_LENGTH = saved
+        # not exactly affine where T is no multiple of a chunk or block: their padding
+        assert abs(extended.activations / counted.activations - 1) <= 1e-3
+        assert abs(extended.checkpointed / counted.checkpointed - 1) <= 1e-3
+        assert estimate(10**9, mixer).peak() > 1000 * memory.GIB

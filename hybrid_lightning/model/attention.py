@@ -18,7 +18,7 @@ Backends (``model.attn_backend``):
 - ``flex``: FlexAttention (Dong et al. 2024, arXiv 2412.05496), compiled, with a block-sparse mask;
   on CUDA for training, on CPU forward-only (evaluation under ``torch.no_grad``).
 - ``auto``: on CUDA ``flash`` when flash-attn is installed and the inputs are fp16/bf16, else ``sdpa``
-  for full attention and ``flex`` for windows; on CPU ``sdpa`` for full attention, ``blocked`` for windows.
+  for full attention and ``flex`` for windows or packed documents; on CPU ``sdpa`` for full attention, ``blocked`` for windows.
 
 Packed documents (``doc_ids`` (B, T), see ``documents.py``; no KV cache): a query sees only keys of its
 own document, in every backend: ``reference`` and ``sdpa`` by a (B, T, T) mask, ``blocked`` by a
@@ -59,7 +59,7 @@ def attend(
     if window is not None and window >= Tk:
         window = None  # the window covers every key: full causal attention
     if backend == "auto":
-        backend = auto_backend(q, window)
+        backend = auto_backend(q, window, documents=doc_ids is not None)
     check_backend(backend, q, k, v)
     if backend == "flash":
         return flash_attention(q, k, v, window) if doc_ids is None else flash_varlen(q, k, v, window, doc_ids)
@@ -77,12 +77,13 @@ def attend(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, window, q.device, doc_ids))
 
 
-def auto_backend(q: torch.Tensor, window: int | None) -> str:
-    """The backend ``auto`` picks for queries like ``q`` (see the module docstring)."""
+def auto_backend(q: torch.Tensor, window: int | None, documents: bool = False) -> str:
+    """The backend ``auto`` picks for queries like ``q`` (see the module docstring); packed ``documents`` on
+    CUDA without flash-attn go to ``flex``, whose block mask skips what SDPA's dense (B, T, T) mask computes."""
     if q.is_cuda:
         if HAS_FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
             return "flash"
-        return "sdpa" if window is None else "flex"
+        return "sdpa" if window is None and not documents else "flex"
     return "sdpa" if window is None else "blocked"
 
 

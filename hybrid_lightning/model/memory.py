@@ -10,6 +10,8 @@ running one block of each kind of layer the plan holds, and the embedding and lo
 summing the bytes of every tensor saved, each storage once and parameters left out. With activation
 checkpointing a block keeps only its input, and one block's activations exist again while it is
 recomputed. The logits' gradient (B, T, vocab) in fp32 is the largest transient of the backward.
+Saved bytes are affine in T (every path keeps O(T) tensors), so beyond ``MEASURED_LENGTH`` tokens
+they are counted at two lengths and extended along that line: the time stays flat in T.
 
 What it is: the CPU paths' memory (``blocked`` and SDPA attention keep q, k, v, the output and the
 log-sum-exp, as flash-attn and FlexAttention do; recurrent mixers count their ``chunked`` form, an upper
@@ -38,6 +40,7 @@ from hybrid_lightning.precision import autocast_dtype, resolve_precision
 
 FP32 = 4
 GIB = 2**30
+MEASURED_LENGTH = 8192  # tokens up to which activations are counted at the run's own length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +82,8 @@ def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
     embedding = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     params = sum(n * block_params(m, spec) for spec, n in kinds.items()) + m.d_model + embedding
     dtype = autocast_dtype(resolve_precision(t))
-    blocks = {spec: _block_activations(m, spec, t.batch_size, t.seq_len, dtype) for spec in kinds}
-    ends = _ends_activations(m, t.batch_size, t.seq_len, dtype)
+    blocks = {spec: _along_t(_block_activations, m, spec, t.batch_size, t.seq_len, dtype) for spec in kinds}
+    ends = _along_t(_ends_activations, m, None, t.batch_size, t.seq_len, dtype)
     inputs = sum(kinds.values()) * t.batch_size * t.seq_len * m.d_model * FP32  # the residual stream, fp32
     return MemoryEstimate(
         weights=FP32 * params, gradients=FP32 * params, optimizer=2 * FP32 * params,
@@ -112,6 +115,16 @@ def _saved_bytes(run: Callable[[], object], dtype: torch.dtype | None) -> int:
     return sum(n for _, n in saved.values())
 
 
+def _along_t(count: Callable[..., int], m, spec: LayerSpec | None, B: int, T: int, dtype: torch.dtype | None) -> int:
+    """``count(m, spec, B, T, dtype)``, for a long T from the line through two lengths that hold the window
+    twice over (a multiple of every chunk and block size)."""
+    short = max(MEASURED_LENGTH // 2, 1024 * -(-2 * (m.window + 1) // 1024))
+    if T <= 2 * short:
+        return count(m, spec, B, T, dtype)
+    a, b = count(m, spec, B, short, dtype), count(m, spec, B, 2 * short, dtype)
+    return b + (b - a) * (T - 2 * short) // short
+
+
 @functools.lru_cache(maxsize=256)
 def _block_activations(m, spec: LayerSpec, B: int, T: int, dtype: torch.dtype | None) -> int:
     """Saved bytes of one block of ``spec`` on a (B, T, d_model) fp32 input."""
@@ -133,7 +146,7 @@ class _Ends(torch.nn.Module):
 
 
 @functools.lru_cache(maxsize=64)
-def _ends_activations(m, B: int, T: int, dtype: torch.dtype | None) -> int:
+def _ends_activations(m, spec: None, B: int, T: int, dtype: torch.dtype | None) -> int:
     def build():
         tokens = torch.zeros(B, T, dtype=torch.long)
         return _Ends(m), (tokens, torch.empty(B, T, m.d_model, requires_grad=True))
