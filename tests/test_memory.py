@@ -86,6 +86,7 @@ def test_grid_plan_of_a_huge_model_answers_fast(tmp_path):
     assert "GiB" in plan_table(loaded, rows)
 
 
+@pytest.mark.slow  # about 30 s: the fake forwards of the counted lengths
 def test_the_estimate_of_a_long_sequence_follows_the_counted_line():
     """Beyond MEASURED_LENGTH the activations come from two counted lengths: the bytes of counting at the
     length itself, and a billion tokens answer at once."""
@@ -98,13 +99,13 @@ def test_the_estimate_of_a_long_sequence_follows_the_counted_line():
         return memory.estimate_memory(cfg)
 
     for mixer in ("swa", "gated_deltanet"):
-        extended = estimate(20_000, mixer)
-        memory.MEASURED_LENGTH, saved = 10**6, memory.MEASURED_LENGTH
-        try:
-            counted = estimate(20_000, mixer)
-        finally:
-            memory.MEASURED_LENGTH = saved
-        # not exactly affine where T is no multiple of a chunk or block: their padding
-        assert abs(extended.activations / counted.activations - 1) <= 1e-3
-        assert abs(extended.checkpointed / counted.checkpointed - 1) <= 1e-3
+        for T, tol in ((12_288, 0), (12_000, 0.025)):  # a length that is no multiple of the kernels' tiles: within 2.5%
+            extended = estimate(T, mixer)
+            memory.MEASURED_LENGTH, saved = 10**6, memory.MEASURED_LENGTH
+            try:
+                counted = estimate(T, mixer)
+            finally:
+                memory.MEASURED_LENGTH = saved
+            assert abs(extended.activations / counted.activations - 1) <= tol
+            assert abs(extended.checkpointed / counted.checkpointed - 1) <= tol
         assert estimate(10**9, mixer).peak() > 1000 * memory.GIB
