@@ -158,10 +158,9 @@ def machine_memory(cfg: RunConfig) -> tuple[int, str]:
     """(bytes, what they are) that one device of this run has here: the GPU's memory, or on CPU the
     machine's RAM shared by the run's processes (``train.devices``)."""
     t = cfg.train
-    if resolve_precision(t) != "32-true" or t.accelerator == "gpu" or (t.accelerator == "auto" and torch.cuda.is_available()):
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            return props.total_memory, f"the {gib(props.total_memory)} of a {props.name}"
+    if t.accelerator != "cpu" and torch.cuda.is_available():  # Lightning's auto takes the GPU when there is one
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return props.total_memory, f"the {gib(props.total_memory)} of a {props.name}"
     import psutil
 
     total, processes = psutil.virtual_memory().total, t.devices if isinstance(t.devices, int) else 1
