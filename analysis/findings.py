@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis import stats, tables
-from analysis.load import Runs
-from analysis.stats import Comparison
+from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.stats import Comparison
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.units import si
 

@@ -9,10 +9,11 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hybrid_lightning.config import validate_config
+from hybrid_lightning.config.resolve import budget_steps, resolve_config
 from hybrid_lightning.data.datamodule import StepSampler
 from hybrid_lightning.rundir import read_status
 from hybrid_lightning.training.callbacks import StopOnRequest
-from hybrid_lightning.training.run import budget_steps, resolve_config, train
+from hybrid_lightning.training.run import train
 
 NO_EVAL = {"every_n_steps": 0, "at_end": False}
 

@@ -23,6 +23,7 @@ COPIED = (
     "hybrid_lightning.model.attention",
     "hybrid_lightning.model.blocked",
     "hybrid_lightning.model.documents",
+    "hybrid_lightning.model.init",
     "hybrid_lightning.model.mixers",
     "hybrid_lightning.model.mixers.attention",
     "hybrid_lightning.model.mixers.gated_deltanet",

@@ -14,11 +14,10 @@ from hybrid_lightning.units import si
 
 
 def cell_tokens(cell: Cell) -> int:
-    """Training tokens of a cell: steps x batch per device x accumulation x sequence length x devices
-    (``auto`` = 1) x nodes."""
+    """Training tokens of a cell: steps x ``train.tokens_per_step`` over the processes the config states, with
+    its ``train.accumulate_grad_batches``."""
     t = cell.config.train
-    devices = 1 if t.devices == "auto" else t.devices
-    return t.max_steps * t.sequences_per_step * t.seq_len * devices * t.num_nodes
+    return t.max_steps * t.tokens_per_step(t.planned_world_size(), t.accumulate_grad_batches)
 
 
 def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:

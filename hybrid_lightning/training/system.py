@@ -70,7 +70,8 @@ class LMSystem(L.LightningModule):
 
     def tokens_at(self, step: int) -> int:
         """Training tokens consumed by all ranks after ``step`` optimizer steps."""
-        return step * self.cfg.train.sequences_per_step * self.cfg.train.seq_len * self.trainer.world_size
+        t = self.cfg.train
+        return step * t.tokens_per_step(self.trainer.world_size, t.accumulate_grad_batches)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)

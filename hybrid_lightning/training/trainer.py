@@ -42,7 +42,7 @@ def build_trainer(
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    throughput = Throughput(t.sequences_per_step * t.seq_len, t.log_every_n_steps)
+    throughput = Throughput(t.tokens_per_step(1, t.accumulate_grad_batches), t.log_every_n_steps)  # per rank
     datamodule = LMDataModule(cfg)
     callbacks = [checkpoints, throughput, *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
