@@ -84,12 +84,13 @@ def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
     dtype = autocast_dtype(resolve_precision(t))
     blocks = {spec: _along_t(_block_activations, m, spec, t.batch_size, t.seq_len, dtype) for spec in kinds}
     ends = _along_t(_ends_activations, m, None, t.batch_size, t.seq_len, dtype)
-    inputs = sum(kinds.values()) * t.batch_size * t.seq_len * m.d_model * FP32  # the residual stream, fp32
+    tokens = t.tokens_per_step(1, 1)  # one device's micro-batch: the tokens a forward holds
+    inputs = sum(kinds.values()) * tokens * m.d_model * FP32  # the residual stream, fp32
     return MemoryEstimate(
         weights=FP32 * params, gradients=FP32 * params, optimizer=2 * FP32 * params,
         activations=ends + sum(n * blocks[spec] for spec, n in kinds.items()),
         checkpointed=ends + inputs + max(blocks.values()),
-        transient=t.batch_size * t.seq_len * m.vocab_size * FP32, checkpointing=t.activation_checkpointing,
+        transient=tokens * m.vocab_size * FP32, checkpointing=t.activation_checkpointing,
     )
 
 
