@@ -185,7 +185,8 @@ def _tokens_per_step(cfg: dict, r: dict) -> float:
         return row["tokens"] / (row["step"] + 1)
     keys = {k.removeprefix("train."): v for k, v in cfg.items() if k.startswith("train.")}
     train = TrainConfig.model_construct(**{k: v for k, v in keys.items() if k in TrainConfig.model_fields})
-    return float(train.tokens_per_step(train.planned_world_size(), accumulate=1))
+    accumulate = cfg.get("train.accumulate_grad_batches", 1)  # runs from before accumulation: 1
+    return float(train.tokens_per_step(train.planned_world_size(), accumulate))
 
 
 def _mixer_plan(cfg: dict, plan: list[dict] | None) -> tuple[list[str], bool]:

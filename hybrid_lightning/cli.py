@@ -73,8 +73,13 @@ def cmd_params(args: argparse.Namespace) -> int:
     from hybrid_lightning.config.resolve import resolve_config
     from hybrid_lightning.model import resolve_model_config
     from hybrid_lightning.model.matching import param_table
+    from hybrid_lightning.model.memory import estimate_memory
 
-    print(param_table(resolve_model_config(resolve_config(_load(args)).model)))
+    cfg = resolve_config(_load(args))
+    lines = param_table(resolve_model_config(cfg.model)).split("\n")
+    memory = estimate_memory(cfg)  # before the last line, the reference comparison that scripts read
+    lines.insert(-1, f"estimated peak memory at batch {cfg.train.batch_size} x {cfg.train.seq_len}: {memory.describe()}")
+    print("\n".join(lines))
     return 0
 
 

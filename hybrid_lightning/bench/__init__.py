@@ -16,4 +16,5 @@ SECTIONS: dict[str, str] = {
     "training": "(c) training tokens/s of the seven architectures; per-mixer CPU steps on one thread, fp32 and bf16; Lightning vs a plain PyTorch loop",
     "eval": "(d) cost of one call of each evaluation callback (long-context, retrieval heads) at its defaults, in training steps",
     "data": "(e) data prepare: throughput vs the tokenizer's batch speed, 1 -> 2 workers, peak memory, time to the first batch",
+    "memory": "(f) peak memory of a training step with and without activation checkpointing, measured and estimated",
 }

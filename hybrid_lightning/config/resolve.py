@@ -54,7 +54,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 def budget_steps(cfg: RunConfig) -> int:
     """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters, rounded up."""
     t = cfg.train
-    tokens_per_step = t.tokens_per_step(t.planned_world_size(), accumulate=1)
+    tokens_per_step = t.tokens_per_step(t.planned_world_size(), t.accumulate_grad_batches)
     return max(1, math.ceil(t.tokens_per_param * non_embedding_params(cfg.model) / tokens_per_step))
 
 

@@ -219,6 +219,9 @@ class DataConfig(_Frozen):
     prepare_workers: Whole | None = Field(None, ge=1, description="processes that tokenize a store; null = the cores, at most 8",
                                           **role(BOOKKEEPING))
     num_workers: Whole = Field(0, ge=0, description="dataloader worker processes", **role(BOOKKEEPING))
+    doc_mask: StrictBool = Field(False, description="packed windows behave as their documents run one by one: attention, RoPE "
+                                 "positions and recurrent state restart after each end-of-document token (docs/training.md)",
+                                 **role(IDENTITY))
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -236,10 +239,18 @@ class TrainConfig(_Frozen):
     max_steps: Whole = Field(200, ge=1, description="optimizer steps", **role(RESUMABLE))
     tokens_per_param: Number | None = Field(None, gt=0, description="a token budget in units of the non-embedding parameter "
                                            "count N (the paper's 100N-1000N): replaces `max_steps` by ceil(k N / (batch_size "
-                                           "x seq_len x devices x num_nodes)); needs `train.devices` as a number")
-    batch_size: Whole = Field(16, ge=1, description="sequences per device per step")
+                                           "x seq_len x accumulate_grad_batches x devices x num_nodes)); needs `train.devices` as a number")
+    batch_size: Whole = Field(16, ge=1, description="sequences per device per forward (the micro-batch)")
     seq_len: Whole = Field(128, ge=2, description="tokens per training sequence")
     lr: Number = Field(3e-3, gt=0, description="peak learning rate")
+    accumulate_grad_batches: Whole = Field(1, ge=1, description="micro-batches whose gradients are summed per optimizer step "
+                                           "(Lightning's accumulation); a step is batch_size x accumulate_grad_batches x "
+                                           "devices x num_nodes sequences", **role(IDENTITY))
+    activation_checkpointing: StrictBool = Field(False, description="recompute each block's activations in the backward "
+                                                 "(non-reentrant torch.utils.checkpoint, one per block): same loss and "
+                                                 "gradients, less memory", **role(BOOKKEEPING))
+    check_memory: StrictBool = Field(True, description="refuse a run whose estimated peak memory exceeds a device's; false = "
+                                     "try anyway", **role(BOOKKEEPING))
     min_lr_ratio: Number = Field(0.1, ge=0, le=1, description="final lr as a share of lr")
     schedule: Literal["cosine", "wsd", "constant"] = Field("cosine", description="after `warmup_steps`: `cosine`, `wsd` "
                                                            "(warmup-stable-decay: linear decay over the last "
@@ -286,6 +297,11 @@ class TrainConfig(_Frozen):
         """Training tokens per optimizer step over all ranks: sequences per device x their length x
         ``world_size`` processes x ``accumulate`` micro-batches accumulated into each step."""
         return self.batch_size * self.seq_len * world_size * accumulate
+
+    def planned_tokens(self) -> int:
+        """Training tokens of the whole run as the config states it: ``max_steps`` steps over
+        ``planned_world_size`` processes, each accumulating ``accumulate_grad_batches`` micro-batches."""
+        return self.max_steps * self.tokens_per_step(self.planned_world_size(), self.accumulate_grad_batches)
 
 
 def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:

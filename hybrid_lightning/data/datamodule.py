@@ -45,6 +45,13 @@ def permute(i: int, n: int, keys: tuple[int, ...]) -> int:
             return x
 
 
+def document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(B, T) token ids -> (B, T) document ids for ``data.doc_mask``: a document ends with its end-of-document
+    token, so the token after an eos starts the next one (ids count the eos tokens before each position)."""
+    ends = (tokens == eos_id).long()
+    return ends.cumsum(dim=1) - ends
+
+
 class MixedSequences(Dataset):
     """Item g (a global sample id) is a (seq_len + 1)-token sequence: synthetic with probability
     ``fraction``, else real window permute(g mod n) of epoch e = g // n (a fresh permutation of the
@@ -80,17 +87,20 @@ class MixedSequences(Dataset):
 
 
 class StepSampler(Sampler[list[int]]):
-    """Yields, for optimizer steps start, start+1, ..., this rank's slice of the global batch:
-    step s on rank r of w takes global sample ids (s*w + r)*B ... (s*w + r)*B + B - 1."""
+    """Yields, for optimizer steps start, start+1, ..., this rank's slice of the global batch in
+    ``accumulate`` micro-batches of B: micro-batch a of step s on rank r of w takes global sample ids
+    from ((s*w + r)*A + a)*B on, so a step's samples do not depend on how it is split (B x A)."""
 
-    def __init__(self, batch_size: int, start_step: int, rank: int = 0, world: int = 1):
+    def __init__(self, batch_size: int, start_step: int, rank: int = 0, world: int = 1, accumulate: int = 1):
         self.batch_size, self.start_step, self.rank, self.world = batch_size, start_step, rank, world
+        self.accumulate = accumulate
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
         while True:
-            base = (step * self.world + self.rank) * self.batch_size
-            yield list(range(base, base + self.batch_size))
+            for a in range(self.accumulate):
+                base = ((step * self.world + self.rank) * self.accumulate + a) * self.batch_size
+                yield list(range(base, base + self.batch_size))
             step += 1
 
 
@@ -116,7 +126,7 @@ class LMDataModule(L.LightningDataModule):
         trainer = self.trainer
         start = trainer.global_step if trainer is not None else 0
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        sampler = StepSampler(self.cfg.train.batch_size, start, rank, world)
+        sampler = StepSampler(self.cfg.train.batch_size, start, rank, world, self.cfg.train.accumulate_grad_batches)
         syn = self.cfg.data.synthetic
         synth = RetrievalSynth(self.tokenizer, self.train_tokens, syn) if syn.fraction > 0 else None
         dataset = MixedSequences(self.train_tokens, self.cfg.train.seq_len, self.cfg.seed, synth, syn.fraction, TRAIN_STREAM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import Counter
 
@@ -12,14 +13,10 @@ from hybrid_lightning.grid.state import CellState, cell_states
 from hybrid_lightning.units import si
 
 
-def cell_tokens(cell: Cell) -> int:
-    """Training tokens of a cell: steps x ``train.tokens_per_step`` over the processes the config states."""
-    t = cell.config.train
-    return t.max_steps * t.tokens_per_step(t.planned_world_size(), accumulate=1)
-
-
 def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:
-    """One dict per cell: name, axis labels, overrides, run directory, parameters, tokens, GPU-hours.
+    """One dict per cell: name, axis labels, overrides, run directory, parameters, tokens, the estimated peak
+    memory per device (``model.memory``: bytes, with the cell's and the other activation checkpointing
+    setting, and its parts), GPU-hours.
 
     Args:
         grid: the expanded grid.
@@ -27,32 +24,37 @@ def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None 
         tflops: sustained training TFLOP/s per GPU, for a GPU-hour estimate from each cell's FLOPs
             per token (``model_flops_per_token``): cells of different sizes get their own.
     """
+    from hybrid_lightning.model.matching import non_embedding_params
+    from hybrid_lightning.model.memory import estimate_memory
+
     rows = []
     for cell in grid.cells:
-        tokens = cell_tokens(cell)
-        params, flops = _model_counts(cell.config.model, cell.config.train.seq_len)
+        tokens = cell.config.train.planned_tokens()
+        memory = estimate_memory(cell.config)
         row = {
             "name": cell.name, "axes": cell.labels, "overrides": cell.overrides, "run_dir": str(cell.run_dir),
-            "non_embedding_params": params, "tokens": tokens,
+            "non_embedding_params": non_embedding_params(cell.config.model), "tokens": tokens,
+            "peak_memory": memory.peak(), "peak_memory_other_checkpointing": memory.peak(not memory.checkpointing),
+            "memory": dataclasses.asdict(memory),
         }
         if throughput:
             row["gpu_hours"] = tokens / throughput / 3600
         elif tflops:
-            row["gpu_hours"] = flops * tokens / (tflops * 1e12) / 3600
+            row["gpu_hours"] = _flops_per_token(cell.config.model, cell.config.train.seq_len) * tokens / (tflops * 1e12) / 3600
         rows.append(row)
     return rows
 
 
 @functools.cache
-def _model_counts(cfg: ModelConfig, seq_len: int) -> tuple[int, float]:
-    """Non-embedding parameters and training FLOPs per token; cells mostly share their models."""
+def _flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token; cells mostly share their models."""
     import torch
 
-    from hybrid_lightning.model import build_model, count_params, model_flops_per_token
+    from hybrid_lightning.model import build_model, model_flops_per_token
 
     with torch.device("meta"):  # counts without allocating weights
         model = build_model(cfg)
-    return count_params(model)["non_embedding"], model_flops_per_token(model, seq_len)
+    return model_flops_per_token(model, seq_len)
 
 
 def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
@@ -65,10 +67,13 @@ def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
 
 def plan_table(grid: Grid, rows: list[dict]) -> str:
     axes = list(grid.axes)
-    header = ["cell", *axes, "non-emb params", "tokens"] + (["GPU-h"] if rows and "gpu_hours" in rows[0] else [])
+    from hybrid_lightning.model.memory import gib
+
+    header = ["cell", *axes, "non-emb params", "tokens", "memory", "other ckpt"] + (["GPU-h"] if rows and "gpu_hours" in rows[0] else [])
     table = [header]
     for row in rows:
-        line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]), si(row["tokens"])]
+        line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]), si(row["tokens"]),
+                gib(row["peak_memory"]), gib(row["peak_memory_other_checkpointing"])]
         if "gpu_hours" in row:
             line.append(f"{row['gpu_hours']:.3g}")
         table.append(line)
@@ -76,7 +81,8 @@ def plan_table(grid: Grid, rows: list[dict]) -> str:
     footer = f"{len(rows)} cells, {si(total)} tokens" + (
         f", {sum(r['gpu_hours'] for r in rows):.3g} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
     )
-    return f"{format_table(table)}\n{footer}; run directories in {grid.root}"
+    return (f"{format_table(table)}\n{footer}; run directories in {grid.root}\nmemory: estimated peak per device "
+            "(model/memory.py); other ckpt: the same with train.activation_checkpointing switched")
 
 
 def dry_run_table(grid: Grid) -> str:

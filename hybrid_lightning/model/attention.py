@@ -18,7 +18,12 @@ Backends (``model.attn_backend``):
 - ``flex``: FlexAttention (Dong et al. 2024, arXiv 2412.05496), compiled, with a block-sparse mask;
   on CUDA for training, on CPU forward-only (evaluation under ``torch.no_grad``).
 - ``auto``: on CUDA ``flash`` when flash-attn is installed and the inputs are fp16/bf16, else ``sdpa``
-  for full attention and ``flex`` for windows; on CPU ``sdpa`` for full attention, ``blocked`` for windows.
+  for full attention and ``flex`` for windows or packed documents; on CPU ``sdpa`` for full attention, ``blocked`` for windows.
+
+Packed documents (``doc_ids`` (B, T), see ``documents.py``; no KV cache): a query sees only keys of its
+own document, in every backend: ``reference`` and ``sdpa`` by a (B, T, T) mask, ``blocked`` by a
+per-block document mask, ``flex`` by a document ``mask_mod``, ``flash`` by its varlen interface
+(``cu_seqlens``; written to flash-attn's documented API, untested here: it needs CUDA).
 
 Asking for a backend that cannot run here (``flash`` without flash-attn or CUDA, ``blocked`` off CPU,
 ``flex`` with gradients on CPU) is a ``ValueError`` naming ``model.attn_backend``.
@@ -34,46 +39,51 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_lightning.model.blocked import blocked_attention
+from hybrid_lightning.model.documents import cu_seqlens, same_document
 
 BACKENDS = ("auto", "reference", "sdpa", "blocked", "flash", "flex")
 HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None  # imported on first use only
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int | None, backend: str = "auto"
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int | None, backend: str = "auto",
+    doc_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh), Hkv dividing H, Tq <= Tk. Returns (B, H, Tq, Dh)."""
+    """q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh), Hkv dividing H, Tq <= Tk; doc_ids: (B, T) with Tq = Tk = T,
+    or None. Returns (B, H, Tq, Dh)."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend {backend!r} is not one of {list(BACKENDS)}")
     Tq, Tk = q.shape[2], k.shape[2]
     assert Tq <= Tk, (Tq, Tk)
+    assert doc_ids is None or doc_ids.shape == (q.shape[0], Tq) and Tq == Tk, "doc_ids need queries = keys"
     if window is not None and window >= Tk:
         window = None  # the window covers every key: full causal attention
     if backend == "auto":
-        backend = auto_backend(q, window)
+        backend = auto_backend(q, window, documents=doc_ids is not None)
     check_backend(backend, q, k, v)
     if backend == "flash":
-        return flash_attention(q, k, v, window)
+        return flash_attention(q, k, v, window) if doc_ids is None else flash_varlen(q, k, v, window, doc_ids)
     if backend == "flex":
-        return flex(q, k, v, window)
+        return flex(q, k, v, window, doc_ids)
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     if backend == "reference":
-        return reference_attention(q, k, v, window)
+        return reference_attention(q, k, v, window, doc_ids)
     if backend == "blocked" and window is not None:
-        return blocked_attention(q, k, v, window)
-    if window is None and Tq == Tk:
+        return blocked_attention(q, k, v, window, doc_ids)
+    if window is None and Tq == Tk and doc_ids is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, window, q.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, window, q.device, doc_ids))
 
 
-def auto_backend(q: torch.Tensor, window: int | None) -> str:
-    """The backend ``auto`` picks for queries like ``q`` (see the module docstring)."""
+def auto_backend(q: torch.Tensor, window: int | None, documents: bool = False) -> str:
+    """The backend ``auto`` picks for queries like ``q`` (see the module docstring); packed ``documents`` on
+    CUDA without flash-attn go to ``flex``, whose block mask skips what SDPA's dense (B, T, T) mask computes."""
     if q.is_cuda:
         if HAS_FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
             return "flash"
-        return "sdpa" if window is None else "flex"
+        return "sdpa" if window is None and not documents else "flex"
     return "sdpa" if window is None else "blocked"
 
 
@@ -94,29 +104,35 @@ def check_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                          "for training on CPU use 'auto' or 'blocked'")
 
 
-def causal_mask(Tq: int, Tk: int, window: int | None, device: torch.device | None = None) -> torch.Tensor:
-    """(Tq, Tk) boolean mask, True where query i (at key position Tk-Tq+i) may see key j."""
+def causal_mask(
+    Tq: int, Tk: int, window: int | None, device: torch.device | None = None, doc_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(Tq, Tk) boolean mask, True where query i (at key position Tk-Tq+i) may see key j; with ``doc_ids``
+    (B, T) a (B, 1, T, T) mask that also hides the keys of other documents."""
     qpos = torch.arange(Tk - Tq, Tk, device=device)[:, None]
     kpos = torch.arange(Tk, device=device)[None, :]
     allowed = kpos <= qpos
     if window is not None:
         allowed &= qpos - kpos < window
-    return allowed
+    return allowed if doc_ids is None else (allowed & same_document(doc_ids))[:, None]
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None) -> torch.Tensor:
+def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention weights (B, H, Tq, Tk), in at least fp32, of queries q (B, H, Tq, Dh) over keys
-    k (B, Hkv, Tk, Dh), Hkv dividing H: causal, within ``window``, queries aligned to the end of the keys."""
+    k (B, Hkv, Tk, Dh), Hkv dividing H: causal, within ``window``, queries aligned to the end of the keys,
+    within their document when ``doc_ids`` (B, T) are given."""
     dtype = torch.promote_types(q.dtype, torch.float32)  # at least fp32 scores and softmax
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, Tk, Dh)
     scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
-    scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], window, q.device), float("-inf"))
+    scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], window, q.device, doc_ids), float("-inf"))
     return scores.softmax(dim=-1)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, doc_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """Plain softmax attention over explicit scores (``attention_probs``); q, k, v: (B, H, T*, Dh) with equal heads."""
-    probs = attention_probs(q, k, window)  # (B, H, Tq, Tk)
+    probs = attention_probs(q, k, window, doc_ids)  # (B, H, Tq, Tk)
     return (probs @ v.to(probs.dtype)).to(q.dtype)
 
 
@@ -129,9 +145,26 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: i
     return out.transpose(1, 2)  # (B, Tq, H, Dh) -> (B, H, Tq, Dh)
 
 
-def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Compiled FlexAttention with the block mask of (Tq, Tk, window), cached per shape."""
-    mask = flex_block_mask(q.shape[2], k.shape[2], window, str(q.device))
+def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, doc_ids: torch.Tensor) -> torch.Tensor:
+    """flash-attn's varlen interface over the documents of the B rows laid end to end (``cu_seqlens``):
+    each document attends causally within itself, in its own window."""
+    from flash_attn import flash_attn_varlen_func
+
+    B, H, T, Dh = q.shape
+    cu, longest = cu_seqlens(doc_ids)
+    window_size = (-1, -1) if window is None else (window - 1, 0)
+    q, k, v = (t.transpose(1, 2).reshape(B * T, t.shape[1], Dh) for t in (q, k, v))  # (B*T, H | Hkv, Dh)
+    out = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True, window_size=window_size)
+    return out.view(B, T, H, Dh).transpose(1, 2)
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Compiled FlexAttention with the block mask of (Tq, Tk, window), cached per shape; with ``doc_ids`` a
+    block mask of those documents, made for this call."""
+    if doc_ids is None:
+        mask = flex_block_mask(q.shape[2], k.shape[2], window, str(q.device))
+    else:
+        mask = flex_document_mask(doc_ids, window)
     return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -157,3 +190,16 @@ def flex_block_mask(Tq: int, Tk: int, window: int | None, device: str):
         return visible if window is None else visible & (qpos - kv_idx < window)
 
     return create_block_mask(mask_mod, None, None, Tq, Tk, device=device)
+
+
+def flex_document_mask(doc_ids: torch.Tensor, window: int | None):
+    """FlexAttention block mask of packed documents (B, T): query i sees key j iff j <= i, i - j < window
+    and both lie in one document (torchtitan's document mask)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
+        return visible if window is None else visible & (q_idx - kv_idx < window)
+
+    B, T = doc_ids.shape
+    return create_block_mask(mask_mod, B, None, T, T, device=str(doc_ids.device))

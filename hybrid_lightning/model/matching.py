@@ -10,14 +10,16 @@ layers in every architecture compared.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from hybrid_lightning.config import ModelConfig
 from hybrid_lightning.model.plan import LayerSpec, layer_plan
-from hybrid_lightning.model.transformer import HybridLM, count_params
+from hybrid_lightning.model.transformer import Block, HybridLM, count_params
 
 MATCH_TOLERANCE = 0.02  # largest accepted relative deviation from the reference
 FULL_PATTERN = "F"  # the default reference: all layers full attention
@@ -38,10 +40,17 @@ class ParamMatch:
 
 @functools.cache
 def non_embedding_params(cfg: ModelConfig) -> int:
-    """Counts without allocating: the model is built on the meta device (once per config)."""
+    """``count_params(model)["non_embedding"]`` without building the model: one block of each kind of layer
+    the plan holds, on the meta device, so that the time does not grow with ``model.n_layers``."""
+    kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
+    return sum(n * block_params(cfg, spec) for spec, n in kinds.items()) + cfg.d_model  # + the final RMSNorm
+
+
+@functools.lru_cache(maxsize=256)
+def block_params(cfg: ModelConfig, spec: LayerSpec) -> int:
+    """Parameters of one block (mixer, SwiGLU, norms) of ``spec`` in a model of ``cfg``."""
     with torch.device("meta"):
-        model = HybridLM(cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2}), matched_plan(cfg))
-    return count_params(model)["non_embedding"]
+        return sum(p.numel() for p in Block(cfg, spec).parameters())
 
 
 def matched_plan(cfg: ModelConfig) -> tuple[LayerSpec, ...]:

@@ -6,8 +6,10 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hybrid_lightning.config import ModelConfig
+from hybrid_lightning.model.documents import by_document
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.plan import LayerSpec, layer_plan
 
@@ -35,8 +37,17 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, spec.mlp_hidden)
 
-    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
-        x = x + self.mixer(self.mixer_norm(x), state)
+    def forward(self, x: torch.Tensor, state: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, D); ``doc_ids`` (B, T) or None (one document per row). A mixer that masks documents
+        itself (``masks_documents``) takes them; any other runs on each document alone (``by_document``)."""
+        h = self.mixer_norm(x)
+        if doc_ids is None:
+            h = self.mixer(h, state)
+        elif getattr(self.mixer, "masks_documents", False):
+            h = self.mixer(h, state, doc_ids)
+        else:
+            h = by_document(self.mixer, h, doc_ids)
+        x = x + h
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -45,6 +56,10 @@ class HybridLM(nn.Module):
 
     For incremental inference pass ``states=model.new_states()`` and keep passing the same
     list: each layer carries its KV cache or recurrent state from one call to the next.
+
+    ``doc_ids`` (B, T) integers (equal values = one contiguous document; None = one document per row)
+    make a packed row behave exactly as its documents run one by one. ``activation_checkpointing``
+    (set by training) recomputes each block's activations in the backward instead of keeping them.
 
     Args:
         cfg: the ``model:`` section, its vocabulary size set.
@@ -64,6 +79,7 @@ class HybridLM(nn.Module):
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.activation_checkpointing = False
 
     def _init_weights(self) -> None:
         # N(0, init_std) for every linear and embedding matrix; residual output projections
@@ -78,11 +94,19 @@ class HybridLM(nn.Module):
     def new_states(self) -> list[dict]:
         return [{} for _ in self.layers]
 
-    def forward(self, input_ids: torch.Tensor, states: list[dict] | None = None) -> torch.Tensor:
-        """input_ids: (B, T) -> logits (B, T, vocab)."""
+    def forward(
+        self, input_ids: torch.Tensor, states: list[dict] | None = None, doc_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids: (B, T), doc_ids: (B, T) or None -> logits (B, T, vocab)."""
+        if doc_ids is not None and states is not None:
+            raise ValueError("doc_ids apply to a forward from position 0 without states")
         x = self.embed(input_ids)  # (B, T, D)
+        recompute = self.activation_checkpointing and states is None and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            x = layer(x, None if states is None else states[i])
+            if recompute:  # non-reentrant: the saved tensors of each block are recomputed in its backward
+                x = checkpoint(layer, x, None, doc_ids, use_reentrant=False)
+            else:
+                x = layer(x, None if states is None else states[i], doc_ids)
         return self.lm_head(self.norm(x))
 
 

@@ -77,7 +77,20 @@ def _commit(trainer: L.Trainer) -> None:
         io.commit()
 
 
-class StatusUpdates(L.Callback):
+class OnOptimizerSteps(L.Callback):
+    """A callback whose ``on_train_batch_end`` acts only on the micro-batch that ended an optimizer step
+    (``stepped``): with gradient accumulation the other micro-batches end inside a step."""
+
+    _step_at_start: int | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self._step_at_start = trainer.global_step
+
+    def stepped(self, trainer: L.Trainer) -> bool:
+        return self._step_at_start is None or trainer.global_step != self._step_at_start
+
+
+class StatusUpdates(OnOptimizerSteps):
     """Calls ``write(step)`` (rank 0) at every logging and checkpoint step, so that the run's status
     shows the step reached."""
 
@@ -85,28 +98,31 @@ class StatusUpdates(L.Callback):
         self.write, self.every = write, every
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        if trainer.is_global_zero and any(trainer.global_step % n == 0 for n in self.every):
+        if self.stepped(trainer) and trainer.is_global_zero and any(trainer.global_step % n == 0 for n in self.every):
             self.write(trainer.global_step)
 
 
-class Throughput(L.Callback):
+class Throughput(OnOptimizerSteps):
     """Logs ``train/tokens_per_sec`` (all ranks) averaged over each logging interval."""
 
-    def __init__(self, tokens_per_batch: int, every: int):
-        """tokens_per_batch: tokens one rank consumes per training batch."""
-        self.tokens_per_batch, self.every = tokens_per_batch, every
+    def __init__(self, tokens_per_step: int, every: int):
+        """tokens_per_step: tokens one rank consumes per optimizer step (every micro-batch of it)."""
+        self.tokens_per_step, self.every = tokens_per_step, every
         self._t0: float | None = None
         self._steps = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         if self._t0 is None:
             self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if not self.stepped(trainer):
+            return
         self._steps += 1
         if self._steps >= self.every:
             elapsed = time.perf_counter() - self._t0
-            tokens = self._steps * self.tokens_per_batch * trainer.world_size
+            tokens = self._steps * self.tokens_per_step * trainer.world_size
             pl_module.log("train/tokens_per_sec", tokens / elapsed, prog_bar=True)
             self._t0, self._steps = time.perf_counter(), 0
 
@@ -259,7 +275,7 @@ class StepProgressBar(TQDMProgressBar):
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 
-class StopOnRequest(L.Callback):
+class StopOnRequest(OnOptimizerSteps):
     """Stops training cleanly once ``request`` is set (e.g. by a SLURM timeout signal): at the end of
     the current optimizer step it writes ``checkpoint`` and ends ``fit``, so a resumed run loses no
     step and TensorBoard no series point.
@@ -273,6 +289,8 @@ class StopOnRequest(L.Callback):
         self.request, self.checkpoint = request, checkpoint
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if not self.stepped(trainer):  # inside an accumulated step: a checkpoint falls on optimizer steps
+            return
         # Every rank must stop at the same step, so the decision is "any rank was asked" (a collective,
         # skipped by a single process).
         asked = self.request.is_set()

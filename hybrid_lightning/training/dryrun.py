@@ -59,20 +59,13 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def run_tokens(cfg: RunConfig) -> int:
-    """Training tokens of a resolved run: steps x ``train.tokens_per_step`` over the processes the config
-    states (devices ``auto`` counted as one)."""
-    t = cfg.train
-    return t.max_steps * t.tokens_per_step(t.planned_world_size(), accumulate=1)
-
-
 def estimate(cfg: RunConfig) -> Estimate:
     """The resolved run ``cfg``'s steps, tokens and training time (see ``MEASURED_TOKENS``)."""
     device = "cuda" if cfg.train.accelerator != "cpu" and torch.cuda.is_available() else "cpu"
     batch = max(1, min(cfg.train.batch_size, MEASURED_TOKENS // cfg.train.seq_len))
-    precision = resolve_precision(cfg.train)
+    precision = resolve_precision(cfg.train, cfg.model)
     rate = measure(cfg.model, batch, cfg.train.seq_len, device, precision)  # one device; each trains its own batch
-    return Estimate(cfg.train.max_steps, run_tokens(cfg), rate * cfg.train.planned_world_size(), batch, device)
+    return Estimate(cfg.train.max_steps, cfg.train.planned_tokens(), rate * cfg.train.planned_world_size(), batch, device)
 
 
 @functools.cache

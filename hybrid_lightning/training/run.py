@@ -14,6 +14,7 @@ from hybrid_lightning.config import RunConfig
 from hybrid_lightning.config.resolve import check_same_run, default_run_dir, provenance, resolve_config
 from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.fileio import IOFailure, RunLock
+from hybrid_lightning.model.memory import check_fits
 from hybrid_lightning.rundir import (
     CKPT_DIR,
     LAST_CKPT,
@@ -48,6 +49,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
     """
     cfg = resolve_config(cfg)
+    check_fits(cfg)  # a size beyond the machine's memory is refused before anything is allocated
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     from hybrid_lightning.training.callbacks import StopOnSignals
 

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from hybrid_lightning.config import RunConfig, TrainConfig, validate_config
+from hybrid_lightning.data.datamodule import document_ids
+from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model import build_model
 
 
@@ -42,10 +44,14 @@ class LMSystem(L.LightningModule):
         self.save_hyperparameters()  # the resolved run config, as plain data
         self.cfg: RunConfig = validate_config(config)
         self.model = build_model(self.cfg.model)
+        self.model.activation_checkpointing = self.cfg.train.activation_checkpointing
+        # data.doc_mask: documents end at this token; None = every sequence is one document
+        self.eos_id = load_tokenizer(self.cfg.data.tokenizer).eos_id if self.cfg.data.doc_mask else None
         # Loss and argmax accuracy on the queried values of synthetic validation sequences,
         # pooled over tokens (weighted means; synced across ranks by torchmetrics).
         self.retrieval_loss = MeanMetric()
         self.retrieval_acc = MeanMetric()
+        self._step_losses: list[torch.Tensor] = []  # of the micro-batches of the current optimizer step
         if self.cfg.train.compile:
             self.model.compile()  # in place: parameter names, and so checkpoints, stay those of the eager model
 
@@ -54,7 +60,9 @@ class LMSystem(L.LightningModule):
 
     def _logits(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, T, V) in fp32 for inputs batch[:, :-1] and the targets batch[:, 1:] (B, T)."""
-        return self.model(batch[:, :-1]).float(), batch[:, 1:]
+        inputs = batch[:, :-1]
+        doc_ids = None if self.eos_id is None else document_ids(inputs, self.eos_id)
+        return self.model(inputs, doc_ids=doc_ids).float(), batch[:, 1:]
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         logits, y = self._logits(batch)
@@ -62,27 +70,27 @@ class LMSystem(L.LightningModule):
 
     def tokens_at(self, step: int) -> int:
         """Training tokens consumed by all ranks after ``step`` optimizer steps."""
-        return step * self.cfg.train.tokens_per_step(self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        t = self.cfg.train
+        return step * t.tokens_per_step(self.trainer.world_size, t.accumulate_grad_batches)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True)  # every step: the progress bar shows it
+        self._step_losses.append(loss.detach())
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per optimizer step, after the backward of its last micro-batch: logs the step's loss (the mean
+        over its micro-batches, equal in tokens) and checks the gradients."""
+        self.log("train/loss", torch.stack(self._step_losses).mean(), prog_bar=True)  # every step: the progress bar
+        self._step_losses.clear()
         # The logger writes step metrics every log_every_n_steps steps only, and each self.log call costs
         # about 4 ms of CPU (measured: Lightning moves its metric state on every call), so lr and tokens
         # are logged on the steps that are written.
         if self._written_step():
             self.log("train/lr", self.optimizers().param_groups[0]["lr"])
             self.log("train/tokens", float(self.tokens_at(self.global_step + 1)))
-        return loss
-
-    def _written_step(self) -> bool:
-        """Whether the logger writes this step's scalars: every log_every_n_steps and the last (callbacks.LastStep)."""
-        step = self.global_step + 1
-        return step % self.trainer.log_every_n_steps == 0 or step >= self.trainer.max_steps
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         named = [(name, p.grad) for name, p in self.named_parameters() if p.grad is not None]
         norms = torch.stack(torch._foreach_norm([g for _, g in named]))  # one device sync per step
         if not torch.isfinite(norms).all():
@@ -90,6 +98,11 @@ class LMSystem(L.LightningModule):
             raise NonFiniteLossError(f"non-finite gradient of {name} at step {self.global_step}")
         if self._written_step():  # before clipping: the norm train.grad_clip is compared with
             self.log("train/grad_norm", norms.norm())
+
+    def _written_step(self) -> bool:
+        """Whether the logger writes this step's scalars: every log_every_n_steps and the last (callbacks.LastStep)."""
+        step = self.global_step + 1
+        return step % self.trainer.log_every_n_steps == 0 or step >= self.trainer.max_steps
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx == 0:

@@ -62,7 +62,7 @@ def build_trainer(
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    throughput = Throughput(t.tokens_per_step(1, accumulate=1), t.log_every_n_steps)  # one rank's tokens per batch
+    throughput = Throughput(t.tokens_per_step(1, t.accumulate_grad_batches), t.log_every_n_steps)  # per rank
     datamodule = LMDataModule(cfg)
     callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir),
                  *extra_callbacks]
@@ -89,8 +89,9 @@ def build_trainer(
         callbacks=callbacks,
         plugins=plugins,
         gradient_clip_val=t.grad_clip,
-        log_every_n_steps=t.log_every_n_steps,
-        val_check_interval=t.val_every_n_steps,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        log_every_n_steps=t.log_every_n_steps,  # counts optimizer steps
+        val_check_interval=t.val_every_n_steps * t.accumulate_grad_batches,  # counts micro-batches
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         enable_progress_bar=t.progress_bar,

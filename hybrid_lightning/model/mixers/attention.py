@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from hybrid_lightning.model.attention import attend
+from hybrid_lightning.model.documents import document_positions
 from hybrid_lightning.model.rope import Rotary
 
 if TYPE_CHECKING:
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
 
 class Attention(nn.Module):
+    masks_documents = True  # takes doc_ids itself (Block repacks the documents of mixers without this)
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec):
         super().__init__()
@@ -33,8 +35,11 @@ class Attention(nn.Module):
         # (H,) multiplier on each head's output, None = all heads on; set for head ablations.
         self.head_mask: torch.Tensor | None = None
 
-    def project(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: (B, T, D) at positions start... -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh), positions applied."""
+    def project(
+        self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (B, T, D) at positions start... (or ``positions`` (B, T)) -> q (B, H, T, Dh), k and v (B, Hkv, T, Dh),
+        positions applied."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
@@ -42,22 +47,23 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
-            q, k = self.rope(q, start), self.rope(k, start)
+            q, k = self.rope(q, start, positions), self.rope(k, start, positions)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, D). ``state`` (a dict, updated in place) carries the KV cache between calls:
-        all past keys for full attention, the last W-1 for a window of W."""
+        all past keys for full attention, the last W-1 for a window of W. ``doc_ids`` (B, T), with no state:
+        no query sees another document's keys, positions count from each document's start."""
         B, T, _ = x.shape
         start = state.get("pos", 0) if state is not None else 0
-        q, k, v = self.project(x, start)
+        q, k, v = self.project(x, start, None if doc_ids is None else document_positions(doc_ids))
         if state is not None:
             if "k" in state:
                 k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
             keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
             state["k"], state["v"] = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
             state["pos"] = start + T
-        y = attend(q, k, v, window=self.window, backend=self.backend)  # (B, H, T, Dh)
+        y = attend(q, k, v, window=self.window, backend=self.backend, doc_ids=doc_ids)  # (B, H, T, Dh)
         if self.head_mask is not None:
             y = y * self.head_mask.to(y.dtype).view(1, -1, 1, 1)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

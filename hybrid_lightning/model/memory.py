@@ -1,0 +1,180 @@
+"""Peak memory per device of a training run, estimated before anything is allocated.
+
+    peak = weights + gradients + optimizer state + activations + the logits' gradient
+
+Weights, gradients and AdamW's two moments are fp32, 4 bytes per parameter each (mixed precision keeps
+fp32 master weights). Activations are what autograd saves for the backward at the run's micro-batch
+(``train.batch_size`` x ``train.seq_len``; accumulation does not add to them): counted, not modelled, by
+running one block of each kind of layer the plan holds, and the embedding and loss, on fake tensors
+(``torch._subclasses.FakeTensorMode``: shapes and dtypes, no storage) under the run's autocast, and
+summing the bytes of every tensor saved, each storage once and parameters left out. With activation
+checkpointing a block keeps only its input, and one block's activations exist again while it is
+recomputed. The logits' gradient (B, T, vocab) in fp32 is the largest transient of the backward.
+Saved bytes are affine in T (every path keeps O(T) tensors), so beyond ``MEASURED_LENGTH`` tokens
+they are counted at two lengths and extended along that line: the time stays flat in T.
+
+What it is: the CPU paths' memory (``blocked`` and SDPA attention keep q, k, v, the output and the
+log-sum-exp, as flash-attn and FlexAttention do; recurrent mixers count their ``chunked`` form, an upper
+bound for fla's kernels); one device, no sharding (``fsdp`` divides weights, gradients and optimizer
+state by the devices); no allocator fragmentation or CUDA context (about 0.5-1 GiB on a GPU).
+Checked against measured peaks on CPU in ``tests/test_memory.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from hybrid_lightning.config import RunConfig
+from hybrid_lightning.model.matching import block_params, matched_plan
+from hybrid_lightning.model.plan import LayerSpec
+from hybrid_lightning.model.transformer import Block
+from hybrid_lightning.precision import autocast_dtype, resolve_precision
+
+FP32 = 4
+GIB = 2**30
+MEASURED_LENGTH = 8192  # tokens up to which activations are counted at the run's own length
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device at the peak of a training step."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for the backward, every block's kept
+    checkpointed: int  # the same with activation checkpointing
+    transient: int  # the logits' gradient
+    checkpointing: bool  # the run's train.activation_checkpointing
+
+    def peak(self, checkpointing: bool | None = None) -> int:
+        """The peak with the run's checkpointing setting, or with the one given."""
+        on = self.checkpointing if checkpointing is None else checkpointing
+        return self.weights + self.gradients + self.optimizer + self.transient + (self.checkpointed if on else self.activations)
+
+    def describe(self) -> str:
+        other = "with" if not self.checkpointing else "without"
+        return (f"{gib(self.peak())} per device (weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
+                f"optimizer {gib(self.optimizer)}, activations {gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
+                f"{gib(self.peak(not self.checkpointing))} {other} train.activation_checkpointing)")
+
+
+def gib(n: int) -> str:
+    """Bytes as MiB below 1 GiB, else GiB."""
+    if n < GIB:
+        return f"{n / 2**20:.3g} MiB"
+    return f"{n / GIB:.3g} GiB" if n < 1000 * GIB else f"{n / GIB:,.0f} GiB"
+
+
+def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
+    """The estimate for ``cfg`` (its vocabulary size resolved), in time independent of ``model.n_layers``."""
+    m, t = cfg.model, cfg.train
+    assert m.vocab_size is not None, "resolve the config first (the vocabulary size)"
+    kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(m))
+    embedding = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    params = sum(n * block_params(m, spec) for spec, n in kinds.items()) + m.d_model + embedding
+    dtype = autocast_dtype(resolve_precision(t, m))
+    blocks = {spec: _along_t(_block_activations, m, spec, t.batch_size, t.seq_len, dtype) for spec in kinds}
+    ends = _along_t(_ends_activations, m, None, t.batch_size, t.seq_len, dtype)
+    tokens = t.tokens_per_step(1, 1)  # one device's micro-batch: the tokens a forward holds
+    inputs = sum(kinds.values()) * tokens * m.d_model * FP32  # the residual stream, fp32
+    return MemoryEstimate(
+        weights=FP32 * params, gradients=FP32 * params, optimizer=2 * FP32 * params,
+        activations=ends + sum(n * blocks[spec] for spec, n in kinds.items()),
+        checkpointed=ends + inputs + max(blocks.values()),
+        transient=tokens * m.vocab_size * FP32, checkpointing=t.activation_checkpointing,
+    )
+
+
+def _saved_bytes(run: Callable[[], object], dtype: torch.dtype | None) -> int:
+    """Bytes of the tensors autograd saves while ``run`` builds and runs a module on fake tensors, parameters
+    left out, each storage once, under autocast to ``dtype`` (None = none)."""
+    saved: dict[int, tuple[torch.UntypedStorage, int]] = {}  # the storage kept alive so its id stays unique
+    params: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in params:
+            saved[storage._cdata] = (storage, storage.nbytes())
+        return t
+
+    with (FakeTensorMode(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None),
+          warnings.catch_warnings()):
+        warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")  # CPU autocast's RMSNorm
+        module, inputs = run()
+        params.update(p.untyped_storage()._cdata for p in module.parameters())
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            module(*inputs)
+    return sum(n for _, n in saved.values())
+
+
+def _along_t(count: Callable[..., int], m, spec: LayerSpec | None, B: int, T: int, dtype: torch.dtype | None) -> int:
+    """``count(m, spec, B, T, dtype)``, for a long T from the line through two lengths that hold the window
+    twice over (a multiple of every chunk and block size)."""
+    short = max(MEASURED_LENGTH // 2, 1024 * -(-2 * (m.window + 1) // 1024))
+    if T <= 2 * short:
+        return count(m, spec, B, T, dtype)
+    a, b = count(m, spec, B, short, dtype), count(m, spec, B, 2 * short, dtype)
+    return b + (b - a) * (T - 2 * short) // short
+
+
+@functools.lru_cache(maxsize=256)
+def _block_activations(m, spec: LayerSpec, B: int, T: int, dtype: torch.dtype | None) -> int:
+    """Saved bytes of one block of ``spec`` on a (B, T, d_model) fp32 input."""
+    return _saved_bytes(lambda: (Block(m, spec), (torch.empty(B, T, m.d_model, requires_grad=True),)), dtype)
+
+
+class _Ends(torch.nn.Module):
+    """The model's parts outside the blocks, with the training loss: embedding, final norm, head, cross-entropy."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.embed = torch.nn.Embedding(m.vocab_size, m.d_model)
+        self.norm = torch.nn.RMSNorm(m.d_model, eps=m.norm_eps)
+        self.head = torch.nn.Linear(m.d_model, m.vocab_size, bias=False)
+
+    def forward(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.norm(x)).float()  # (B, T, V), as the training system takes them
+        return F.cross_entropy(logits.transpose(1, 2), tokens) + self.embed(tokens).sum()
+
+
+@functools.lru_cache(maxsize=64)
+def _ends_activations(m, spec: None, B: int, T: int, dtype: torch.dtype | None) -> int:
+    def build():
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        return _Ends(m), (tokens, torch.empty(B, T, m.d_model, requires_grad=True))
+
+    return _saved_bytes(build, dtype)
+
+
+def machine_memory(cfg: RunConfig) -> tuple[int, str]:
+    """(bytes, what they are) that one device of this run has here: the GPU's memory, or on CPU the
+    machine's RAM shared by the run's processes (``train.devices``)."""
+    t = cfg.train
+    if t.accelerator != "cpu" and torch.cuda.is_available():  # Lightning's auto takes the GPU when there is one
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return props.total_memory, f"the {gib(props.total_memory)} of a {props.name}"
+    import psutil
+
+    total, processes = psutil.virtual_memory().total, t.devices if isinstance(t.devices, int) else 1
+    return total // processes, f"this machine's {gib(total)} of RAM" + (f" shared by {processes} processes" if processes > 1 else "")
+
+
+def check_fits(cfg: RunConfig) -> MemoryEstimate:
+    """The estimate, or a ``ValueError`` naming it when it exceeds what a device of this machine holds."""
+    estimate = estimate_memory(cfg)
+    available, what = machine_memory(cfg)
+    if estimate.peak() > available and cfg.train.check_memory:
+        hint = "" if cfg.train.activation_checkpointing else ", set train.activation_checkpointing: true"
+        raise ValueError(f"the estimated peak memory, {estimate.describe()}, exceeds {what}; lower train.batch_size "
+                         f"(raising train.accumulate_grad_batches keeps the step), train.seq_len or the model{hint}, "
+                         "or set train.check_memory: false to try anyway")
+    return estimate
