@@ -17,13 +17,14 @@ min(time, tau) over its seeds. p: a permutation test of the spread of the arms' 
 Welch's interval.
 
 *Convergence* can only be seen after every architecture has risen: from the first common evaluation at
-which every seed mean is at its level, the spread (standard deviation) of the architectures' seed means
-at its largest before the last common evaluation minus at the last one (> 0: they draw together), p from
-relabelling seeds; beside it, whether the architectures differ at the end (a permutation test of the
-between-architecture sum of squares). ``reproduced``: the fall is significant; ``refuted``: every
-architecture has risen, the spread does not fall (the effect is at or below 0) and the architectures are
-significantly apart at the end; ``not testable at this budget`` where an architecture never rises, where
-every one has risen only at the last evaluation, or where the spread still grows significantly at the end
+which every seed mean is at its level, the gap between the highest and the lowest architecture's seed mean
+at its largest before the last common evaluation (the peak), minus the same two architectures' gap at the
+last one (> 0: they draw together); per run its fall from the peak to the end, so that the effect is a
+difference of two arms' means (Welch's interval, a permutation p). Beside it, whether those two differ at
+the end. ``reproduced``: the fall is significant; ``refuted``: every
+architecture has risen, the gap does not fall (the effect is at or below 0) and the two are significantly
+apart at the end; ``not testable at this budget`` where an architecture never rises, where
+every one has risen only at the last evaluation, or where the gap still grows significantly at the end
 (the architectures are still diverging); otherwise inconclusive.
 """
 
@@ -92,7 +93,7 @@ def _speed(what: str, values: pd.DataFrame, tokens: pd.DataFrame, arms: dict[str
     order = sorted(samples, key=lambda k: samples[k].mean())
     fastest, slowest = order[0], order[-1]
     comparison = Comparison(f"{slowest} - {fastest} (restricted mean)", float(samples[slowest].mean() - samples[fastest].mean()),
-                            stats.interval([samples[slowest], samples[fastest]]),
+                            stats.interval(samples[slowest], samples[fastest]),
                             stats.permutation_p([samples[k] for k in order], _spread, upper=True), 0,
                             tuple(len(samples[k]) for k in order), "tokens")
     parts = []
@@ -109,14 +110,6 @@ def _spread(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Between-architecture sum of squares of the arms' means (the one-way ANOVA numerator): (B, N) -> (B,)."""
     grand = x.mean(axis=1)
     return sum((groups == g).sum() * (x[:, groups == g].mean(axis=1) - grand) ** 2 for g in np.unique(groups))
-
-
-def _spread_shrink(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Rows (value at the step of largest spread, value at the last common step): the standard deviation of
-    the arms' means there minus at the end; positive when the architectures draw together. (B, N, 2) -> (B,)."""
-    means = np.stack([x[:, groups == g].mean(axis=1) for g in np.unique(groups)], axis=1)  # (B, arms, 2)
-    sd = means.std(axis=1)  # (B, 2)
-    return sd[:, 0] - sd[:, 1]
 
 
 def _convergence(what: str, values: pd.DataFrame, arms: dict[str, list[str]], errors: pd.Series, finals: str) -> Test:
@@ -138,26 +131,29 @@ def _convergence(what: str, values: pd.DataFrame, arms: dict[str, list[str]], er
     if len(window) < 2:
         return Test(F, test, verdict=NOT_TESTABLE, reason=f"every architecture is above its level only at step "
                     f"{steps[-1]}, the last common evaluation", evidence=f"finals {finals}")
-    spread = means.loc[window].std(axis=1, ddof=0)
-    peak = spread.iloc[:-1].idxmax()
-    rows = [common.loc[runs, [peak, steps[-1]]].to_numpy(float) for runs in arms.values()]
-    fall = Comparison.of(f"spread at step {peak} - at step {steps[-1]}", rows, +1, _spread_shrink)
-    end = [common.loc[runs, steps[-1]].to_numpy(float) for runs in arms.values()]
-    apart = Comparison.of(f"between-architecture sum of squares at step {steps[-1]}", end, 0, _spread, upper=True)
-    evidence = (f"every architecture above its level from step {window[0]}; standard deviation of the {len(arms)} "
-                f"architectures' seed means: " + ", ".join(f"{s}: {v:.3f}" for s, v in spread.items()) + f"; finals {finals}")
+    gap = means.loc[window].max(axis=1) - means.loc[window].min(axis=1)  # step -> the highest arm mean minus the lowest
+    peak = gap.iloc[:-1].idxmax()
+    top, bottom = means.loc[peak].idxmax(), means.loc[peak].idxmin()
+    # per run, its fall from the peak step to the end; the gap's fall is the top arm's mean fall minus the bottom's
+    drop = {k: (common.loc[arms[k], peak] - common.loc[arms[k], steps[-1]]).to_numpy(float) for k in (top, bottom)}
+    fall = Comparison.of(f"gap {top} - {bottom} at step {peak} - at step {steps[-1]}", [drop[top], drop[bottom]], +1)
+    end = [common.loc[arms[k], steps[-1]].to_numpy(float) for k in (top, bottom)]
+    apart = Comparison.of(f"{top} - {bottom} at step {steps[-1]}", end, 0)
+    evidence = (f"every architecture above its level from step {window[0]}; gap between the highest and the lowest of "
+                f"the {len(arms)} architectures' seed means: " + ", ".join(f"{s}: {v:.3f}" for s, v in gap.items())
+                + f"; finals {finals}")
     return Test(F, test, [fall, apart], evidence, combine=_convergence_verdict)
 
 
 def _convergence_verdict(decided: list[Decided]) -> Decided:
-    """A significant fall of the spread reproduces; a significant growth is not testable (still diverging);
+    """A significant fall of the gap reproduces; a significant growth is not testable (still diverging);
     no fall (effect <= 0) with the architectures significantly apart at the end refutes; else inconclusive."""
     (fall, verdict, reason), (apart, apart_verdict, _) = decided
     if verdict == "reproduced":
         return fall, verdict, reason
     if verdict == "refuted":
-        return fall, NOT_TESTABLE, f"the spread still grows significantly at the end (adjusted p {fall.p_adj:.3g}): still diverging"
+        return fall, NOT_TESTABLE, f"the gap still grows significantly at the end (adjusted p {fall.p_adj:.3g}): still diverging"
     if fall.effect <= 0 and apart_verdict == "reproduced":
-        return fall, "refuted", (f"every architecture has risen, the spread does not fall and they stay apart at the end "
+        return fall, "refuted", (f"every architecture has risen, the gap does not fall and they stay apart at the end "
                                  f"(adjusted p {apart.p_adj:.3g})")
-    return fall, "inconclusive", reason or "the spread falls, not significantly"
+    return fall, "inconclusive", reason or "the gap falls, not significantly"

@@ -2,8 +2,8 @@
 runs' tables with statistics over seeds (analysis/stats.py). ``analyze --findings`` puts them at the top
 of the report (also ``findings.md``), in ``findings.csv`` (one row per test) and ``findings_comparisons.csv``.
 
-Every test states its effect, a 95% interval over seeds (``stats.interval``: Welch's t for a difference of
-means, the one-sample t for a mean of per-run values, BCa otherwise), a permutation p, the p after Holm's
+Every test states its effect, a 95% interval over seeds (Welch's t for a difference of two arms' means,
+``stats.interval``; the one-sample t for a mean of per-run values), a permutation p, the p after Holm's
 adjustment over all the tests of its finding, and the seeds per arm (an arm: the runs of one
 architecture). A test is ``reproduced`` with at least ``stats.MIN_SEEDS`` seeds per compared arm and an
 adjusted p < ``stats.ALPHA`` in the direction the paper states, ``refuted`` when significant in the
@@ -283,7 +283,7 @@ def _window_pair(small: pd.DataFrame, large: pd.DataFrame, ws: int, wl: int) -> 
     a, b = np.minimum(small["time"], tau).to_numpy(float), np.minimum(large["time"], tau).to_numpy(float)
     z, p = stats.logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
     what = f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z) else f"W={wl} - W={ws}"
-    return Comparison(what, float(b.mean() - a.mean()), stats.interval([b, a]), p, +1, (len(b), len(a)), "steps")
+    return Comparison(what, float(b.mean() - a.mean()), stats.interval(b, a), p, +1, (len(b), len(a)), "steps")
 
 
 def _pair_verdict(c: Comparison) -> tuple[str, str]:

@@ -84,8 +84,8 @@ def test_holm_and_intervals():
     assert math.isnan(stats.holm([0.01, math.nan])[1]) and stats.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
     a, b = np.arange(5.0), np.arange(5.0) + 10
     welch = st.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
-    assert stats.interval([a, b]) == pytest.approx((welch.low, welch.high)) and welch.low < -10 < welch.high
-    assert stats.interval([np.full(3, 2.0), np.full(3, 1.0)]) == (1.0, 1.0)  # no spread over seeds: the point
+    assert stats.interval(a, b) == pytest.approx((welch.low, welch.high)) and welch.low < -10 < welch.high
+    assert stats.interval(np.full(3, 2.0), np.full(3, 1.0)) == (1.0, 1.0)  # no spread over seeds: the point
     assert stats.mean_ci(np.array([1.0, 2, 3])) == pytest.approx(tuple(st.ttest_1samp([1, 2, 3], 0).confidence_interval()))
 
 
@@ -104,20 +104,20 @@ def noisy(s):  # crosses 0.45 at step 19 or step 29 depending on the seed
 
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_emergence_different_speeds_meeting_at_the_end(tmp_path, seeds):
-    """Fast: at its level at 160 tokens; slow: at 480; both above their levels from step 29, where the spread
-    of the means is 0.1, then 0 at the end. 5 seeds: speed p = 2/252, convergence 4/252 (two-sided), Holm over
-    the finding's comparisons; 3 seeds: no p below 0.1."""
+    """Fast: at its level at 160 tokens; slow: at 480; both above their levels from step 29, where the gap
+    between the means is 0.2, then 0 at the end. 5 seeds: p = 2/252 each, Holm over the finding's
+    comparisons; 3 seeds: no p below 0.1."""
     arm(tmp_path, "fast", seeds, window=16, token_acc=fast)
     arm(tmp_path, "slow", seeds, window=64, token_acc=slow)
     v = verdicts(tmp_path)
     speed, conv = v.loc["speed (probes)"], v.loc["convergence (probes)"]
     assert speed["compared"] == "W=64 - W=16 (restricted mean)" and speed["effect"] == pytest.approx(2 * 10 * TOKENS_PER_STEP)
     assert (speed["ci_low"], speed["ci_high"]) == pytest.approx((320, 320))  # every seed alike: the point
-    assert conv["compared"] == "spread at step 29 - at step 39" and conv["effect"] == pytest.approx(0.1)
+    assert conv["compared"] == "gap W=16 - W=64 at step 29 - at step 39" and conv["effect"] == pytest.approx(0.2)
     assert f"W=64: {seeds}/{seeds} reached" in speed["evidence"] and "from step 29" in conv["evidence"]
     if seeds == 5:
         assert_reproduced(speed), assert_reproduced(conv)
-        assert speed["p"] == pytest.approx(2 / 252) and conv["p"] == pytest.approx(4 / 252)
+        assert speed["p"] == pytest.approx(2 / 252) and conv["p"] == pytest.approx(2 / 252)
     else:
         assert_verdict(speed, "inconclusive", "no p can fall below 0.1"), assert_verdict(conv, "inconclusive")
     assert v.loc["speed (val/retrieval_acc rise)", "verdict"] == "not tested"
@@ -136,12 +136,12 @@ def test_emergence_no_effect(tmp_path, seeds):
 
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_emergence_still_diverging_is_neither_refuted_nor_reproduced(tmp_path, seeds):
-    """Both arms above their levels from step 9; one keeps rising, the other stays: the spread grows to the
-    end of the budget (0, 0.05, 0.1, 0.15), so convergence cannot be seen."""
+    """Both arms above their levels from step 9; one keeps rising, the other stays: the gap grows to the
+    end of the budget (0, 0.1, 0.2, 0.3), so convergence cannot be seen."""
     arm(tmp_path, "a", seeds, window=16, token_acc=lambda s: (0.5 + 0.01 * s, 0.6 + 0.01 * s, 0.7, 0.8 + 0.01 * s))
     arm(tmp_path, "b", seeds, window=64, token_acc=lambda s: (0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5, 0.5 + 0.01 * s))
     conv = verdicts(tmp_path).loc["convergence (probes)"]
-    assert conv["effect"] == pytest.approx(-0.05) and conv["verdict"] not in ("refuted", "reproduced"), conv.to_dict()
+    assert conv["effect"] == pytest.approx(-0.1) and conv["verdict"] not in ("refuted", "reproduced"), conv.to_dict()
     if seeds == 5:
         assert_verdict(conv, "not testable at this budget", "still diverging")
 
@@ -149,7 +149,7 @@ def test_emergence_still_diverging_is_neither_refuted_nor_reproduced(tmp_path, s
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_emergence_staying_apart_refutes_convergence(tmp_path, seeds):
     """Both arms above their levels from step 9 and apart by the same 0.3 from then on: every architecture
-    has risen and the spread does not fall; significant apart at 5 seeds (refuted), not at 3."""
+    has risen and the gap does not fall; significantly apart at 5 seeds (refuted), not at 3."""
     arm(tmp_path, "a", seeds, window=16, token_acc=lambda s: (0.9 + 0.01 * s,) * 4)
     arm(tmp_path, "b", seeds, window=64, token_acc=lambda s: (0.6 + 0.01 * s,) * 4)
     conv = verdicts(tmp_path).loc["convergence (probes)"]
@@ -383,7 +383,7 @@ def test_analyze_findings_states_effect_ci_p_and_seeds(tmp_path, capsys):
     tests = pd.read_csv(tmp_path / "out" / "findings.csv")
     assert {"effect", "ci_low", "ci_high", "p", "p_holm", "seeds", "reason"} <= set(tests.columns)
     comparisons = pd.read_csv(tmp_path / "out" / "findings_comparisons.csv")
-    # speed; convergence: the fall of the spread and whether the arms differ at the end (they do not)
+    # speed; convergence: the fall of the gap and whether the two arms differ at the end (they do not)
     assert comparisons["verdict"].tolist() == ["reproduced", "reproduced", "inconclusive"]
 
 
