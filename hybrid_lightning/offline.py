@@ -65,7 +65,7 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
 
     run = load_checkpoint(run_dir, ckpt, overrides)
     check_lengths(run.cfg.eval, run.data.tokenizer)
-    ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens)
+    ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens, seq_len=run.cfg.train.seq_len)
     if ev.sequences and run.cfg.eval.longppl_evaluator is not None:
         ev.keys = evaluator_key_tokens(run.cfg, ev.sequences, next(run.model.parameters()).device, run.dtype)
         if ev.keys.key is None:
