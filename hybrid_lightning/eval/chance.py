@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,17 +35,23 @@ HEX, DIGITS, LETTERS = 16, 10, 26
 UUID_DASHES, UUID_VERSION, UUID_VARIANT = (8, 13, 18, 23), 14, 19  # character positions in a 36-character UUID
 
 
-@functools.cache
-def _prefix_counts(words: tuple[str, ...]) -> tuple[dict[str, Counter], Counter]:
-    """(prefix -> counts of the characters that follow it, strings equal to each prefix) of a uniform list."""
-    follow: dict[str, Counter] = {}
-    for w in words:
-        for i in range(len(w)):
-            follow.setdefault(w[:i], Counter())[w[i]] += 1
-    return follow, Counter(words)
+_COUNTS: dict[int, tuple] = {}  # id of a vocabulary -> (the vocabulary, its prefix counts)
 
 
-def _from_list(words: tuple[str, ...], text: str, then: str | None) -> list[float]:
+def _prefix_counts(words: Sequence[str]) -> tuple[dict[str, Counter], Counter]:
+    """(prefix -> counts of the characters that follow it, strings equal to each prefix) of a uniform list;
+    kept per list object (hashing a 50,000-entry tuple at every probe would cost more than the probe)."""
+    hit = _COUNTS.get(id(words))
+    if hit is None or hit[0] is not words:
+        follow: dict[str, Counter] = {}
+        for w in words:
+            for i in range(len(w)):
+                follow.setdefault(w[:i], Counter())[w[i]] += 1
+        hit = _COUNTS[id(words)] = (words, (follow, Counter(words)))
+    return hit[1]
+
+
+def _from_list(words: Sequence[str], text: str, then: str | None) -> list[float]:
     """Chances of the characters of ``text``, one of the uniform ``words``, and (``then`` not None) of the
     character ``then`` that follows it: at each prefix the largest share among the next characters and the
     word's end (which is the character ``then``, merged with it where a longer word goes on with it).
@@ -78,18 +85,18 @@ def value_chances(kind: str, text: str, then: str | None = None, vocabulary: tup
     elif kind == "names":
         chances = [1 / LETTERS] * len(text)
     elif kind == "passkey":
-        return _from_list(tuple(vocabulary), text, then)
+        return _from_list(vocabulary, text, then)
     elif kind == "words":
-        return _words(text, then, tuple(tuple(w) for w in vocabulary))
+        return _words(text, then, vocabulary)
     else:
         raise ValueError(f"unknown value kind {kind!r}")
     return chances + [1.0] * (then is not None)  # fixed lengths: the separator is certain
 
 
-def _words(text: str, then: str | None, lists: tuple[tuple[str, ...], tuple[str, ...]]) -> list[float]:
+def _words(text: str, then: str | None, lists: Sequence[Sequence[str]]) -> list[float]:
     """Adjective-noun pairs joined by '-' (their number known from the text): each word's characters from its
     list (``lists``: adjectives, nouns), the '-' after it or, after the last noun, ``then``."""
-    words = _parse(text, lists, frozenset(lists[0]), frozenset(lists[1]))
+    words = _parse(text, _known(lists[0]), _known(lists[1]))
     if words is None:
         raise ValueError(f"{text!r} is not adjective-noun pairs of wonderwords' lists")
     out = []
@@ -98,14 +105,19 @@ def _words(text: str, then: str | None, lists: tuple[tuple[str, ...], tuple[str,
     return out
 
 
-def _parse(text: str, lists, adjectives: frozenset, nouns: frozenset, i: int = 0) -> list[str] | None:
+def _known(words: Sequence[str]) -> Counter:
+    """The strings of a vocabulary (its prefix counts' second part), for membership tests."""
+    return _prefix_counts(words)[1]
+
+
+def _parse(text: str, adjectives: Counter, nouns: Counter, i: int = 0) -> list[str] | None:
     """``text`` split into words alternating between the two lists (adjective first, ending with a noun) at
     dashes; words may hold dashes themselves, so each split is tried."""
     known = nouns if i % 2 else adjectives
     if i % 2 and text in known:
         return [text]
     for cut in (j for j, c in enumerate(text) if c == "-"):
-        if text[:cut] in known and (rest := _parse(text[cut + 1 :], lists, adjectives, nouns, i + 1)) is not None:
+        if text[:cut] in known and (rest := _parse(text[cut + 1 :], adjectives, nouns, i + 1)) is not None:
             return [text[:cut], *rest]
     return None
 
