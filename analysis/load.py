@@ -43,7 +43,7 @@ HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of
 NOT_IDENTITY = {
     "name", "seed", "data.cache_dir", "data.num_workers", "train.progress_bar", "train.log_every_n_steps",
     "train.checkpoint_every_n_steps", "train.keep_checkpoints", "train.val_every_n_steps", "train.val_batches",
-    "train.compile", "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk",
+    "train.compile", "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk", "data.text_val_files",
 }
 NOT_IDENTITY_PREFIXES = ("eval.",)
 PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)  # the provenance's parameter counts

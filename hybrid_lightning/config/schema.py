@@ -205,6 +205,8 @@ class DataConfig(_Frozen):
     max_tokens: int | None = Field(None, ge=1, description="cap on real-text tokens read")
     min_doc_tokens: int | None = Field(None, ge=1, description="keep only documents of at least this many tokens")
     val_fraction: float = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
+    text_val_files: tuple[str, ...] = Field((), description="held-out natural text (files or globs, never synthetic or "
+                                            "probe documents) for val/text_loss, the short-context cost; () = none")
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     cache_dir: str | None = Field(None, description="None = $HYBRID_LIGHTNING_CACHE or ~/.cache/hybrid_lightning")
     store: str | None = Field(None, description="token store folder; None = <cache_dir>/store/<fingerprint>")
