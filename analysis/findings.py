@@ -221,35 +221,47 @@ def _ablation(runs: Runs) -> Test:
     a = tables.ablation(runs.ablations, runs.configs)
     if a.empty or "top" not in set(a["selection"]) or not set(tables.DRAWS) & set(a["selection"]):
         return Test(f, "ablation", verdict="not tested",
-                     evidence="no run has both a top-K head ablation and random draws (controls or random K heads)")
+                    evidence="no run has both a top-K head ablation and random draws (controls or random K heads)")
     a = a[a["within"]]  # within the training length, where retrieval can have formed
-    keys = ["run", "step", "k"]  # one masking experiment: a checkpoint and a K
-    draws = a.groupby([*keys, "selection", "seed", "draw"], dropna=False)["token_drop"].mean().reset_index()
-    # the null draws of an experiment: its layer-matched controls where it has them, else its random K heads
-    null = draws[draws["selection"].isin(tables.DRAWS)]
-    controlled = null["selection"].eq("control").groupby([null[k] for k in keys]).transform("any")
-    random = null[null["selection"].eq("control") | ~controlled]
-    per = pd.DataFrame({"top": draws[draws["selection"] == "top"].groupby(keys)["token_drop"].mean(),
-                        "random": random.groupby(keys)["token_drop"].mean(),
+    draws = a.groupby([*ABLATION_KEYS, "selection", "seed", "draw"], dropna=False)["token_drop"].mean().reset_index()
+    # the null draws of an experiment: its layer-matched controls where it has them, else its random K heads;
+    # beside them, its draws of non-retrieval heads (Wu et al.'s contrast) where it has them
+    null = draws[draws["selection"].isin(("control", "random"))]
+    controlled = null["selection"].eq("control").groupby([null[k] for k in ABLATION_KEYS]).transform("any")
+    nulls = {"layer-matched": null[null["selection"].eq("control") | ~controlled],
+             "non-retrieval": draws[draws["selection"].eq("control_nonretrieval")]}
+    tests = [_against(draws[draws["selection"] == "top"], n, name) for name, n in nulls.items() if len(n)]
+    tests = [t for t in tests if t is not None]
+    if not tests:
+        return Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both a top-K masking and random draws")
+    return Test(f, "ablation", [c for c, _ in tests], "; ".join(text for _, text in tests))
+
+
+ABLATION_KEYS = ["run", "step", "k"]  # one masking experiment: a checkpoint and a K
+
+
+def _against(top: pd.DataFrame, random: pd.DataFrame, name: str) -> tuple[Comparison, str] | None:
+    """The top-K maskings against one kind of random draws (``name``): per run the top-K drop minus the
+    draws' mean drop; p: within each experiment the top-K masking is one more draw (``stats.stratified_p``)."""
+    keys = ABLATION_KEYS
+    per = pd.DataFrame({"top": top.groupby(keys)["token_drop"].mean(), "random": random.groupby(keys)["token_drop"].mean(),
                         "draws": random.groupby(keys).size()}).dropna()
     if per.empty:
-        return Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both a top-K masking and random draws")
-    # null: within each experiment, the top-K masking is one more random draw of K heads
+        return None
     strata = {key: (np.r_[per.loc[key, "top"], g["token_drop"].to_numpy()], np.r_[True, np.zeros(len(g), bool)])
               for key, g in random.groupby(keys) if key in per.index}
     # share of the maskings at least as harmful as the top-K (the top-K counted among them)
     as_harmful = {key: (v >= v[0]).mean() for key, (v, _) in strata.items()}
     by_run = per.groupby(level="run")[["top", "random"]].mean()
     k = ", ".join(sorted({str(int(x)) for x in per.index.get_level_values("k")}))
-    kind = " and ".join({"control": "layer-matched random draws", "random": "random K heads outside the top K"}[s]
-                        for s in sorted(set(random["selection"])))
-    comparison = Comparison.paired(f"top-K drop - random-K drop (K = {k})", (by_run["top"] - by_run["random"]).to_numpy(),
+    kind = " and ".join({"control": "layer-matched random draws", "random": "random K heads outside the top K",
+                         "control_nonretrieval": "random draws of non-retrieval heads"}[s] for s in sorted(set(random["selection"])))
+    comparison = Comparison.paired(f"top-K drop - {name} random-K drop (K = {k})", (by_run["top"] - by_run["random"]).to_numpy(),
                                    stats.stratified_p(list(strata.values())), +1)
-    return Test(f, "ablation", [comparison],
-                 f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, {kind} "
-                 f"{by_run['random'].mean():.3f}; per run, step and K: "
-                 + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (draws: {int(r['draws'])}, "
-                             f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
+    return comparison, (f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, {kind} "
+                        f"{by_run['random'].mean():.3f}; per run, step and K: "
+                        + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (draws: {int(r['draws'])}, "
+                                    f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
 
 
 def _laziness(runs: Runs) -> Test:

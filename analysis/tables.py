@@ -187,7 +187,8 @@ ABLATION_COLUMNS = ["run", "label", "step", "selection", "k", "seed", "draw", "h
                     "chance_token_accuracy"]
 
 
-DRAWS = ("control", "random")  # selections drawn at random: layer-matched controls, or any heads outside the top K
+# selections drawn at random: layer-matched controls, controls among non-retrieval heads, any heads outside the top K
+DRAWS = ("control", "control_nonretrieval", "random")
 
 
 def ablation(ablations: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:

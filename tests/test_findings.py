@@ -274,6 +274,31 @@ def test_ablation_uses_layer_matched_controls(tmp_path, seeds):
     assert row["p"] == pytest.approx(2 / 5 ** seeds)
 
 
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_ablation_reports_layer_matched_and_nonretrieval_controls(tmp_path, seeds):
+    """Both kinds of control draws of ``heads --mask-top K --controls N``: layer-matched (drops 0.1-0.3, mean
+    0.2) and of non-retrieval heads (drops 0.0, 0.1, mean 0.05); top-K drop 0.9: two comparisons, +0.7 and
+    +0.85 per run, each with its exact p 2/5^seeds (layer-matched) and 2/3^seeds (non-retrieval)."""
+    from analysis.findings import verdicts as both
+
+    arm(tmp_path, "a", seeds)
+    for s in range(seeds):
+        rows = [ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1)]
+        rows += [ablation_row("control", [[3, d], [3, 3]], 8, 1.0, 1.0 - drop, seed=None) | {"draw": d}
+                 for d, drop in enumerate((0.1, 0.3, 0.2, 0.2))]
+        rows += [ablation_row("control_nonretrieval", [[0, d], [1, d]], 8, 1.0, 1.0 - drop, seed=None) | {"draw": d}
+                 for d, drop in enumerate((0.0, 0.1))]
+        path = tmp_path / f"a-s{s}" / "eval" / f"heads_step_{EVAL_STEPS[-1]}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "ablation": rows}))
+    _, comparisons = both(load_runs(find_runs(tmp_path), root=tmp_path))
+    c = comparisons[comparisons["test"] == "ablation"].set_index("compared")
+    assert list(c.index) == ["top-K drop - layer-matched random-K drop (K = 2)", "top-K drop - non-retrieval random-K drop (K = 2)"]
+    assert c["effect"].tolist() == pytest.approx([0.7, 0.85])
+    assert c["p"].tolist() == pytest.approx([2 / 5 ** seeds, min(1.0, 2 / 3 ** seeds)])
+    row = verdicts(tmp_path).loc["ablation"]
+    assert "random draws of non-retrieval heads 0.050" in row["evidence"] and "layer-matched random draws 0.200" in row["evidence"]
+
+
 def first_head(step):
     """Heads counts at EVAL_STEPS: a retrieval head from ``step`` on (never for a step after 39)."""
     return tuple((int(s >= step), 0.5 * (s >= step)) for s in EVAL_STEPS)
