@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,7 +81,9 @@ def interval(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
         return float(a[0] - b[0]), float(a[0] - b[0])
     if min(len(a), len(b)) < 2:
         return math.nan, math.nan
-    ci = st.ttest_ind(a, b, equal_var=False).confidence_interval(LEVEL)
+    with warnings.catch_warnings():  # scipy warns of precision loss where seeds differ by float32 rounding alone
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = st.ttest_ind(a, b, equal_var=False).confidence_interval(LEVEL)
     return float(ci.low), float(ci.high)
 
 
@@ -92,7 +95,9 @@ def mean_ci(values: np.ndarray) -> tuple[float, float]:
         return math.nan, math.nan
     if np.ptp(values) == 0:
         return float(values[0]), float(values[0])
-    ci = st.ttest_1samp(values, 0.0).confidence_interval(LEVEL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = st.ttest_1samp(values, 0.0).confidence_interval(LEVEL)
     return float(ci.low), float(ci.high)
 
 
