@@ -4,7 +4,8 @@ whether the architectures draw together once every one has risen.
 Signal level. A run's score counts as above noise at an evaluation where it is at least ``SIGNAL_Z`` of its
 own null standard errors: for the probe score ``longctx/token_acc_se`` (analysis/scores.py, the binomial error
 of the answer tokens at chance), for the rise of ``val/retrieval_acc`` (no error logged) the standard
-deviation of the run's first ``START_VALIDATIONS`` validations. An architecture's seed mean counts at
+deviation of the run's first ``START_VALIDATIONS`` validations; a run without an error estimate above 0
+never counts as above noise. An architecture's seed mean counts at
 ``SIGNAL_Z`` standard errors of a mean of its seeds. At z = 3 a run that learns nothing crosses at one
 evaluation with probability 0.0013 (normal approximation), at one of 20 evaluations about 0.03.
 
@@ -55,7 +56,7 @@ def emergence(metrics: pd.DataFrame, score: str, se: str, retrieval: str) -> lis
     start = first.transform(lambda v: v.iloc[:START_VALIDATIONS].mean())
     noise = first.agg(lambda v: v.iloc[:START_VALIDATIONS].std(ddof=1))
     rise = acc.assign(value=acc["value"] - start)
-    return tests + _emergence_of(rise, retrieval, "val/retrieval_acc rise", noise.fillna(0.0))
+    return tests + _emergence_of(rise, retrieval, "val/retrieval_acc rise", noise)
 
 
 def _emergence_of(metrics: pd.DataFrame, tag: str, what: str, errors: pd.Series) -> list[Test]:
@@ -66,7 +67,8 @@ def _emergence_of(metrics: pd.DataFrame, tag: str, what: str, errors: pd.Series)
     values = d.pivot_table(index="run", columns="step", values="value")  # run x step, steps every seed of its arm has
     tokens = d.pivot_table(index="run", columns="step", values="tokens")
     arms = {label: sorted(g["run"].unique()) for label, g in d.groupby("label")}
-    level = SIGNAL_Z * errors.reindex(values.index).fillna(0.0)  # per run
+    errors = errors.where(errors > 0)  # no error estimate (or none above 0): the run never counts as above noise
+    level = SIGNAL_Z * errors.reindex(values.index)  # per run; NaN compares as never reached
     final = curve.sort_values("step").groupby("label").last()["mean"]
     finals = ", ".join(f"{label}: {v:.3f}" for label, v in final.sort_values(ascending=False).items())
     if not values.ge(level, axis=0).any(axis=None):
@@ -119,7 +121,7 @@ def _convergence(what: str, values: pd.DataFrame, arms: dict[str, list[str]], er
     if len(arms) < 2 or len(steps) < 2:
         return Test(F, test, verdict="not tested", evidence="fewer than two architectures or common evaluation steps")
     means = pd.DataFrame({k: common.loc[runs].mean() for k, runs in arms.items()})  # step x arm
-    levels = pd.Series({k: SIGNAL_Z * math.sqrt((errors.reindex(runs).fillna(0.0) ** 2).mean() / len(runs))
+    levels = pd.Series({k: SIGNAL_Z * math.sqrt((errors.reindex(runs) ** 2).mean(skipna=False) / len(runs))
                         for k, runs in arms.items()})
     risen = means.ge(levels, axis=1)
     late = [k for k in arms if not risen[k].any()]
