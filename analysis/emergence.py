@@ -36,8 +36,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import stats, tables
-from analysis.stats import Comparison, Decided, Test
+from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.units import si
 
 START_VALIDATIONS = 3  # the rise of val/retrieval_acc is over the mean of a run's first 3 validations

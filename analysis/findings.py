@@ -51,10 +51,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
-from analysis import stats, tables
-from analysis.emergence import NOT_TESTABLE, emergence
-from analysis.load import Runs
-from analysis.stats import Comparison, Decided, Test
+from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.emergence import NOT_TESTABLE, emergence
+from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.units import si
 

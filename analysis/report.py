@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import figures, tables
-from analysis.load import Runs, find_runs, load_runs
-from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
+from hybrid_lightning.analysis import figures, tables
+from hybrid_lightning.analysis.load import Runs, find_runs, load_runs
+from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
 from hybrid_lightning.units import si
 
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
@@ -56,7 +56,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
 
 
 def _findings(runs: Runs, out: Path) -> str:
-    from analysis.findings import markdown, verdicts
+    from hybrid_lightning.analysis.findings import markdown, verdicts
 
     tests, comparisons = verdicts(runs)
     _write(tests, out, "findings.csv")

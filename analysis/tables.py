@@ -13,8 +13,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.metrics import metric_tag, record_metric
+from hybrid_lightning.analysis import stats
+from hybrid_lightning.analysis.metrics import metric_tag, record_metric
 
 FRACTIONS = (0.5, 0.9)  # thresholds: shares of the final score
 
@@ -103,7 +103,7 @@ def niah(records: pd.DataFrame, configs: pd.DataFrame, metric: str) -> pd.DataFr
 
     Returns: run, label, step, task, length, depth, value (the records' score of ``record_metric(metric)``).
     """
-    from analysis.scores import pooled
+    from hybrid_lightning.analysis.scores import pooled
 
     if records.empty:
         return pd.DataFrame(columns=["run", "label", "step", "task", "length", "depth", "value"])

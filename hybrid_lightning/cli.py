@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig, load_config
-from hybrid_lightning.rundir import IOFailure, read_status
+from hybrid_lightning.fileio import IOFailure
+from hybrid_lightning.rundir import read_status
 
 # OSErrors of the machine rather than of the code: reported in one line with what to do.
 _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
@@ -57,7 +58,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
     from hybrid_lightning.model import build_model, count_params, resolve_model_config
     from hybrid_lightning.model.matching import param_report
-    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.config.resolve import resolve_config
 
     cfg = resolve_config(_load(args))
     model_cfg = resolve_model_config(cfg.model)
@@ -82,7 +83,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from hybrid_lightning.offline import evaluate_checkpoint
+    from hybrid_lightning.eval.offline import evaluate_checkpoint
     from hybrid_lightning.eval.report import report_path, table
 
     overrides = list(args.overrides)
@@ -101,7 +102,7 @@ def _planned_cells(grid) -> list[tuple[str, Path]]:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from analysis.report import analyze
+    from hybrid_lightning.analysis.report import analyze
 
     planned = None
     if args.grid is not None:
@@ -116,7 +117,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from analysis.report import analyze
+    from hybrid_lightning.analysis.report import analyze
     from hybrid_lightning.grid import load_grid, submit_grid
 
     grid_file = args.grid or demo_grid()
@@ -127,7 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_analysis_parsers(sub) -> None:
-    from analysis.metrics import METRICS
+    from hybrid_lightning.analysis.metrics import METRICS
 
     p = sub.add_parser("analyze", help="figures, CSV tables and report.md from a folder of runs (a grid root or any)")
     p.add_argument("dir", help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
@@ -213,7 +214,7 @@ def _add_grid_parser(sub) -> None:
 
 
 def cmd_probes(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.export import export_probes
+    from hybrid_lightning.probes.files import export_probes
 
     n = export_probes(args.out, args.tasks, args.lengths, args.samples, args.seed, args.value_tokens, args.tokenizer)
     print(f"{n} probes written to {args.out}")
@@ -228,9 +229,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.ablation import parse_heads
-    from hybrid_lightning.eval.heads_report import ablation_table, control_table, heads_path, heads_table, single_table
-    from hybrid_lightning.offline import heads_checkpoint
+    from hybrid_lightning.heads.ablation import parse_heads
+    from hybrid_lightning.heads.report import ablation_table, control_table, heads_path, heads_table, single_table
+    from hybrid_lightning.eval.offline import heads_checkpoint
 
     if args.mask_top is not None:
         selection, k = "top", args.mask_top
@@ -282,6 +283,28 @@ def _add_data_parser(sub) -> None:
     p.set_defaults(func=cmd_data_tokenizer)
 
 
+def _add_heads_parser(sub) -> None:
+    p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
+                       "ablation (writes eval/heads_step_<k>.json)")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
+    mask = p.add_mutually_exclusive_group()
+    mask.add_argument("--mask-top", type=int, metavar="K", help="mask the K heads with the highest retrieval score "
+                      "and rerun the long-context evaluation (the run's eval.* probes)")
+    mask.add_argument("--mask-random", type=int, metavar="K", help="mask K random heads outside the top K instead")
+    mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
+    p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
+    p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many heads "
+                   "from the same layers and N of non-retrieval heads, seeded by --seed, the run and the step, and the "
+                   "permutation p of the top K against each (default 20; 0 = none)")
+    p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero", help="zero: a masked head's output is 0; "
+                   "uniform: its pre-softmax logits are 0, so it attends uniformly (Wu et al.) (default zero)")
+    p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
+    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
+                   help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
+    p.set_defaults(func=cmd_heads)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
@@ -312,25 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default byte)")
     p.set_defaults(func=cmd_probes)
 
-    p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
-                       "ablation (writes eval/heads_step_<k>.json)")
-    p.add_argument("run_dir", help="run directory")
-    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
-    mask = p.add_mutually_exclusive_group()
-    mask.add_argument("--mask-top", type=int, metavar="K", help="mask the K heads with the highest retrieval score "
-                      "and rerun the long-context evaluation (the run's eval.* probes)")
-    mask.add_argument("--mask-random", type=int, metavar="K", help="mask K random heads outside the top K instead")
-    mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
-    p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
-    p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many heads "
-                   "from the same layers and N of non-retrieval heads, seeded by --seed, the run and the step, and the "
-                   "permutation p of the top K against each (default 20; 0 = none)")
-    p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero", help="zero: a masked head's output is 0; "
-                   "uniform: its pre-softmax logits are 0, so it attends uniformly (Wu et al.) (default zero)")
-    p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
-    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
-                   help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
-    p.set_defaults(func=cmd_heads)
+    _add_heads_parser(sub)
 
     p = sub.add_parser("export", help="a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
                        "with trust_remote_code=True, AutoTokenizer)")

@@ -1,4 +1,4 @@
-"""The probes' chance level (eval/chance.py) against a format-only predictor estimated from generated
+"""The probes' chance level (probes/chance.py) against a format-only predictor estimated from generated
 probes: per answer position, the most frequent token among half of the probes, scored on the other half.
 After chance correction it scores 0 within 0.01 on every task; for the 16-token numeric answers (a space and
 15 digits, the first non-zero) the chance is (1 + 1/9 + 14/10) / 16 = 0.157, where exp(-chance loss) gave
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hybrid_lightning.data.tokenizer import ByteTokenizer
-from hybrid_lightning.eval.chance import value_chances
-from hybrid_lightning.eval.tasks import GenContext, make_sample
+from hybrid_lightning.probes.chance import value_chances
+from hybrid_lightning.probes.tasks import GenContext, make_sample
 
 TOK = ByteTokenizer()
 ESSAY = TOK.encode("The river ran past the mill. A miller lived there with his three sons and a cat. " * 200)

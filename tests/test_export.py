@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers", reason="the export extra (tra
 
 from hybrid_lightning.config import dump_config, load_config  # noqa: E402
 from hybrid_lightning.data.tokenizer import ByteTokenizer  # noqa: E402
-from hybrid_lightning.eval.generation import exact_match_by_task, greedy_generate, read_probes, score_probes  # noqa: E402
+from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E402
+from hybrid_lightning.probes.files import read_probes  # noqa: E402
 from hybrid_lightning.export.folder import load_native, write_folder  # noqa: E402
 from hybrid_lightning.model import build_model  # noqa: E402
 from hybrid_lightning.rundir import read_run_config  # noqa: E402
@@ -125,7 +126,7 @@ def test_tokenizers_json_file_is_carried(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from hybrid_lightning.data.tokenizer import JsonTokenizer, load_tokenizer
-    from hybrid_lightning.eval.tasks import NOISE
+    from hybrid_lightning.probes.haystack import NOISE
     from hybrid_lightning.export.tokenizer import write_tokenizer
 
     bpe = Tokenizer(models.BPE())

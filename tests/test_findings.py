@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from analysis import stats
-from analysis.findings import findings
-from analysis.load import find_runs, load_runs
+from hybrid_lightning.analysis import stats
+from hybrid_lightning.analysis.findings import findings
+from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.cli import main
 
 from test_analysis import EVAL_STEPS, TOKENS_PER_STEP, ablation_row, fabricate, run_config, tokens_scalars
@@ -279,7 +279,7 @@ def test_ablation_reports_layer_matched_and_nonretrieval_controls(tmp_path, seed
     """Both kinds of control draws of ``heads --mask-top K --controls N``: layer-matched (drops 0.1-0.3, mean
     0.2) and of non-retrieval heads (drops 0.0, 0.1, mean 0.05); top-K drop 0.9: two comparisons, +0.7 and
     +0.85 per run, each with its exact p 2/5^seeds (layer-matched) and 2/3^seeds (non-retrieval)."""
-    from analysis.findings import verdicts as both
+    from hybrid_lightning.analysis.findings import verdicts as both
 
     arm(tmp_path, "a", seeds)
     for s in range(seeds):

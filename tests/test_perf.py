@@ -34,7 +34,7 @@ def test_architectures_are_the_papers_seven_over_the_registered_mixers():
 def test_plain_step_is_the_lightning_training_step(tmp_path):
     """The two sides of the Lightning-vs-plain comparison do the same work: same weights after 3 steps."""
     from hybrid_lightning.data.datamodule import LMDataModule
-    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.config.resolve import resolve_config
     from hybrid_lightning.training.system import LMSystem
     from hybrid_lightning.training.trainer import build_trainer, fit
 

@@ -6,7 +6,7 @@ the percentile bootstrap the findings used before: 0.789 / 0.866."""
 import numpy as np
 import pytest
 
-from analysis import stats
+from hybrid_lightning.analysis import stats
 
 DRAWS = 2000
 

@@ -136,7 +136,7 @@ def plain_seconds(cfg: RunConfig, warm: int) -> tuple[float, float]:
 
 
 def lightning_rows(quick: bool) -> list[dict]:
-    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.config.resolve import resolve_config
 
     warm, measured, rounds = (2, 3, 1) if quick else (20, 100, 3)
     overrides = {"max_steps": warm + measured, "warmup_steps": 1, "progress_bar": False,
@@ -147,7 +147,7 @@ def lightning_rows(quick: bool) -> list[dict]:
     no_eval = {"every_n_steps": 0, "at_end": False}  # the evaluation callbacks are measured in the eval section
     cfg = resolve_config(validate_config({"name": "bench", "model": model, "train": overrides,
                                           "eval": {**no_eval, "heads": no_eval}}))
-    tokens = measured * cfg.train.batch_size * cfg.train.seq_len
+    tokens = measured * cfg.train.tokens_per_step(1, accumulate=1)  # one process
     runs: dict[str, list[tuple[float, float]]] = {"Lightning": [], "plain loop": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):

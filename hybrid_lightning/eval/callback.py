@@ -5,7 +5,7 @@ evaluates the model on all ranks and, on rank 0, logs to TensorBoard and writes 
   (runner.py; the probes' generation score every ``eval.generate_every_n_steps`` steps and at the
   end), the scalars and the depth x length heatmap, ``eval/step_<k>.json``;
 - ``RetrievalHeadsEvaluation`` (``eval.heads:``): the retrieval score of every attention head
-  (heads.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``.
+  (heads/retrieval.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import lightning as L
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
-from hybrid_lightning.eval.heads_report import heads_scalars, score_image, write_heads
+from hybrid_lightning.heads.retrieval import RetrievalHeads, check_heads_probes
+from hybrid_lightning.heads.report import heads_scalars, score_image, write_heads
 from hybrid_lightning.eval.longppl import evaluator_key_tokens
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths

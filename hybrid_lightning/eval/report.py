@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_lightning.records import pooled, weighted_sums
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 # Record field -> the generation statistic (scoring.STATS) it averages over the cell's generated samples.
@@ -20,27 +21,10 @@ ROW_KEYS = {
 
 
 def pool(records: list[dict], **where) -> dict | None:
-    """Pooled figures of the records matching ``where`` (e.g. task=..., in_window=True), weighting
-    samples for accuracy, answer tokens for the token measures and their chance levels (eval/chance.py),
-    generated samples for the generation measures (None without generations); None if no record matches."""
+    """Pooled figures (``records.pooled``) of the records matching ``where`` (e.g. task=...,
+    in_window=True); None if no record matches."""
     rows = [r for r in records if all(r[k] == v for k, v in where.items())]
-    if not rows:
-        return None
-    n = sum(r["n"] for r in rows)
-    tok = sum(r["answer_tokens"] for r in rows)
-    gen = sum(r.get("generated", 0) for r in rows)
-    chance_loss = sum(r["chance_loss"] * r["answer_tokens"] for r in rows) / tok
-    out = {
-        "n": n, "accuracy": sum(r["accuracy"] * r["n"] for r in rows) / n,
-        "token_accuracy": sum(r["token_accuracy"] * r["answer_tokens"] for r in rows) / tok,
-        "answer_loss": sum(r["answer_loss"] * r["answer_tokens"] for r in rows) / tok,
-        "chance_token_accuracy": sum(r["chance_token_accuracy"] * r["answer_tokens"] for r in rows) / tok,
-        "chance_loss": chance_loss, "generated": gen,
-    }
-    out["score"] = out["token_accuracy"] - out["chance_token_accuracy"]
-    for k in GENERATION_FIELDS:
-        out[k] = sum(r[k] * r["generated"] for r in rows if r.get("generated")) / gen if gen else None
-    return out
+    return pooled(weighted_sums(rows)) if rows else None
 
 
 def mean_over_cells(records: list[dict], measure: str) -> float | None:
@@ -61,7 +45,7 @@ def within(report: dict, beyond: bool = False) -> list[dict]:
 def score(report: dict, beyond: bool = False) -> float | None:
     """``longctx/score``, the headline: answer-token accuracy above chance (teacher-forced, the
     accuracy of a predictor that knows the answer's format but retrieves nothing subtracted,
-    eval/chance.py; 0 = no retrieval), averaged over (task, length) up to the training length
+    probes/chance.py; 0 = no retrieval), averaged over (task, length) up to the training length
     (retrieval, not extrapolation), each pooled over depths; with ``beyond`` over the longer lengths
     (``longctx/score_beyond``). It moves long before exact match does."""
     return mean_over_cells(within(report, beyond), "score")

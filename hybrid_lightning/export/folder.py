@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hybrid_lightning.config import ModelConfig, RunConfig
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
-from hybrid_lightning.eval.generation import read_probes
+from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer

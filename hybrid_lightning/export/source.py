@@ -22,6 +22,7 @@ COPIED = (
     "hybrid_lightning.model.rope",
     "hybrid_lightning.model.attention",
     "hybrid_lightning.model.blocked",
+    "hybrid_lightning.model.init",
     "hybrid_lightning.model.mixers",
     "hybrid_lightning.model.mixers.attention",
     "hybrid_lightning.model.mixers.gated_deltanet",

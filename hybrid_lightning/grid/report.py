@@ -13,10 +13,9 @@ from hybrid_lightning.units import si
 
 
 def cell_tokens(cell: Cell) -> int:
-    """Training tokens of a cell: steps x batch per device x sequence length x devices (``auto`` = 1) x nodes."""
+    """Training tokens of a cell: steps x ``train.tokens_per_step`` over the processes the config states."""
     t = cell.config.train
-    devices = 1 if t.devices == "auto" else t.devices
-    return t.max_steps * t.batch_size * t.seq_len * devices * t.num_nodes
+    return t.max_steps * t.tokens_per_step(t.planned_world_size(), accumulate=1)
 
 
 def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:

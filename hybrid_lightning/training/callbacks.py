@@ -81,9 +81,9 @@ class StatusUpdates(L.Callback):
 class Throughput(L.Callback):
     """Logs ``train/tokens_per_sec`` (all ranks) averaged over each logging interval."""
 
-    def __init__(self, tokens_per_step: int, every: int):
-        """tokens_per_step: tokens one rank consumes per optimizer step."""
-        self.tokens_per_step, self.every = tokens_per_step, every
+    def __init__(self, tokens_per_batch: int, every: int):
+        """tokens_per_batch: tokens one rank consumes per training batch."""
+        self.tokens_per_batch, self.every = tokens_per_batch, every
         self._t0: float | None = None
         self._steps = 0
 
@@ -95,7 +95,7 @@ class Throughput(L.Callback):
         self._steps += 1
         if self._steps >= self.every:
             elapsed = time.perf_counter() - self._t0
-            tokens = self._steps * self.tokens_per_step * trainer.world_size
+            tokens = self._steps * self.tokens_per_batch * trainer.world_size
             pl_module.log("train/tokens_per_sec", tokens / elapsed, prog_bar=True)
             self._t0, self._steps = time.perf_counter(), 0
 

@@ -62,7 +62,7 @@ class LMSystem(L.LightningModule):
 
     def tokens_at(self, step: int) -> int:
         """Training tokens consumed by all ranks after ``step`` optimizer steps."""
-        return step * self.cfg.train.batch_size * self.cfg.train.seq_len * self.trainer.world_size
+        return step * self.cfg.train.tokens_per_step(self.trainer.world_size, self.trainer.accumulate_grad_batches)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)

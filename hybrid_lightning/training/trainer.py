@@ -42,8 +42,7 @@ def build_trainer(
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    tokens_per_step = t.batch_size * t.seq_len
-    throughput = Throughput(tokens_per_step, t.log_every_n_steps)
+    throughput = Throughput(t.tokens_per_step(1, accumulate=1), t.log_every_n_steps)  # one rank's tokens per batch
     datamodule = LMDataModule(cfg)
     callbacks = [checkpoints, throughput, *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:

@@ -30,7 +30,7 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.rope = Rotary(self.head_dim, cfg.rope_theta) if spec.pos == "rope" else None
-        # Head ablations (eval/ablation.py): (H,) multiplier on each head's output, None = all heads on; and (H,)
+        # Head ablations (heads/ablation.py): (H,) multiplier on each head's output, None = all heads on; and (H,)
         # bool, True where the head's query is zeroed, so that its pre-softmax logits are 0 and it attends
         # uniformly over the keys it can see (None = none).
         self.head_mask: torch.Tensor | None = None

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.mixers.mamba2 import DT_INIT, inverse_softplus_dt
+from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
 from hybrid_lightning.model.ops import ShortConv, gated_delta_rule
 
 if TYPE_CHECKING:

@@ -9,28 +9,20 @@ projection. B and C are shared by all heads (one group).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
 from hybrid_lightning.model.ops import ShortConv, gated_linear_attention
 
 if TYPE_CHECKING:
     from hybrid_lightning.config import ModelConfig
     from hybrid_lightning.model.plan import LayerSpec
 
-# The reference module's initial ranges: A ~ U[1, 16]; Δ log-uniform in [1e-3, 0.1].
-A_INIT = (1.0, 16.0)
-DT_INIT = (1e-3, 0.1)
-
-
-def inverse_softplus_dt(n: int, low: float, high: float) -> torch.Tensor:
-    """(n,) biases whose softplus is log-uniform in [low, high] (the Δ bias of Mamba-2 and Gated DeltaNet)."""
-    dt = torch.exp(torch.rand(n) * (math.log(high) - math.log(low)) + math.log(low))
-    return dt + torch.log(-torch.expm1(-dt))  # softplus⁻¹(dt)
+A_INIT = (1.0, 16.0)  # the reference module's initial range: A ~ U[1, 16] (Δ: model/init.py)
 
 
 class Mamba2(nn.Module):

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.eval.heads import RetrievalHeads, attention_layers
+from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
 from hybrid_lightning.eval.report import pool
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
+from hybrid_lightning.records import row
 
 SELECTIONS = {"top": "--mask-top", "random": "--mask-random", "list": "--mask"}  # selection -> its CLI option
 MASK_MODES = ("zero", "uniform")  # a masked head's output is 0 / its attention is uniform (logits 0)
@@ -125,24 +126,24 @@ def masked(model, heads: list[tuple[int, int]], mode: str = "zero"):
 
 def ablate(model, ev: LongContextEval, heads: list[tuple[int, int]], *, selection: str, k: int | None, seed: int | None,
            step: int, tokens: int, dtype: torch.dtype | None = None, base: list[dict] | None = None,
-           mode: str = "zero") -> list[dict]:
+           mode: str = "zero", draw: int | None = None) -> list[dict]:
     """Runs ``ev`` with and without ``heads`` masked (``mode``: ``MASK_MODES``); one row per (task, length),
     pooled over depths: exact match, token accuracy and answer loss unmasked and masked, and the chance
-    levels. ``base``: the unmasked run's records, when already evaluated."""
+    levels. ``base``: the unmasked run's records, when already evaluated; ``draw``: a control draw's index."""
     base = base if base is not None else ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     with masked(model, heads, mode):
         after = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     rows = []
     for task, length in dict.fromkeys((r["task"], r["length"]) for r in base):
         b, a = pool(base, task=task, length=length), pool(after, task=task, length=length)
-        rows.append({
-            "step": step, "tokens": tokens, "selection": selection, "mode": mode, "k": k, "seed": seed,
-            "masked": [list(h) for h in heads], "task": task, "length": length, "n": b["n"],
-            "accuracy": b["accuracy"], "masked_accuracy": a["accuracy"],
-            "token_accuracy": b["token_accuracy"], "masked_token_accuracy": a["token_accuracy"],
-            "answer_loss": b["answer_loss"], "masked_answer_loss": a["answer_loss"],
-            "chance_token_accuracy": b["chance_token_accuracy"], "chance_loss": b["chance_loss"],
-        })
+        rows.append(row(
+            "ablation", step=step, tokens=tokens, selection=selection, mode=mode, k=k, seed=seed, draw=draw,
+            masked=[list(h) for h in heads], task=task, length=length, n=b["n"],
+            accuracy=b["accuracy"], masked_accuracy=a["accuracy"],
+            token_accuracy=b["token_accuracy"], masked_token_accuracy=a["token_accuracy"],
+            answer_loss=b["answer_loss"], masked_answer_loss=a["answer_loss"],
+            chance_token_accuracy=b["chance_token_accuracy"], chance_loss=b["chance_loss"],
+        ))
     return rows
 
 
@@ -211,9 +212,9 @@ def control_test(model, ev: LongContextEval, report: dict, top: list[tuple[int, 
     rows, tests, top_harm = [], [], harm(top_rows)
     for selection, (match, draw_heads) in CONTROLS.items():
         harms = []
-        for i, draw in enumerate(draw_heads(report, top, controls, seed)):
-            mine = [r | {"draw": i} for r in ablate(model, ev, draw, selection=selection, k=len(top), seed=None, step=step,
-                                                    tokens=tokens, dtype=dtype, base=base, mode=mode)]
+        for i, heads in enumerate(draw_heads(report, top, controls, seed)):
+            mine = ablate(model, ev, heads, selection=selection, k=len(top), seed=None, step=step, tokens=tokens,
+                          dtype=dtype, base=base, mode=mode, draw=i)
             rows += mine
             harms.append(harm(mine))
         if harms:

@@ -1,5 +1,5 @@
 """The chance level of the probes' answers: what a predictor that knows the answer's format but retrieves
-nothing gets right under teacher forcing (``Sample.chance_correct``, eval/tasks.py).
+nothing gets right under teacher forcing (``Sample.chance_correct``, probes/tasks.py).
 
 The format is the value generator's own distribution (tasks.draw_value, the passkey range, variable
 tracking's names): the characters each position can hold, the lengths, the leading space, the fixed parts.
@@ -136,7 +136,7 @@ def answer_chance(tok, kind: str, values: list[str], vocabulary: tuple = ()) -> 
 
 def expected_correct(tok, pieces: list[tuple[str, list[float]]]) -> float:
     """Expected correct answer tokens of the format-only predictor: ``pieces`` are the answer's texts as the
-    probe tokenizes them one by one (``tasks.Piece``), each with the chance of each of its characters."""
+    probe tokenizes them one by one (``haystack.Piece``), each with the chance of each of its characters."""
     total = 0.0
     for text, chances in pieces:
         ids = tok.encode(text)
