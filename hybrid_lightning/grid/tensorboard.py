@@ -5,7 +5,8 @@ The grid's root gets the experiment summary (each axis with its values, and the 
 compare); each cell's run directory gets a session naming its axis values. The HParams plugin
 reads a session's metrics from the newest value of those scalars in the cell's run, so the
 table holds each cell's final ``train/loss``, validation metrics and, when the long-context
-evaluation ran, ``longctx/score`` and ``longctx/longppl`` (absent values stay empty).
+evaluation ran, ``longctx/score`` (lengths up to ``train.seq_len``), ``longctx/score_beyond`` (longer
+ones) and ``longctx/longppl``, and with ``data.text_val_files`` ``val/text_loss`` (absent values stay empty).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 from hybrid_lightning.grid.spec import Grid, format_value
 
-METRICS = ("train/loss", "val/loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score", "longctx/longppl")
+METRICS = ("train/loss", "val/loss", "val/text_loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score",
+           "longctx/score_beyond", "longctx/longppl")
 SUFFIX = ".hparams"  # the event files this module writes, told apart from the training logs
 
 
