@@ -2,76 +2,72 @@
 runs' tables with statistics over seeds (analysis/stats.py). ``analyze --findings`` puts them at the top
 of the report (also ``findings.md``), in ``findings.csv`` (one row per test) and ``findings_comparisons.csv``.
 
-Every test states its effect, a 95% bootstrap CI over seeds, a two-sided permutation p, the p after
-Holm's adjustment over all the tests of its finding, and the seeds per arm (an arm: the runs of one
+Every test states its effect, a 95% interval over seeds (Welch's t for a difference of two arms' means,
+``stats.interval``; the one-sample t for a mean of per-run values), a permutation p, the p after Holm's
+adjustment over all the tests of its finding, and the seeds per arm (an arm: the runs of one
 architecture). A test is ``reproduced`` with at least ``stats.MIN_SEEDS`` seeds per compared arm and an
 adjusted p < ``stats.ALPHA`` in the direction the paper states, ``refuted`` when significant in the
 opposite direction, otherwise ``inconclusive`` with the reason (too few seeds, CI spans 0, p too high);
 ``no signal`` where what the test looks at appeared in no run, ``not tested`` where the runs lack what it
-needs. The tests use the chance-corrected probe score ``longctx/token_acc`` (analysis/scores.py), the rise
-of ``val/retrieval_acc`` and the retrieval heads of eval/heads_step_<k>.json:
+needs, ``not testable at this budget`` where the runs stop before it can be seen. The tests use the
+chance-corrected probe score within the training length ``longctx/token_acc`` (analysis/scores.py) and its
+null standard error, the score beyond the training length for NoPE, the rise of ``val/retrieval_acc`` and
+the retrieval heads of eval/heads_step_<k>.json:
 
-1. Emergence, of the probe score and of the rise of ``val/retrieval_acc`` over the mean of each run's first
-   ``START_VALIDATIONS`` validations. Signal: some architecture ends with a seed-mean value >= ``SIGNAL``.
-   *Speed*: the tokens at which each seed first reaches one absolute level, ``SPEED_FRACTION`` of the lowest
-   seed peak among the architectures every seed of which rises to ``SIGNAL`` (so every compared seed reaches
-   it; an architecture that does not is left out, never counted as slower). p: permutation test of the
-   spread of the architectures' mean tokens; effect: slowest minus fastest mean. *Convergence*: the
-   spread (standard deviation) of the architectures' seed means at the evaluation halfway through the
-   common steps minus at the last common one; positive when they draw together.
+1. Emergence (analysis/emergence.py): *speed*, the tokens to each run's first evaluation above noise
+   (``emergence.SIGNAL_Z`` null standard errors) as censored times, restricted means and a permutation
+   test of their spread; *convergence*, the fall of the spread of the architectures' seed means from its
+   largest, only after every architecture has risen.
 2. Mechanism. *Where*: per SWA-hybrid run with retrieval heads at its last scoring, the share of them in
    full-attention layers minus the share of full-attention heads among its scored heads (> 0: retrieval
-   heads concentrate in full layers); p: the retrieval marks moved among each run's heads
-   (``stats.stratified_p``). *Ablation*: per run, the probe token accuracy drop (lengths within training)
-   from masking the top-K heads minus the mean drop of the random draws (mean over its checkpoints and
-   K): the layer-matched controls of ``heads --mask-top K --controls N`` where the checkpoint has them, else
-   the ``--mask-random K`` draws; p: the top-K masking swapped with the random draws of its checkpoint and
-   K. *Laziness*: among SWA hybrids with RoPE full layers, the rank correlation between the window and the
-   first step from which every later scoring has a retrieval head (a run without one ranks after every run
-   with one); > 0: larger windows form heads later.
+   heads concentrate in full layers), with a head-level null (the retrieval marks moved among each run's
+   heads, ``stats.stratified_p``) and a layer-level null at fixed depth (each layer's share of its run's
+   retrieval heads; the full-attention marks moved among the runs' layers of the same index). Only the
+   second tells attention type from depth; runs that all place their full layers at the same indices
+   cannot give it, and the test is then inconclusive. The pooled count comes with its exact binomial
+   interval (``scipy.stats.binomtest``). *Ablation*: per run, the probe token accuracy drop (lengths
+   within training) from masking the top-K heads minus the mean drop of the random draws (mean over its
+   checkpoints and K): the layer-matched controls of ``heads --mask-top K --controls N`` where the
+   checkpoint has them, else the ``--mask-random K`` draws; p: the top-K masking swapped with the random
+   draws of its checkpoint and K. *Laziness*: among SWA hybrids with RoPE full layers, the first step
+   from which every later scoring has a retrieval head, right-censored at the run's last scoring; for each
+   pair of adjacent windows a log-rank test (``stats.logrank``) and the difference of restricted mean
+   steps, larger window minus smaller. ``reproduced`` only if every pair is in the predicted direction
+   (larger later), at least one is significant after adjustment and none is significantly reversed; a
+   significant reversal refutes; a pair of windows none of whose runs formed a head is not testable, and
+   the test is then inconclusive.
 3. NoPE. For each pair of architectures differing only in ``model.pos.full``: the score beyond the training
-   length, NoPE minus RoPE (> 0), and the short-context cost, NoPE minus RoPE ``val/loss`` minus
-   ``LOSS_COST`` (< 0: the cost is below ``LOSS_COST`` nats per token).
+   length, NoPE minus RoPE (> 0), and the short-context cost on held-out natural text (``val/text_loss``,
+   never probe-format or synthetic documents), NoPE minus RoPE minus ``LOSS_COST`` (< 0: the cost is below
+   ``LOSS_COST`` nats per token).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy import stats as st
 
 from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.emergence import NOT_TESTABLE, emergence
 from hybrid_lightning.analysis.load import Runs
-from hybrid_lightning.analysis.stats import Comparison
+from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.units import si
 
 SCORE = "longctx/token_acc"
+SCORE_SE = "longctx/token_acc_se"
 SCORE_BEYOND = "longctx/token_acc_beyond"
 RETRIEVAL = "val/retrieval_acc"
-START_VALIDATIONS = 3  # the rise of val/retrieval_acc is over the mean of a run's first 3 validations
-SIGNAL = 0.05  # answer-token accuracy above chance that counts as retrieval
-SPEED_FRACTION = 0.5  # the speed level: this share of the lowest seed peak among the compared architectures
+TEXT_LOSS = "val/text_loss"  # held-out natural text only (training/system.py)
 LOSS_COST = 0.02  # nats per token: the short-context cost NoPE may have
 TEST_COLUMNS = ["finding", "test", "verdict", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
                 "reason", "evidence"]
 COMPARISON_COLUMNS = ["finding", "test", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
                       "verdict", "reason"]
-
-
-@dataclass
-class _Test:
-    """One test of a finding: its comparisons (none where the verdict is fixed) and its evidence in words."""
-
-    finding: str
-    test: str
-    comparisons: list[Comparison] = field(default_factory=list)
-    evidence: str = ""
-    verdict: str = ""  # fixed verdict (``no signal``, ``not tested``, ``inconclusive``) where nothing is compared
-    reason: str = ""
 
 
 def findings(runs: Runs) -> pd.DataFrame:
@@ -81,15 +77,16 @@ def findings(runs: Runs) -> pd.DataFrame:
 
 def verdicts(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(tests, comparisons). tests: one row per test: finding, test, verdict (``reproduced``, ``refuted``,
-    ``inconclusive``, ``no signal``, ``not tested``), compared (the comparison the verdict rests on), effect,
-    ci_low, ci_high (95% bootstrap over seeds), p, p_holm (Holm over the finding's tests), seeds (per arm,
-    ``5/5``), reason (why inconclusive), evidence (the numbers, in words). comparisons: every comparison
-    made, with its own verdict."""
+    ``inconclusive``, ``no signal``, ``not tested``, ``not testable at this budget``), compared (the
+    comparison the verdict rests on), effect, ci_low, ci_high (95% over seeds), p, p_holm (Holm over the
+    finding's tests), seeds (per arm, ``5/5``), reason (why not reproduced), evidence (the numbers, in words).
+    comparisons: every comparison made, with its own verdict."""
     tests, comparisons = [], []
-    for group in (_emergence(runs), _mechanism(runs), _nope(runs)):
+    for group in (emergence(runs.metrics, SCORE, SCORE_SE, RETRIEVAL), _mechanism(runs), _nope(runs)):
         stats.adjust([c for t in group for c in t.comparisons])
         for t in group:
-            decided = [(c, *c.verdict()) for c in t.comparisons]  # (comparison, verdict, reason)
+            decide = t.decide or Comparison.verdict
+            decided = [(c, *decide(c)) for c in t.comparisons]  # (comparison, verdict, reason)
             tests.append(_row(t, decided))
             comparisons += [{"finding": t.finding, "test": t.test, **_numbers(c), "verdict": verdict, "reason": reason}
                             for c, verdict, reason in decided]
@@ -102,109 +99,34 @@ def _numbers(c: Comparison) -> dict:
             "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds)}
 
 
-def _row(t: _Test, decided: list[tuple[Comparison, str, str]]) -> dict:
-    """A test's verdict from its comparisons (``decided``: each with its verdict and reason): reproduced where
-    some comparison is and none is refuted, refuted the other way round, else inconclusive; the numbers of the
-    comparison it rests on."""
+def _row(t: Test, decided: list[Decided]) -> dict:
+    """A test's verdict from its comparisons (``decided``: each with its verdict and reason): the test's own
+    ``combine`` where it has one, else reproduced where some comparison is and none is refuted, refuted the
+    other way round, else inconclusive; the numbers of the comparison it rests on."""
     row = {"finding": t.finding, "test": t.test, "verdict": t.verdict, "compared": "", "effect": math.nan, "unit": "",
            "ci_low": math.nan, "ci_high": math.nan, "p": math.nan, "p_holm": math.nan, "seeds": "", "reason": t.reason,
            "evidence": t.evidence}
     if not decided:
         return row
+    shown, verdict, reason = (t.combine or _combine)(decided)
+    return row | _numbers(shown) | {"verdict": verdict, "reason": reason}
+
+
+def _combine(decided: list[Decided]) -> Decided:
     by = {v: [d for d in decided if d[1] == v] for v in ("reproduced", "refuted")}
     if by["reproduced"] and by["refuted"]:
-        shown, verdict = by["reproduced"][0], "inconclusive"
-        reason = f"{len(by['reproduced'])} comparisons reproduced, {len(by['refuted'])} refuted"
-    else:
-        pool = by["reproduced"] or by["refuted"] or decided
-        shown = min(pool, key=lambda d: (_nan_last(d[0].p_adj), -abs(d[0].effect)))
-        verdict, reason = shown[1], shown[2]
-    return row | _numbers(shown[0]) | {"verdict": verdict, "reason": reason}
+        return (by["reproduced"][0][0], "inconclusive",
+                f"{len(by['reproduced'])} comparisons reproduced, {len(by['refuted'])} refuted")
+    return _strongest(by["reproduced"] or by["refuted"] or decided)
+
+
+def _strongest(decided: list[Decided]) -> Decided:
+    """The comparison with the smallest adjusted p (then the largest effect)."""
+    return min(decided, key=lambda d: (_nan_last(d[0].p_adj), -abs(_nan_last(d[0].effect))))
 
 
 def _nan_last(p: float) -> float:
     return math.inf if math.isnan(p) else p
-
-
-def _emergence(runs: Runs) -> list[_Test]:
-    tests = _emergence_of(runs.metrics, SCORE, "probes")
-    # In-context retrieval at the training length on synthetic validation sequences: each run's rise
-    # over the mean of its first validations (chance is not logged for it).
-    acc = runs.metrics[runs.metrics["metric"] == RETRIEVAL].sort_values("step")
-    start = acc.groupby("run")["value"].transform(lambda v: v.iloc[:START_VALIDATIONS].mean())
-    rise = acc.assign(value=acc["value"] - start)
-    return tests + _emergence_of(rise, RETRIEVAL, "val/retrieval_acc rise")
-
-
-def _emergence_of(metrics: pd.DataFrame, tag: str, what: str) -> list[_Test]:
-    f = "1. emergence speed"
-    curve = tables.curves(metrics, tag)
-    if curve.empty:
-        return [_Test(f, f"speed ({what})", verdict="not tested", evidence=f"no run has logged {tag}")]
-    final = curve.sort_values("step").groupby("label").last()["mean"]
-    finals = ", ".join(f"{label}: {v:.3f}" for label, v in final.sort_values(ascending=False).items())
-    if final.max() < SIGNAL:
-        text = f"final seed-mean {what} below {SIGNAL} for every architecture ({finals})"
-        return [_Test(f, f"speed ({what})", verdict="no signal", evidence=text),
-                _Test(f, f"convergence ({what})", verdict="no signal", evidence=text)]
-    # each run's values at the steps every seed of its architecture has reached: run x step
-    d = metrics[metrics["metric"] == tag].merge(curve[["label", "step"]], on=["label", "step"])
-    values = d.pivot_table(index="run", columns="step", values="value")
-    tokens = d.pivot_table(index="run", columns="step", values="tokens")
-    arms = {label: sorted(g["run"].unique()) for label, g in d.groupby("label")}
-    return [_speed(f, what, values, tokens, arms), _convergence(f, what, values, arms, finals)]
-
-
-def _speed(f: str, what: str, values: pd.DataFrame, tokens: pd.DataFrame, arms: dict[str, list[str]]) -> _Test:
-    peaks = values.max(axis=1)
-    reach = {label: runs for label, runs in arms.items() if peaks[runs].min() >= SIGNAL}
-    left_out = sorted(set(arms) - set(reach))
-    out = f"; left out (a seed stays below {SIGNAL}): {', '.join(left_out)}" if left_out else ""
-    if len(reach) < 2:
-        return _Test(f, f"speed ({what})", verdict="inconclusive", reason=f"fewer than two architectures reach {SIGNAL} in every seed",
-                     evidence=f"architectures whose every seed reaches {SIGNAL}: {', '.join(reach) or 'none'}{out}")
-    level = SPEED_FRACTION * min(peaks[runs].min() for runs in reach.values())
-    # tokens at the first evaluation at or above the level: every seed of these arms has one
-    first = pd.Series(tokens.to_numpy()[np.arange(len(values)), values.ge(level).to_numpy().argmax(axis=1)], values.index)
-    samples = {label: first[runs].to_numpy(float) for label, runs in reach.items()}
-    order = sorted(samples, key=lambda k: samples[k].mean())
-    fastest, slowest = order[0], order[-1]
-    arms = [samples[k] for k in order]
-    comparison = Comparison(f"{slowest} - {fastest}", float(samples[slowest].mean() - samples[fastest].mean()),
-                            stats.bootstrap_ci([samples[slowest], samples[fastest]]),
-                            stats.permutation_p(arms, _spread, upper=True), 0, tuple(len(a) for a in arms), "tokens")
-    means = "; ".join(f"{k}: {si(samples[k].mean())} ({len(samples[k])} seed{'s' * (len(samples[k]) > 1)})" for k in order)
-    return _Test(f, f"speed ({what})", [comparison],
-                 f"level {level:.3f}; mean tokens to reach it: {means}{out}. p: spread of the {len(arms)} "
-                 "architectures' means under relabelling of seeds")
-
-
-def _spread(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Between-architecture sum of squares of the arms' means (the one-way ANOVA numerator): (B, N) -> (B,)."""
-    grand = x.mean(axis=1)
-    return sum((groups == g).sum() * (x[:, groups == g].mean(axis=1) - grand) ** 2 for g in np.unique(groups))
-
-
-def _spread_shrink(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Rows (value halfway, value at the last common step): the standard deviation of the arms' means halfway
-    minus at the end; positive when the architectures draw together. (B, N, 2) -> (B,)."""
-    means = np.stack([x[:, groups == g].mean(axis=1) for g in np.unique(groups)], axis=1)  # (B, arms, 2)
-    sd = means.std(axis=1)  # (B, 2)
-    return sd[:, 0] - sd[:, 1]
-
-
-def _convergence(f: str, what: str, values: pd.DataFrame, arms: dict[str, list[str]], finals: str) -> _Test:
-    test = f"convergence ({what})"
-    common = values.dropna(axis=1)
-    steps = list(common.columns)
-    if len(arms) < 2 or len(steps) < 2:
-        return _Test(f, test, verdict="not tested", evidence="fewer than two architectures or common evaluation steps")
-    middle = steps[(len(steps) - 1) // 2]  # the evaluation halfway through the common steps
-    rows = [common.loc[runs, [middle, steps[-1]]].to_numpy(float) for runs in arms.values()]
-    comparison = Comparison.of(f"spread at step {middle} - at step {steps[-1]}", rows, +1, _spread_shrink)
-    sd = [np.std([r[:, i].mean() for r in rows]) for i in (0, 1)]
-    return _Test(f, test, [comparison], f"standard deviation of the {len(arms)} architectures' seed means: "
-                 f"{sd[0]:.3f} at step {middle}, {sd[1]:.3f} at step {steps[-1]}; finals {finals}")
 
 
 def _swa_hybrids(c: pd.DataFrame) -> pd.Series:
@@ -213,15 +135,15 @@ def _swa_hybrids(c: pd.DataFrame) -> pd.Series:
     return windowed & c["model.pattern"].astype(str).str.contains("E")
 
 
-def _mechanism(runs: Runs) -> list[_Test]:
+def _mechanism(runs: Runs) -> list[Test]:
     return [_where(runs), _ablation(runs), _laziness(runs)]
 
 
-def _where(runs: Runs) -> _Test:
+def _where(runs: Runs) -> Test:
     f, c = "2. retrieval heads", runs.configs
     h = runs.heads[runs.heads["run"].isin(c[_swa_hybrids(c)]["run"])]
     if h.empty:
-        return _Test(f, "where", verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
+        return Test(f, "where", verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
     last = h[h["step"] == h.groupby("run")["step"].transform("max")]
     # Only heads that could reach a copy source compete: a head whose window never held one cannot score, so
     # counting it would make full layers win by geometry. Records without reachability (written before it was
@@ -230,86 +152,186 @@ def _where(runs: Runs) -> _Test:
     if reach:
         last = last[last["reach_steps"] > 0]
     retrieval = last["reach_retrieval" if reach else "retrieval"].astype(bool)
-    last = last.assign(retrieval=retrieval)
-    full = last["kind"].eq(FULL)
-    per_run = pd.DataFrame({"heads": full.groupby(last["run"]).mean(), "retrieval": retrieval.groupby(last["run"]).sum(),
-                            "retrieval_full": (retrieval & full).groupby(last["run"]).sum()})
+    last = last.assign(retrieval=retrieval, full=last["kind"].eq(FULL))
+    per_run = pd.DataFrame({"heads": last["full"].groupby(last["run"]).mean(), "retrieval": retrieval.groupby(last["run"]).sum(),
+                            "retrieval_full": (retrieval & last["full"]).groupby(last["run"]).sum()})
     with_heads = per_run[per_run["retrieval"] > 0]
     among = "among the heads that could reach a copy source" if reach else "among all heads (no reachability recorded)"
-    evidence = (f"{int(per_run['retrieval'].sum())} retrieval heads at the last scoring of {len(per_run)} SWA hybrids "
-                f"{among}, {int(per_run['retrieval_full'].sum())} in full-attention layers, in {len(with_heads)} runs")
+    k, n = int(per_run["retrieval_full"].sum()), int(per_run["retrieval"].sum())
+    evidence = (f"{n} retrieval heads at the last scoring of {len(per_run)} SWA hybrids {among}, {k} in "
+                f"full-attention layers, in {len(with_heads)} runs")
     if with_heads.empty:
-        return _Test(f, "where", verdict="no signal", evidence=evidence)
+        return Test(f, "where", verdict="no signal", evidence=evidence)
+    ci = st.binomtest(k, n).proportion_ci(stats.LEVEL, method="exact")
+    mine = last[last["run"].isin(with_heads.index)]
     excess = with_heads["retrieval_full"] / with_heads["retrieval"] - with_heads["heads"]
-    # null: within each run, the retrieval heads are any heads of that run (as many)
-    p = stats.stratified_p([(g["kind"].eq(FULL).to_numpy(), g["retrieval"].to_numpy())
-                            for _, g in last[last["run"].isin(with_heads.index)].groupby("run")])
-    comparison = Comparison.paired("share of retrieval heads in full layers - share of heads there", excess.to_numpy(), p, +1)
-    return _Test(f, "where", [comparison], evidence + "; per run: "
-                 + ", ".join(f"{run}: {r['retrieval_full']:.0f}/{r['retrieval']:.0f} vs {r['heads']:.2f}"
-                             for run, r in with_heads.iterrows()))
+    # head-level null: within each run, the retrieval heads are any heads of that run (as many)
+    head_p = stats.stratified_p([(g["full"].to_numpy(), g["retrieval"].to_numpy()) for _, g in mine.groupby("run")])
+    heads = Comparison.paired("share of retrieval heads in full layers - share of heads there (head-level null)",
+                              excess.to_numpy(), head_p, +1)
+    depth, placements = _where_at_depth(mine)
+    text = (f"; pooled share in full layers {k}/{n} = {k / n:.2f} (exact 95% CI {ci.low:.2f} to {ci.high:.2f}) vs "
+            f"{(mine['full'].groupby(mine['run']).mean()).mean():.2f} of the heads; full layers at {placements}; per run: "
+            + ", ".join(f"{run}: {r['retrieval_full']:.0f}/{r['retrieval']:.0f} vs {r['heads']:.2f}" for run, r in with_heads.iterrows()))
+    return Test(f, "where", [heads, depth], evidence + text, combine=_where_verdict)
 
 
-def _ablation(runs: Runs) -> _Test:
+def _where_at_depth(last: pd.DataFrame) -> tuple[Comparison, str]:
+    """The layer-level comparison at fixed depth. Per run and layer, the layer's share of the run's retrieval
+    heads; per run, the share in its full layers minus the mean share of the same layer indices in the runs
+    where they are all SWA layers (> 0: full attention holds more retrieval heads than the same depth does
+    without it); p: the full-attention marks moved among the runs' layers of one index (``stats.stratified_p``
+    with layer indices as strata). NaN where no run has such a counterpart. Also the placements, in words."""
+    layers = last.groupby(["run", "layer"]).agg(full=("full", "any"), retrieval=("retrieval", "sum")).reset_index()
+    layers["share"] = layers["retrieval"] / layers["run"].map(layers.groupby("run")["retrieval"].sum())
+    share = layers.pivot(index="run", columns="layer", values="share")  # run x layer
+    full = layers.pivot(index="run", columns="layer", values="full").fillna(False).astype(bool)
+    differences = []
+    for run in share.index:
+        at = full.columns[full.loc[run].to_numpy()]
+        others = full.index[~full[at].any(axis=1).to_numpy()]
+        if len(at) and len(others):
+            differences.append(share.loc[run, at].sum() - share.loc[others, at].sum(axis=1).mean())
+    mixed = [(g["share"].to_numpy(), g["full"].to_numpy()) for _, g in layers.groupby("layer")]
+    placements = layers[layers["full"]].groupby("run")["layer"].agg(tuple).value_counts()
+    text = ", ".join(f"layers {list(p)} in {n} runs" for p, n in placements.items())
+    p = stats.stratified_p(mixed) if differences else math.nan
+    comparison = Comparison.paired("full-layer share - share of the same layers where SWA (layer-level null)",
+                                   np.array(differences if differences else [math.nan]), p, +1)
+    return comparison, text
+
+
+def _where_verdict(decided: list[Decided]) -> Decided:
+    """Reproduced only where the head-level and the depth-controlled comparison are; refuted where either is
+    refuted; inconclusive where attention type and depth cannot be told apart."""
+    (heads, hv, hr), (depth, dv, dr) = decided
+    if math.isnan(depth.p):
+        return heads, "inconclusive", ("attention type confounded with depth: every run has its full layers at the "
+                                       "same layer indices (a placement such as FEEE beside EEEF tells them apart)"
+                                       + (f"; head level: {hv}" if hv != "inconclusive" else f"; head level: {hr}"))
+    if "refuted" in (hv, dv):
+        return (heads, hv, hr) if hv == "refuted" else (depth, dv, dr)
+    if hv == dv == "reproduced":
+        return depth, "reproduced", ""
+    return (depth, dv, dr) if dv != "reproduced" else (heads, hv, hr)
+
+
+def _ablation(runs: Runs) -> Test:
     f = "2. retrieval heads"
     a = tables.ablation(runs.ablations, runs.configs)
     if a.empty or "top" not in set(a["selection"]) or not set(tables.DRAWS) & set(a["selection"]):
-        return _Test(f, "ablation", verdict="not tested",
-                     evidence="no run has both a top-K head ablation and random draws (controls or random K heads)")
+        return Test(f, "ablation", verdict="not tested",
+                    evidence="no run has both a top-K head ablation and random draws (controls or random K heads)")
     a = a[a["within"]]  # within the training length, where retrieval can have formed
-    keys = ["run", "step", "k"]  # one masking experiment: a checkpoint and a K
-    draws = a.groupby([*keys, "selection", "seed", "draw"], dropna=False)["token_drop"].mean().reset_index()
-    # the null draws of an experiment: its layer-matched controls where it has them, else its random K heads
-    null = draws[draws["selection"].isin(tables.DRAWS)]
-    controlled = null["selection"].eq("control").groupby([null[k] for k in keys]).transform("any")
-    random = null[null["selection"].eq("control") | ~controlled]
-    per = pd.DataFrame({"top": draws[draws["selection"] == "top"].groupby(keys)["token_drop"].mean(),
-                        "random": random.groupby(keys)["token_drop"].mean(),
+    draws = a.groupby([*ABLATION_KEYS, "selection", "seed", "draw"], dropna=False)["token_drop"].mean().reset_index()
+    # the null draws of an experiment: its layer-matched controls where it has them, else its random K heads;
+    # beside them, its draws of non-retrieval heads (Wu et al.'s contrast) where it has them
+    null = draws[draws["selection"].isin(("control", "random"))]
+    controlled = null["selection"].eq("control").groupby([null[k] for k in ABLATION_KEYS]).transform("any")
+    nulls = {"layer-matched": null[null["selection"].eq("control") | ~controlled],
+             "non-retrieval": draws[draws["selection"].eq("control_nonretrieval")]}
+    tests = [_against(draws[draws["selection"] == "top"], n, name) for name, n in nulls.items() if len(n)]
+    tests = [t for t in tests if t is not None]
+    if not tests:
+        return Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both a top-K masking and random draws")
+    return Test(f, "ablation", [c for c, _ in tests], "; ".join(text for _, text in tests))
+
+
+ABLATION_KEYS = ["run", "step", "k"]  # one masking experiment: a checkpoint and a K
+
+
+def _against(top: pd.DataFrame, random: pd.DataFrame, name: str) -> tuple[Comparison, str] | None:
+    """The top-K maskings against one kind of random draws (``name``): per run the top-K drop minus the
+    draws' mean drop; p: within each experiment the top-K masking is one more draw (``stats.stratified_p``)."""
+    keys = ABLATION_KEYS
+    per = pd.DataFrame({"top": top.groupby(keys)["token_drop"].mean(), "random": random.groupby(keys)["token_drop"].mean(),
                         "draws": random.groupby(keys).size()}).dropna()
     if per.empty:
-        return _Test(f, "ablation", verdict="not tested", evidence="no checkpoint and K with both a top-K masking and random draws")
-    # null: within each experiment, the top-K masking is one more random draw of K heads
+        return None
     strata = {key: (np.r_[per.loc[key, "top"], g["token_drop"].to_numpy()], np.r_[True, np.zeros(len(g), bool)])
               for key, g in random.groupby(keys) if key in per.index}
     # share of the maskings at least as harmful as the top-K (the top-K counted among them)
     as_harmful = {key: (v >= v[0]).mean() for key, (v, _) in strata.items()}
     by_run = per.groupby(level="run")[["top", "random"]].mean()
     k = ", ".join(sorted({str(int(x)) for x in per.index.get_level_values("k")}))
-    kind = " and ".join({"control": "layer-matched random draws", "random": "random K heads outside the top K"}[s]
-                        for s in sorted(set(random["selection"])))
-    comparison = Comparison.paired(f"top-K drop - random-K drop (K = {k})", (by_run["top"] - by_run["random"]).to_numpy(),
+    kind = " and ".join({"control": "layer-matched random draws", "random": "random K heads outside the top K",
+                         "control_nonretrieval": "random draws of non-retrieval heads"}[s] for s in sorted(set(random["selection"])))
+    comparison = Comparison.paired(f"top-K drop - {name} random-K drop (K = {k})", (by_run["top"] - by_run["random"]).to_numpy(),
                                    stats.stratified_p(list(strata.values())), +1)
-    return _Test(f, "ablation", [comparison],
-                 f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, {kind} "
-                 f"{by_run['random'].mean():.3f}; per run, step and K: "
-                 + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (draws: {int(r['draws'])}, "
-                             f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
+    return comparison, (f"probe token accuracy drop over {len(by_run)} runs: top-K heads {by_run['top'].mean():.3f}, {kind} "
+                        f"{by_run['random'].mean():.3f}; per run, step and K: "
+                        + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (draws: {int(r['draws'])}, "
+                                    f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
 
 
-def _laziness(runs: Runs) -> _Test:
+def _laziness(runs: Runs) -> Test:
     f, c = "2. retrieval heads", runs.configs
     rope = c[_swa_hybrids(c) & c["model.pos.full"].eq("rope")]
     first = tables.first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
     if first["window"].nunique() < 2:
-        return _Test(f, "laziness", verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
-    by_window = first.groupby("window")
-    evidence = ("first step with a retrieval head for good, per window (seeds; never = none by the end; mean and 95% "
-                "bootstrap CI where every seed has one): "
-                + "; ".join(f"W={int(w)}: {', '.join('never' if np.isnan(x) else str(int(x)) for x in g['first_step'])}"
-                            + _mean_with_ci(g["first_step"].to_numpy(float)) for w, g in by_window))
-    if first["first_step"].isna().all():
-        return _Test(f, "laziness", verdict="no signal", evidence=evidence)
-    arms = [g["first_step"].fillna(np.inf).to_numpy(float) for _, g in by_window]  # never ranks last
-    comparison = Comparison.of("rank correlation of window and first-head step", arms, +1, stats.rank_correlation)
-    return _Test(f, "laziness", [comparison], evidence)
+        return Test(f, "laziness", verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
+    first = first.assign(event=first["first_step"].notna(), time=first["first_step"].fillna(first["scored_until"]))
+    by_window = {int(w): g for w, g in first.groupby("window")}
+    evidence = ("first step with a retrieval head for good, per window (seeds; never (S): none by the last scoring "
+                "at step S, a censored time): " + "; ".join(f"W={w}: {_first_steps(g)}" for w, g in by_window.items()))
+    if not first["event"].any():
+        return Test(f, "laziness", verdict="no signal", evidence=evidence)
+    windows = sorted(by_window)
+    pairs = [_window_pair(by_window[a], by_window[b], a, b) for a, b in zip(windows, windows[1:])]
+    return Test(f, "laziness", pairs, evidence, decide=_pair_verdict, combine=_monotone)
 
 
-def _mean_with_ci(steps: np.ndarray) -> str:
-    low, high = stats.mean_ci(steps)
-    return "" if np.isnan(low) else f" (mean {steps.mean():.0f}, CI {low:.0f} to {high:.0f})"
+def _first_steps(g: pd.DataFrame) -> str:
+    steps = ", ".join(str(int(t)) if e else f"never ({int(t)})" for t, e in zip(g["time"], g["event"]))
+    median = stats.km_median(g["time"], g["event"])
+    return steps + f" (Kaplan-Meier median {'not reached' if math.isnan(median) else f'{median:.0f}'})"
 
 
-def _nope(runs: Runs) -> list[_Test]:
+def _window_pair(small: pd.DataFrame, large: pd.DataFrame, ws: int, wl: int) -> Comparison:
+    """Log-rank test of two windows' censored first-head steps, and their restricted means up to the earlier of
+    the two arms' last scorings (every run is observed until then): larger window minus smaller, > 0 as
+    laziness predicts; Welch's interval."""
+    tau = min(small["scored_until"].min(), large["scored_until"].min())
+    a, b = np.minimum(small["time"], tau).to_numpy(float), np.minimum(large["time"], tau).to_numpy(float)
+    z, p = stats.logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
+    what = f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z) else f"W={wl} - W={ws}"
+    return Comparison(what, float(b.mean() - a.mean()), stats.interval(b, a), p, +1, (len(b), len(a)), "steps")
+
+
+def _pair_verdict(c: Comparison) -> tuple[str, str]:
+    if math.isnan(c.p):
+        return NOT_TESTABLE, "no run of either window formed a retrieval head (both arms censored)"
+    return c.verdict()
+
+
+def _monotone(decided: list[Decided]) -> Decided:
+    """Reproduced if every adjacent pair is in the predicted direction, one is significant and none is
+    significantly reversed; refuted by a significant reversal; else inconclusive with the reason."""
+    reversed_ = [d for d in decided if d[1] == "refuted"]
+    if reversed_:
+        c, _, _ = _strongest(reversed_)
+        return c, "refuted", f"{_pair_name(c)}: significantly earlier for the larger window"
+    untestable = [d for d in decided if d[1] == NOT_TESTABLE]
+    against = [d for d in decided if d not in untestable and not d[0].effect > 0]
+    if untestable or against:
+        shown = (untestable or against)[0]
+        why = [f"{_pair_name(d[0])}: not testable (both arms censored)" for d in untestable]
+        why += [f"{_pair_name(d[0])}: " + ("against the predicted direction" if d[0].effect < 0 else
+                                          "no difference up to the earlier last scoring") for d in against]
+        return shown[0], "inconclusive", "; ".join(why)
+    significant = [d for d in decided if d[1] == "reproduced"]
+    if significant:
+        return _strongest(significant)[0], "reproduced", ""
+    c, verdict, reason = _strongest(decided)
+    return c, verdict, f"every pair in the predicted direction, none significant ({reason})"
+
+
+def _pair_name(c: Comparison) -> str:
+    """``W=64 - W=32`` of a window pair's comparison."""
+    return c.what.split(" restricted")[0]
+
+
+def _nope(runs: Runs) -> list[Test]:
     f, c = "3. NoPE on full layers", runs.configs
     arch = c.drop_duplicates("label").set_index("label")["arch"].map(json.loads)
     groups: dict[str, dict[str, str]] = {}
@@ -320,9 +342,9 @@ def _nope(runs: Runs) -> list[_Test]:
             groups.setdefault(rest, {})[identity["model.pos.full"]] = label
     pairs = [p for p in groups.values() if {"rope", "nope"} <= p.keys()]
     if not pairs:
-        return [_Test(f, "beyond and cost", verdict="not tested", evidence="no SWA hybrid pair differing only in model.pos.full")]
+        return [Test(f, "beyond and cost", verdict="not tested", evidence="no SWA hybrid pair differing only in model.pos.full")]
     beyond = tables.final_values(runs.metrics, SCORE_BEYOND).set_index("run")["value"]
-    loss = tables.final_values(runs.metrics, "val/loss").set_index("run")["value"]
+    loss = tables.final_values(runs.metrics, TEXT_LOSS).set_index("run")["value"]
     runs_of = c.groupby("label")["run"].agg(list)
     tests = []
     for p in pairs:
@@ -331,16 +353,17 @@ def _nope(runs: Runs) -> list[_Test]:
         nl, rl = loss.reindex(nope).dropna().to_numpy(), loss.reindex(rope).dropna().to_numpy()
         pair = f"{p['nope']} vs {p['rope']}"
         if len(nb) and len(rb):
-            tests.append(_Test(f, f"beyond: {p['rope']}", [Comparison.of("NoPE - RoPE score beyond", [nb, rb], +1)],
-                               f"{pair}: score beyond the training length NoPE {nb.mean():.3f} vs RoPE {rb.mean():.3f}"))
+            tests.append(Test(f, f"beyond: {p['rope']}", [Comparison.of("NoPE - RoPE score beyond", [nb, rb], +1)],
+                              f"{pair}: score beyond the training length NoPE {nb.mean():.3f} vs RoPE {rb.mean():.3f}"))
         else:
-            tests.append(_Test(f, f"beyond: {p['rope']}", verdict="not tested", evidence=f"{pair}: a run lacks {SCORE_BEYOND}"))
+            tests.append(Test(f, f"beyond: {p['rope']}", verdict="not tested", evidence=f"{pair}: a run lacks {SCORE_BEYOND}"))
         if len(nl) and len(rl):
-            cost = Comparison.of(f"NoPE - RoPE val/loss - {LOSS_COST}", [nl - LOSS_COST, rl], -1, unit="nats")
-            tests.append(_Test(f, f"cost: {p['rope']}", [cost], f"{pair}: val/loss NoPE {nl.mean():.4f} vs RoPE "
+            cost = Comparison.of(f"NoPE - RoPE {TEXT_LOSS} - {LOSS_COST}", [nl - LOSS_COST, rl], -1, unit="nats")
+            tests.append(Test(f, f"cost: {p['rope']}", [cost], f"{pair}: {TEXT_LOSS} NoPE {nl.mean():.4f} vs RoPE "
                                f"{rl.mean():.4f} (cost {nl.mean() - rl.mean():+.4f} nats; allowed {LOSS_COST})"))
         else:
-            tests.append(_Test(f, f"cost: {p['rope']}", verdict="not tested", evidence=f"{pair}: a run lacks val/loss"))
+            tests.append(Test(f, f"cost: {p['rope']}", verdict="not tested", evidence=f"{pair}: a run lacks {TEXT_LOSS} "
+                              "(the loss on held-out natural text; val/loss is on data.files, which may be probe documents)"))
     return tests
 
 

@@ -38,7 +38,7 @@ from hybrid_lightning.rundir import (
 )
 
 # TensorBoard scalars read by default; the others are skipped while reading.
-TAGS = ("train/loss", "train/tokens", "val/loss", "val/synthetic_loss", "val/retrieval_acc")
+TAGS = ("train/loss", "train/tokens", "val/loss", "val/text_loss", "val/synthetic_loss", "val/retrieval_acc")
 HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of heads_step_<k>.json "total"
 PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)  # the provenance's parameter counts
 # configs' own columns

@@ -67,11 +67,12 @@ def _findings(runs: Runs, out: Path) -> str:
     return "\n".join([
         "## Findings of the paper at this scale\n",
         "Each verdict follows a fixed rule (`analysis/findings.py` states the rules): the effect over seeds with "
-        "its 95% bootstrap CI, a permutation p and the p after Holm's adjustment over the tests of the finding; "
+        "its 95% interval (Welch's t), a permutation or log-rank p and the p after Holm's adjustment over the tests of the finding; "
         "`reproduced` needs 3 seeds per compared arm and an adjusted p < 0.05 in the paper's direction, "
         "`refuted` the same in the opposite one, otherwise `inconclusive` with the reason; `no signal`: the "
         "phenomenon the test looks at did not appear in any run; `not tested`: the runs lack what the test "
-        f"needs. These runs: {len(c)}, {_scale(c)}. CSV: `findings.csv` (one row per test), "
+        "needs; `not testable at this budget`: the runs end before it can be seen. "
+        f"These runs: {len(c)}, {_scale(c)}. CSV: `findings.csv` (one row per test), "
         "`findings_comparisons.csv`.\n",
         table,
         "\nWhat a proper test needs: the paper's scale (15M-477M non-embedding parameters, 100N-1000N tokens: "
@@ -151,7 +152,7 @@ def _laziness(runs: Runs, out: Path) -> str:
     text = ["## 2. Laziness: retrieval heads by SWA window\n",
             "Retrieval heads (score above the run's `eval.heads.threshold`) and the highest head score against "
             "training tokens. First retrieval head: the first scored step from which every scoring has at least one; "
-            "means over the seeds that have one (`runs_with_head` of `runs`), with a 95% bootstrap CI of the mean "
+            "means over the seeds that have one (`runs_with_head` of `runs`), with a 95% t interval of the mean "
             "where every seed has one.\n"]
     if first.empty:
         return "\n".join(text + ["No run has retrieval-head scores (eval/heads_step_<k>.json) yet.\n"])

@@ -86,7 +86,7 @@ def first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
 def first_heads_by_arch(first: pd.DataFrame) -> pd.DataFrame:
     """``first_heads`` per architecture: window, runs, runs_with_head, the mean, min and max of first_step and
     first_tokens over the runs that have a retrieval head (NaN where none has), and first_step_ci_low/high: a
-    95% bootstrap CI of the mean first step over seeds (``stats.mean_ci``), where at least two runs have a head
+    95% t interval of the mean first step over seeds (``stats.mean_ci``), where at least two runs have a head
     and every run has one (a run without one has no step to average)."""
     g = first.groupby("label", sort=True)
     out = g.agg(window=("window", "first"), runs=("run", "count"), runs_with_head=("first_step", "count"),
@@ -189,7 +189,8 @@ ABLATION_COLUMNS = ["run", "label", "step", "selection", "k", "seed", "draw", "h
                     "chance_token_accuracy"]
 
 
-DRAWS = ("control", "random")  # selections drawn at random: layer-matched controls, or any heads outside the top K
+# selections drawn at random: layer-matched controls, controls among non-retrieval heads, any heads outside the top K
+DRAWS = ("control", "control_nonretrieval", "random")
 
 
 def ablation(ablations: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:

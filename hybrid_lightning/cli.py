@@ -247,7 +247,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
     else:
         selection, k = ("list" if args.mask else None), None
     report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []), args.seed,
-                              args.controls, args.mask_each)
+                              args.controls, args.mask_each, args.mask_mode)
     print(heads_table(report))
     if selection is not None:
         print(ablation_table({**report, "ablation": [r for r in report["ablation"] if r["selection"] == selection]}))
@@ -307,7 +307,10 @@ def _add_heads_parser(sub) -> None:
     mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
     p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
     p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many heads "
-                   "from the same layers, and the permutation p of the top K against them (default 20; 0 = none)")
+                   "from the same layers and N of non-retrieval heads, seeded by --seed, the run and the step, and the "
+                   "permutation p of the top K against each (default 20; 0 = none)")
+    p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero", help="zero: a masked head's output is 0; "
+                   "uniform: its pre-softmax logits are 0, so it attends uniformly (Wu et al.) (default zero)")
     p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
     p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
                    help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-import numpy as np
-
 
 def _doc(text: str = ""):
     return dataclasses.field(metadata={"doc": text})
@@ -36,8 +34,9 @@ class LongContextCell:
     answer_tokens: int = _doc()
     token_accuracy: float = _doc()
     answer_loss: float = _doc()
-    chance_token_accuracy: float = _doc()
-    chance_loss: float = _doc()
+    chance_token_accuracy: float = _doc("answer tokens a format-only predictor gets right, expected, over "
+                                        "`answer_tokens`")
+    chance_loss: float = _doc("-log P(answer) per answer token under the same predictor")
     distance: float = _doc("mean tokens from the needle value to the first answer prediction")
     generated: int = _doc("samples decoded")
     generated_exact: float | None = _doc()
@@ -134,10 +133,11 @@ class Ablation:
     step: int = _doc()
     tokens: int = _doc()
     selection: str = _doc("`top`, `random`, `list`, `control`: a random draw from the top K's layers, "
-                          "`single`: one head alone")
+                          "`control_nonretrieval`: a random draw of K non-retrieval heads, `single`: one head alone")
+    mode: str = _doc("`zero`: the heads' outputs 0, `uniform`: their pre-softmax logits 0")
     k: int | None = _doc()
-    seed: int | None = _doc("random and control only")
-    draw: int | None = _doc("control only: the draw's index")
+    seed: int | None = _doc("random only")
+    draw: int | None = _doc("controls only: the draw's index")
     masked: list = _doc("[layer, head] pairs")
     task: str = _doc()
     length: int = _doc()
@@ -162,7 +162,7 @@ NOTES = {"ablation": "a new ablation with the same selection, K, seed and heads 
 # window split, tasks): samples weigh exact match, answer tokens the token measures, decoded samples
 # the generation measures.
 POOL_WEIGHTS = {"accuracy": "n", "token_accuracy": "answer_tokens", "answer_loss": "answer_tokens",
-                "chance_loss": "answer_tokens", "generated_exact": "generated", "match_all": "generated",
+                "chance_token_accuracy": "answer_tokens", "chance_loss": "answer_tokens", "generated_exact": "generated", "match_all": "generated",
                 "match_part": "generated"}
 
 
@@ -202,16 +202,15 @@ def weighted_sums(rows: list[dict]) -> dict:
 
 def pooled(sums: Mapping) -> dict:
     """The pooled measures from ``weighted_sums`` (numbers, or pandas columns of sums): exact match,
-    token accuracy, answer loss, chance loss, the chance accuracy exp(-chance loss), and ``score`` =
-    token accuracy minus its chance level; with ``generated`` among the sums, the generation measures
-    too (None where nothing was decoded)."""
+    token accuracy, answer loss, the chance accuracy (of a format-only predictor, probes/chance.py) and
+    chance loss, and ``score`` = token accuracy minus its chance level; with ``generated`` among the
+    sums, the generation measures too (None where nothing was decoded)."""
     tokens = sums["answer_tokens"]
-    chance_loss = sums["chance_loss"] / tokens
     token_accuracy = sums["token_accuracy"] / tokens
-    chance = np.exp(-chance_loss)
+    chance = sums["chance_token_accuracy"] / tokens
     out = {"n": sums["n"], "accuracy": sums["accuracy"] / sums["n"], "token_accuracy": token_accuracy,
-           "answer_loss": sums["answer_loss"] / tokens, "chance_token_accuracy": chance, "chance_loss": chance_loss,
-           "score": token_accuracy - chance}
+           "answer_loss": sums["answer_loss"] / tokens, "chance_token_accuracy": chance,
+           "chance_loss": sums["chance_loss"] / tokens, "score": token_accuracy - chance}
     if "generated" in sums:
         gen = sums["generated"]
         out |= {"generated": gen, **{m: sums[m] / gen if gen else None for m, w in POOL_WEIGHTS.items() if w == "generated"}}

@@ -173,6 +173,8 @@ def test_profiles_are_checked_and_resources_follow_the_cell(tmp_path):
 
 
 def test_status_reads_the_last_loss_and_a_long_context_score_when_present(tmp_path):
+    """score (longctx/score, lengths up to train.seq_len) and beyond (longctx/score_beyond): a run whose
+    probes are all longer than its training length still shows a score."""
     from torch.utils.tensorboard import SummaryWriter
 
     grid = load_grid(write_grid(tmp_path, axes={"seed": [0, 1]}))
@@ -184,14 +186,15 @@ def test_status_reads_the_last_loss_and_a_long_context_score_when_present(tmp_pa
     writer.close()
     writer = SummaryWriter(str(without.run_dir))
     writer.add_scalar("train/loss", 2.5, 0)
+    writer.add_scalar("longctx/score_beyond", 0.125, 0)
     writer.close()
     rows = cell_states(grid)
-    assert (rows[0].step, rows[0].loss, rows[0].longctx) == (5, 2.0, 0.375)
-    assert (rows[1].step, rows[1].loss, rows[1].longctx) == (1, 2.5, None)
+    assert (rows[0].step, rows[0].loss, rows[0].longctx, rows[0].longctx_beyond) == (5, 2.0, 0.375, None)
+    assert (rows[1].step, rows[1].loss, rows[1].longctx, rows[1].longctx_beyond) == (1, 2.5, None, 0.125)
     table = status_table(rows).splitlines()
-    assert table[0].split() == ["cell", "state", "step", "loss", "score", "job", "log"]
-    assert table[1].split()[:6] == ["seed=0", "not", "submitted", "5/20", "2.000", "0.375"]
-    assert table[2].split()[4:6] == ["2.500", "-"] and table[3] == "2 cells: 2 not submitted"
+    assert table[0].split() == ["cell", "state", "step", "loss", "score", "beyond", "job", "log"]
+    assert table[1].split()[:7] == ["seed=0", "not", "submitted", "5/20", "2.000", "0.375", "-"]
+    assert table[2].split()[4:7] == ["2.500", "-", "0.125"] and table[3] == "2 cells: 2 not submitted"
 
 
 def test_stop_on_request_saves_and_resumes_without_a_gap(tmp_path):

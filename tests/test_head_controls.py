@@ -120,9 +120,9 @@ def test_top_k_against_layer_matched_draws_gives_the_known_p():
     model = copier(s.distance())
     scored = RetrievalHeads(cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)
     cfg = cfg.model_copy(update={"heads": cfg.heads.model_copy(update={"selection_seed": cfg.seed})})
-    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, controls=20, seed=3, step=0, tokens=0)
-    (test,) = out["ablation_tests"]
-    draws = layer_matched_draws(scored, [(2, COPY_HEAD)], 20, seed=3)
+    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, controls=20, seed=3, step=0, tokens=0, run_key=5)
+    test, nonretrieval = out["ablation_tests"]
+    draws = layer_matched_draws(scored, [(2, COPY_HEAD)], 20, seed=[3, 5, 0])  # seeded by the seed, the run and the step
     hits = sum(d == [(2, COPY_HEAD)] for d in draws)
     assert 0 < hits < 20 and all(layer == 2 for d in draws for layer, _ in d)
     assert test["harm"] > 0.5 and test["draws"] == 20 and test["match"] == "layer"
@@ -131,3 +131,31 @@ def test_top_k_against_layer_matched_draws_gives_the_known_p():
     controls = [r for r in out["ablation"] if r["selection"] == "control"]
     assert [r["draw"] for r in controls] == list(range(20)) and all(r["k"] == 1 for r in controls)
     assert np.allclose([r["masked_accuracy"] for r in controls], [0.0 if d == [(2, COPY_HEAD)] else 1.0 for d in draws])
+    # the contrast of Wu et al.: K heads drawn among the non-retrieval heads (the copy head is a retrieval head)
+    assert nonretrieval["match"] == "non-retrieval" and nonretrieval["draws"] == 20
+    assert nonretrieval["draw_harms"] == pytest.approx([0.0] * 20) and nonretrieval["p"] == 1 / 21
+    assert out["ablation"][0]["mode"] == "zero"
+    fresh = layer_matched_draws(scored, [(2, COPY_HEAD)], 20, seed=[3, 6, 0])  # another run: other draws
+    assert fresh != draws
+
+
+def test_uniform_masking_makes_a_head_average_the_values_it_sees():
+    """``--mask-mode uniform``: the head's pre-softmax logits are 0, so its output at position t is the mean
+    of the values at positions 0 ... t (a full-attention layer), as Wu et al. mask heads; zero mode gives 0."""
+    from hybrid_lightning.heads.ablation import masked
+
+    model = copier(5)
+    mixer = model.layers[2].mixer
+    x = torch.randn(1, 12, 256, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(mixer.wo.weight.dtype)
+    others = [(2, h) for h in range(mixer.n_heads) if h != COPY_HEAD]
+    with masked(model, others), masked(model, [(2, COPY_HEAD)], "uniform"):
+        out = mixer(x)  # only the copy head's output, attending uniformly
+    _, _, v = mixer.project(x, 0)
+    v = v[:, COPY_HEAD // (mixer.n_heads // mixer.n_kv)]  # (B, T, Dh): its kv head
+    mean = v.cumsum(dim=1) / torch.arange(1, 13, dtype=v.dtype).view(1, -1, 1)
+    Dh = mixer.head_dim
+    expected = mean @ mixer.wo.weight[:, COPY_HEAD * Dh : (COPY_HEAD + 1) * Dh].T
+    torch.testing.assert_close(out, expected)
+    with masked(model, [(2, h) for h in range(mixer.n_heads)]):
+        assert mixer(x).abs().max() == 0
+    assert mixer.uniform_heads is None and mixer.head_mask is None  # restored

@@ -58,9 +58,13 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     assert row["task"] == "passkey" and row["length"] == 512 and row["n"] == 2
     assert offline["selection"]["seed"] == 1
     assert sorted(map(tuple, row["masked"])) == sorted((h["layer"], h["head"]) for h in offline["selection"]["heads"])
-    (test,) = offline["ablation_tests"]
-    assert test["masked"] == row["masked"] and test["draw_harms"] == [test["harm"]] * 3 and test["p"] == 1.0
+    # against layer-matched draws and, where at least K heads are not retrieval heads, draws of those
+    tests = offline["ablation_tests"]
+    assert [t["match"] for t in tests] == ["layer", "non-retrieval"][: len(tests)] and len(tests) >= 1
+    for test in tests:
+        assert test["masked"] == row["masked"] and test["draw_harms"] == [test["harm"]] * 3 and test["p"] == 1.0
     assert len([r for r in offline["ablation"] if r["selection"] == "control"]) == 3
+    nonretrieval = ["control_nonretrieval"] * 3 * (len(tests) - 1)
     assert len([r for r in offline["ablation"] if r["selection"] == "single"]) == 4
 
     # an older checkpoint gives that step's record; a random ablation is added beside the top one
@@ -70,7 +74,7 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     assert "step 9 " in capsys.readouterr().out
     assert main(["heads", str(run_dir), "--mask-random", "1", "--seed", "3"]) == 0
     after = read(run_dir / "eval" / "heads_step_14.json")
-    assert [r["selection"] for r in after["ablation"]] == ["top"] + ["control"] * 3 + ["single"] * 4 + ["random"]
+    assert [r["selection"] for r in after["ablation"]] == ["top"] + ["control"] * 3 + nonretrieval + ["single"] * 4 + ["random"]
     assert after["ablation_tests"] == offline["ablation_tests"]
 
     # user errors: exit code 2, a message naming the bad option, no traceback

@@ -2,7 +2,6 @@
 tables and analysis's columns come from it, and the long-context pooling is one function."""
 
 import ast
-import math
 
 import pandas as pd
 import pytest
@@ -40,13 +39,16 @@ def test_a_row_has_every_field_in_order_and_refuses_others():
 def test_the_evaluation_and_analysis_pool_alike():
     """eval.report.pool (lists of dicts) and analysis.scores.pooled (frames) give the same figures."""
     cells = [CELL, CELL | dict(depth=1.0, n=3, accuracy=1 / 3, answer_tokens=15, token_accuracy=0.2, answer_loss=2.0,
-                               chance_loss=2.0, generated=3, generated_exact=1 / 3, match_all=0.5, match_part=0.5)]
+                               chance_token_accuracy=0.3, chance_loss=2.0, generated=3, generated_exact=1 / 3,
+                               match_all=0.5, match_part=0.5)]
     p = pool(cells, task="passkey")
     frame = pooled_frame(pd.DataFrame(cells), ["task"]).iloc[0]
     assert p["accuracy"] == pytest.approx(2 / 5) == frame["exact"]
     assert p["token_accuracy"] == pytest.approx((6 + 3) / 25)
     assert p["chance_loss"] == pytest.approx((23 + 30) / 25)
-    assert frame["token_acc"] == pytest.approx(p["score"]) == pytest.approx(9 / 25 - math.exp(-53 / 25))
+    # the chance accuracy pools as the token measures do (the format-only predictor's, probes/chance.py)
+    assert p["chance_token_accuracy"] == pytest.approx((1 + 4.5) / 25)
+    assert frame["token_acc"] == pytest.approx(p["score"]) == pytest.approx((9 - 5.5) / 25)
     assert frame["loss_gain"] == pytest.approx(p["chance_loss"] - p["answer_loss"])
     assert p["generated"] == 3 and p["match_all"] == 0.5  # generation measures over the decoded cell only
     assert pool(cells[:1])["match_all"] is None

@@ -209,6 +209,10 @@ class DataConfig(_Frozen):
     min_doc_tokens: Whole | None = Field(None, ge=1, description="keep only documents of at least this many tokens (long-document"
                                        " corpora)")
     val_fraction: Number = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
+    # Validation only (a loader of its own, after the others): training's samples and steps do not depend on it.
+    text_val_files: tuple[str, ...] = Field((), description="held-out natural text (files or globs, never synthetic or "
+                                            "probe documents) for val/text_loss, the short-context cost; () = none",
+                                            **role(BOOKKEEPING))
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     cache_dir: str | None = Field(None, description="token stores live in `<cache_dir>/store/<fingerprint>`; null = "
                                   "`$HYBRID_LIGHTNING_CACHE` or `~/.cache/hybrid_lightning`", **role(BOOKKEEPING))

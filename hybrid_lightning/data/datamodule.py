@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybrid_lightning.config import RunConfig
+from hybrid_lightning.data.corpus import iter_documents
 from hybrid_lightning.data.store import TokenStream, open_store
 from hybrid_lightning.data.synthetic import RetrievalSynth
 from hybrid_lightning.data.tokenizer import load_tokenizer
@@ -111,6 +112,7 @@ class LMDataModule(L.LightningDataModule):
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.train_tokens: TokenStream | None = None  # the store's shards, memory-mapped
         self.val_tokens: np.ndarray | None = None
+        self.text_val_tokens: np.ndarray | None = None  # data.text_val_files, for val/text_loss
 
     def prepare_data(self) -> None:
         open_store(self.cfg.data, tokenizer=self.tokenizer)  # prepares the token store once (local rank 0)
@@ -121,6 +123,18 @@ class LMDataModule(L.LightningDataModule):
         store = open_store(self.cfg.data, tokenizer=self.tokenizer)
         store.check_fits(self.cfg.train.seq_len)
         self.train_tokens, self.val_tokens = store.train, store.val
+        if self.cfg.data.text_val_files:
+            self.text_val_tokens = self._text_val_tokens()
+
+    def _text_val_tokens(self) -> np.ndarray:
+        """The documents of ``data.text_val_files``, tokenized and joined by end-of-document tokens."""
+        d = self.cfg.data
+        docs = iter_documents(d.model_copy(update={"files": d.text_val_files, "hub": None}))
+        tokens = np.concatenate([np.r_[self.tokenizer.encode(doc), self.tokenizer.eos_id] for doc in docs] or [np.zeros(0)])
+        if tokens.size < self.cfg.train.seq_len + 1:
+            raise ValueError(f"data.text_val_files: {tokens.size} tokens, fewer than one sequence of train.seq_len + 1 "
+                             f"= {self.cfg.train.seq_len + 1}")
+        return tokens.astype(np.int64)
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
@@ -137,14 +151,19 @@ class LMDataModule(L.LightningDataModule):
             persistent_workers=self.cfg.data.num_workers > 0,
         )
 
-    def val_dataloader(self) -> list[DataLoader]:
-        """Fixed sets: held-out real text (val/loss) and, when mixed in, synthetic retrieval sequences
-        with the mask of their queried-value tokens."""
-        B, n, T = self.cfg.train.batch_size, self.cfg.train.val_batches * self.cfg.train.batch_size, self.cfg.train.seq_len
-        n_windows = (self.val_tokens.size - 1) // T
+    def _windows(self, tokens: np.ndarray) -> torch.Tensor:
+        """Up to train.val_batches x batch_size sequences of seq_len + 1 tokens spread evenly over ``tokens``."""
+        n, T = self.cfg.train.val_batches * self.cfg.train.batch_size, self.cfg.train.seq_len
+        n_windows = (tokens.size - 1) // T
         starts = np.linspace(0, n_windows - 1, min(n, n_windows)).astype(int) * T
-        real = torch.stack([torch.from_numpy(np.asarray(self.val_tokens[s : s + T + 1], dtype=np.int64)) for s in starts])
-        loaders = [DataLoader(real, batch_size=B)]
+        return torch.stack([torch.from_numpy(np.asarray(tokens[s : s + T + 1], dtype=np.int64)) for s in starts])
+
+    def val_dataloader(self) -> list[DataLoader]:
+        """Fixed sets: held-out real text (val/loss); when mixed in, synthetic retrieval sequences with the
+        mask of their queried-value tokens; with ``data.text_val_files``, their natural text (val/text_loss,
+        always the last loader)."""
+        B, n, T = self.cfg.train.batch_size, self.cfg.train.val_batches * self.cfg.train.batch_size, self.cfg.train.seq_len
+        loaders = [DataLoader(self._windows(self.val_tokens), batch_size=B)]
         syn = self.cfg.data.synthetic
         if syn.fraction > 0:
             synth = RetrievalSynth(self.tokenizer, self.val_tokens, syn)
@@ -152,4 +171,6 @@ class LMDataModule(L.LightningDataModule):
             seqs = torch.stack([torch.from_numpy(ids) for ids, _ in samples])  # (n, T+1)
             targets = torch.stack([torch.from_numpy(mask) for _, mask in samples])  # (n, T+1) queried values
             loaders.append(DataLoader(torch.utils.data.TensorDataset(seqs, targets), batch_size=B))
+        if self.text_val_tokens is not None:
+            loaders.append(DataLoader(self._windows(self.text_val_tokens), batch_size=B))
         return loaders

@@ -110,7 +110,8 @@ class LongContextEvaluation(PeriodicEvaluation):
 
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict | None:
         if self._eval is None:
-            self._eval = LongContextEval(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens)
+            self._eval = LongContextEval(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens,
+                                         seq_len=self.cfg.train.seq_len)
         if not self._eval.specs and not self._eval.sequences:
             return None
         every = self.cfg.eval.generate_every_n_steps

@@ -4,6 +4,7 @@ and head ablations)."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
 
     run = load_checkpoint(run_dir, ckpt, overrides)
     check_lengths(run.cfg.eval, run.data.tokenizer)
-    ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens)
+    ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens, seq_len=run.cfg.train.seq_len)
     if ev.sequences and run.cfg.eval.longppl_evaluator is not None:
         ev.keys = evaluator_key_tokens(run.cfg, ev.sequences, next(run.model.parameters()).device, run.dtype)
         if ev.keys.key is None:
@@ -77,10 +78,10 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
 
 def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = (),
                      selection: str | None = None, k: int | None = None, listed: list[tuple[int, int]] = (),
-                     seed: int = 0, controls: int = 0, each: bool = False) -> dict:
+                     seed: int = 0, controls: int = 0, each: bool = False, mode: str = "zero") -> dict:
     """Retrieval scores of every attention head of a checkpoint (``load_checkpoint``) with the run's
     ``eval.heads:`` config and, with a ``selection`` or ``each``, head ablations on the run's ``eval:``
-    probes (``ablation.ablations``: heads chosen on held-out probes, ``controls`` layer-matched random
+    probes (``ablation.ablations``, masking in ``mode``: heads chosen on held-out probes, ``controls`` random
     draws against the top K, every head alone). Writes ``eval/heads_step_<k>.json`` and returns the
     report, its ``ablation`` rows and ``ablation_tests`` included."""
     from hybrid_lightning.heads.ablation import ablations
@@ -93,6 +94,7 @@ def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overri
     report = RetrievalHeads(run.cfg.eval, tok, held_out).run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
     if selection is not None or each:
         report |= ablations(run.model, run.cfg.eval, tok, held_out, report, selection=selection, k=k, listed=listed, seed=seed,
-                            controls=controls, each=each, step=run.step, tokens=run.tokens, dtype=run.dtype)
+                            controls=controls, each=each, step=run.step, tokens=run.tokens, dtype=run.dtype, mode=mode,
+                            run_key=zlib.crc32(Path(run_dir).resolve().name.encode()))
     write_heads(run_dir, report)
     return report

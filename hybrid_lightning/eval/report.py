@@ -35,18 +35,27 @@ def mean_over_cells(records: list[dict], measure: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def score(report: dict) -> float | None:
+def within(report: dict, beyond: bool = False) -> list[dict]:
+    """The report's records of lengths up to the training length ``seq_len`` (every record where the report
+    has none), or with ``beyond`` those of longer lengths."""
+    seq_len = report.get("seq_len")
+    return [r for r in report["records"] if (seq_len is not None and r["length"] > seq_len) == beyond]
+
+
+def score(report: dict, beyond: bool = False) -> float | None:
     """``longctx/score``, the headline: answer-token accuracy above chance (teacher-forced, the
-    accuracy of a model that knows the values' distribution but retrieves nothing subtracted; 0 = no
-    retrieval), averaged over (task, length), each pooled over depths. It moves long before exact
-    match does."""
-    return mean_over_cells(report["records"], "score")
+    accuracy of a predictor that knows the answer's format but retrieves nothing subtracted,
+    probes/chance.py; 0 = no retrieval), averaged over (task, length) up to the training length
+    (retrieval, not extrapolation), each pooled over depths; with ``beyond`` over the longer lengths
+    (``longctx/score_beyond``). It moves long before exact match does."""
+    return mean_over_cells(within(report, beyond), "score")
 
 
 def headline(report: dict) -> dict[str, float | None]:
-    """The report's summary figures: ``score`` and, beside it, exact match and RULER's generation scores."""
+    """The report's summary figures: ``score`` and ``score_beyond`` and, beside them, exact match and
+    RULER's generation scores (over every length)."""
     records = report["records"]
-    return {"score": score(report), "exact": mean_over_cells(records, "accuracy"),
+    return {"score": score(report), "score_beyond": score(report, beyond=True), "exact": mean_over_cells(records, "accuracy"),
             **{k: mean_over_cells(records, k) for k in ("match_all", "match_part")}}
 
 
@@ -118,7 +127,8 @@ def table(report: dict) -> str:
                          f"({p['chance_loss']:.3f}){match:>11}")
     h = headline(report)
     if h["score"] is not None:
-        lines.append("score (answer-token accuracy above chance) " + f"{h['score']:.3f}, exact match {h['exact']:.3f}"
+        beyond = "" if h["score_beyond"] is None else f", beyond the training length {h['score_beyond']:.3f}"
+        lines.append("score (answer-token accuracy above chance) " + f"{h['score']:.3f}{beyond}, exact match {h['exact']:.3f}"
                      + ("" if h["match_all"] is None else f", generation string_match_all {h['match_all']:.3f}"
                         f" / string_match_part {h['match_part']:.3f}"))
     if report["position_loss"]:

@@ -94,7 +94,9 @@ class LongContextEval:
         keys: LongPPL's key tokens of ``sequences`` (``longppl.evaluator_key_tokens``); None = not reported.
     """
 
-    def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray, keys: KeyTokens | None = None):
+    def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray, keys: KeyTokens | None = None,
+                 seq_len: int | None = None):
+        self.seq_len = seq_len  # the training length, recorded in each report: the headline score is within it
         self.cfg, self.ctx = cfg, GenContext(tokenizer, held_out, cfg.value_tokens, cfg.vt_example)
         self.specs = [(t, L, d, i) for L in cfg.lengths for t in cfg.tasks for d in cfg.depths for i in range(cfg.samples)]
         n, T = cfg.position_sequences, cfg.position_len + 1
@@ -173,7 +175,7 @@ class LongContextEval:
                 "records", step=step, tokens=tokens, task=task, length=length, depth=depth,
                 in_window=w if window is not None else None, n=int(s["n"]), accuracy=s["exact"] / s["n"],
                 answer_tokens=int(s["tokens"]), token_accuracy=s["correct"] / s["tokens"],
-                answer_loss=s["nll"] / s["tokens"], chance_token_accuracy=math.exp(-s["chance_nll"] / s["tokens"]),
+                answer_loss=s["nll"] / s["tokens"], chance_token_accuracy=s["chance_correct"] / s["tokens"],
                 chance_loss=s["chance_nll"] / s["tokens"], distance=s["distance"] / s["n"],
                 generated=int(s["generated"]), **{k: s[stat] / s["generated"] if s["generated"] else None
                                                   for k, stat in GENERATION_FIELDS.items()},
@@ -191,5 +193,5 @@ class LongContextEval:
             ppl=math.exp(nll / n), evaluator=self.keys.evaluator,
             reason=self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key tokens",
         )]
-        return {"step": step, "tokens": tokens, "window": window, "records": records,
+        return {"step": step, "tokens": tokens, "window": window, "seq_len": self.seq_len, "records": records,
                 "position_loss": position_rows, "longppl": longppl_rows}

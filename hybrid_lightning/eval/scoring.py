@@ -34,11 +34,12 @@ import torch.nn.functional as F
 from hybrid_lightning.probes.tasks import Sample
 
 # Per-sample statistics summed into cells: samples, exact matches, answer tokens, correct answer
-# tokens, answer NLL (nats), chance NLL (nats, -log P(answer) under the value prior), distance
-# (tokens from the needle value to the first answer prediction); then samples with a generation,
-# generations that start with the answer, RULER's string_match_all and string_match_part.
-STATS = ("n", "exact", "tokens", "correct", "nll", "chance_nll", "distance", "generated", "gen_exact", "match_all",
-         "match_part")
+# tokens, answer NLL (nats), chance NLL (nats, -log P(answer) under the value prior), the answer tokens a
+# format-only predictor gets right (expected; probes/chance.py), distance (tokens from the needle value to
+# the first answer prediction); then samples with a generation, generations that start with the answer,
+# RULER's string_match_all and string_match_part.
+STATS = ("n", "exact", "tokens", "correct", "nll", "chance_nll", "chance_correct", "distance", "generated", "gen_exact",
+         "match_all", "match_part")
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -170,7 +171,7 @@ def score_samples(model, samples: list[Sample], chunk: int, dtype: torch.dtype |
     stats = torch.stack([
         torch.ones_like(n_tok), (n_correct == n_tok).long(), n_tok, n_correct,
     ], dim=1).double()
-    extra = torch.tensor([[s.chance_nll, s.distance()] for s in samples], dtype=torch.float64, device=device)
+    extra = torch.tensor([[s.chance_nll, s.chance_correct, s.distance()] for s in samples], dtype=torch.float64, device=device)
     gen = torch.zeros(len(samples), 4, dtype=torch.float64, device=device)
     if tokenizer is not None:
         gen = _generation_stats(model, fork, logits, ids, lengths, start, samples, tokenizer, dtype)

@@ -102,13 +102,15 @@ def dry_run_table(grid: Grid) -> str:
 
 
 def status_table(rows: list[CellState]) -> str:
-    table = [["cell", "state", "step", "loss", "score", "job", "log"]]  # score: the last longctx/score
+    # score, beyond: the last longctx/score (lengths up to train.seq_len) and longctx/score_beyond (longer ones)
+    table = [["cell", "state", "step", "loss", "score", "beyond", "job", "log"]]
     for r in rows:
         table.append([
-            r.name, r.state, f"{r.step or 0}/{r.max_steps}", "-" if r.loss is None else f"{r.loss:.3f}",
-            "-" if r.longctx is None else f"{r.longctx:.3f}", r.job_id or "-", r.log or "-",
+            r.name, r.state, f"{r.step or 0}/{r.max_steps}", *("-" if v is None else f"{v:.3f}" for v in (r.loss, r.longctx,
+                                                                                                        r.longctx_beyond)),
+            r.job_id or "-", r.log or "-",
         ])
     counts = Counter(r.state for r in rows)
-    lines = [format_table(table, left=(0, 1, 5, 6)), f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    lines = [format_table(table, left=(0, 1, 6, 7)), f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
     lines += [f"{r.state} {r.name}: {r.reason}" for r in rows if r.reason and r.state in ("failed", "cancelled", "incomplete")]
     return "\n".join(lines)

@@ -6,7 +6,8 @@ Each cell's run directory gets a session naming its values; the first cell's als
 summary (each hparam with its values, and the metrics to compare), so that the grid's root holds no
 event file, which TensorBoard would list as a stray run ``.``. The HParams plugin reads a session's
 metrics from the newest value of those scalars in the cell's run, so the table holds each cell's final
-``train/loss``, validation metrics and, when the long-context evaluation ran, ``longctx/score`` and
+``train/loss``, validation metrics (``val/text_loss`` with ``data.text_val_files``) and, when the long-context
+evaluation ran, ``longctx/score`` (lengths up to ``train.seq_len``), ``longctx/score_beyond`` (longer ones) and
 ``longctx/longppl`` (absent values stay empty).
 """
 

@@ -1,6 +1,9 @@
-"""Head ablation after Wu et al. 2024 (arXiv 2404.15574): mask chosen attention heads (their output
-multiplied by 0 through ``Attention.head_mask``) and rerun the long-context (NIAH) evaluation; the
-drop against the unmasked model says whether those heads carry retrieval.
+"""Head ablation after Wu et al. 2024 (arXiv 2404.15574): mask chosen attention heads and rerun the
+long-context (NIAH) evaluation; the drop against the unmasked model says whether those heads carry
+retrieval. Two masking modes (``MASK_MODES``): ``zero``, the head's output multiplied by 0
+(``Attention.head_mask``); ``uniform``, the head's pre-softmax logits set to 0 (its query zeroed,
+``Attention.uniform_heads``), so that it attends uniformly over the keys it can see and outputs the mean
+of their values, as Wu et al. mask heads.
 
 Heads are chosen as the top K by retrieval score, K random heads drawn (seeded) among the attention
 heads outside that top K, so that the control never masks a head the top-K ablation masks, or an
@@ -8,9 +11,11 @@ explicit list ``layer.head``. The scores that choose them come from held-out pro
 seed, ``eval.heads.selection_seed``), so the heads are not chosen on the probes they are tested on.
 
 Tests the setup cannot force: the top K against ``controls`` random draws of as many heads from the
-same layers (per layer as many as the top K has there), with the permutation p
-(1 + #{draws at least as harmful}) / (1 + draws), harm being the drop in token accuracy; and every
-attention head masked alone.
+same layers (per layer as many as the top K has there; selection ``control``) and against as many draws
+of K heads that are not retrieval heads (Wu et al.'s contrast; selection ``control_nonretrieval``), each
+with the permutation p (1 + #{draws at least as harmful}) / (1 + draws), harm being the drop in token
+accuracy; the draws are seeded by the given seed, the run and the step, so that every run and checkpoint
+gets fresh ones; and every attention head masked alone.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 from hybrid_lightning.records import row
 
 SELECTIONS = {"top": "--mask-top", "random": "--mask-random", "list": "--mask"}  # selection -> its CLI option
+MASK_MODES = ("zero", "uniform")  # a masked head's output is 0 / its attention is uniform (logits 0)
 
 
 def parse_heads(items: list[str]) -> list[tuple[int, int]]:
@@ -94,35 +100,44 @@ def check_no_tie(report: dict, k: int, option: str = "--mask-top") -> None:
 
 
 @contextlib.contextmanager
-def masked(model, heads: list[tuple[int, int]]):
-    """Within the block, the output of each (layer, head) in ``heads`` is zero."""
+def masked(model, heads: list[tuple[int, int]], mode: str = "zero"):
+    """Within the block, each (layer, head) in ``heads`` is masked: its output zero (``mode`` zero) or its
+    attention uniform over the keys it can see (``uniform``: pre-softmax logits 0)."""
+    if mode not in MASK_MODES:
+        raise ValueError(f"--mask-mode: {mode!r} is not one of {list(MASK_MODES)}")
     layers = dict(attention_layers(model))
-    saved = {i: m.head_mask for i, m in layers.items()}
+    saved = {i: (m.head_mask, m.uniform_heads) for i, m in layers.items()}
     try:
         for layer, head in heads:
             mixer = layers[layer]
-            mask = torch.ones(mixer.n_heads, device=mixer.wo.weight.device) if mixer.head_mask is None else mixer.head_mask.clone()
-            mask[head] = 0.0
-            mixer.head_mask = mask
+            device = mixer.wo.weight.device
+            if mode == "zero":
+                mixer.head_mask = torch.ones(mixer.n_heads, device=device) if mixer.head_mask is None else mixer.head_mask.clone()
+                mixer.head_mask[head] = 0.0
+            else:
+                mixer.uniform_heads = (torch.zeros(mixer.n_heads, dtype=torch.bool, device=device)
+                                       if mixer.uniform_heads is None else mixer.uniform_heads.clone())
+                mixer.uniform_heads[head] = True
         yield
     finally:
         for i, m in layers.items():
-            m.head_mask = saved[i]
+            m.head_mask, m.uniform_heads = saved[i]
 
 
 def ablate(model, ev: LongContextEval, heads: list[tuple[int, int]], *, selection: str, k: int | None, seed: int | None,
-           step: int, tokens: int, dtype: torch.dtype | None = None, base: list[dict] | None = None) -> list[dict]:
-    """Runs ``ev`` with and without ``heads`` masked; one row per (task, length), pooled over depths:
-    exact match, token accuracy and answer loss unmasked and masked, and the chance levels. ``base``:
-    the unmasked run's records, when already evaluated."""
+           step: int, tokens: int, dtype: torch.dtype | None = None, base: list[dict] | None = None,
+           mode: str = "zero", draw: int | None = None) -> list[dict]:
+    """Runs ``ev`` with and without ``heads`` masked (``mode``: ``MASK_MODES``); one row per (task, length),
+    pooled over depths: exact match, token accuracy and answer loss unmasked and masked, and the chance
+    levels. ``base``: the unmasked run's records, when already evaluated; ``draw``: a control draw's index."""
     base = base if base is not None else ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
-    with masked(model, heads):
+    with masked(model, heads, mode):
         after = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     rows = []
     for task, length in dict.fromkeys((r["task"], r["length"]) for r in base):
         b, a = pool(base, task=task, length=length), pool(after, task=task, length=length)
         rows.append(row(
-            "ablation", step=step, tokens=tokens, selection=selection, k=k, seed=seed, draw=None,
+            "ablation", step=step, tokens=tokens, selection=selection, mode=mode, k=k, seed=seed, draw=draw,
             masked=[list(h) for h in heads], task=task, length=length, n=b["n"],
             accuracy=b["accuracy"], masked_accuracy=a["accuracy"],
             token_accuracy=b["token_accuracy"], masked_token_accuracy=a["token_accuracy"],
@@ -160,9 +175,10 @@ def permutation_p(observed: float, draws: list[float]) -> float:
     return (1 + sum(d >= observed for d in draws)) / (1 + len(draws))
 
 
-def layer_matched_draws(report: dict, top: list[tuple[int, int]], n: int, seed: int) -> list[list[tuple[int, int]]]:
+def layer_matched_draws(report: dict, top: list[tuple[int, int]], n: int, seed) -> list[list[tuple[int, int]]]:
     """``n`` random head sets matched to ``top`` layer by layer: from each layer holding c heads of
-    ``top``, c of its attention heads (the top ones included: a draw may equal ``top``)."""
+    ``top``, c of its attention heads (the top ones included: a draw may equal ``top``). ``seed``: an int
+    or a sequence of ints (numpy's seeding)."""
     rng = np.random.default_rng(seed)
     per_layer = Counter(layer for layer, _ in top)
     heads_of = {layer: sorted(r["head"] for r in report["heads"] if r["layer"] == layer) for layer in per_layer}
@@ -174,31 +190,51 @@ def layer_matched_draws(report: dict, top: list[tuple[int, int]], n: int, seed: 
     return draws
 
 
+def nonretrieval_draws(report: dict, top: list[tuple[int, int]], n: int, seed) -> list[list[tuple[int, int]]]:
+    """``n`` random sets of len(top) attention heads among those that are not retrieval heads in ``report``
+    (Wu et al.'s contrast), from any layer; empty where there are fewer such heads than len(top)."""
+    pool_ = sorted((r["layer"], r["head"]) for r in report["heads"] if not r.get("retrieval"))
+    if len(pool_) < len(top):
+        return []
+    rng = np.random.default_rng(seed)
+    return [sorted(pool_[i] for i in rng.choice(len(pool_), size=len(top), replace=False)) for _ in range(n)]
+
+
+CONTROLS = {"control": ("layer", layer_matched_draws), "control_nonretrieval": ("non-retrieval", nonretrieval_draws)}
+
+
 def control_test(model, ev: LongContextEval, report: dict, top: list[tuple[int, int]], top_rows: list[dict],
-                 base: list[dict], *, controls: int, seed: int, step: int, tokens: int,
-                 dtype: torch.dtype | None = None) -> tuple[list[dict], dict]:
-    """The top-K ablation (its rows ``top_rows``) against ``controls`` layer-matched random draws
-    (``layer_matched_draws``): the draws' ablation rows (selection ``control``, ``draw`` = its index)
-    and the test: harm of the top K, of every draw, and the permutation p."""
-    rows, harms, top_harm = [], [], harm(top_rows)
-    for i, draw in enumerate(layer_matched_draws(report, top, controls, seed)):
-        mine = [r | {"draw": i} for r in ablate(model, ev, draw, selection="control", k=len(top), seed=seed, step=step,
-                                                tokens=tokens, dtype=dtype, base=base)]
-        rows += mine
-        harms.append(harm(mine))
-    test = {"step": step, "tokens": tokens, "k": len(top), "masked": [list(h) for h in top], "seed": seed,
-            "match": "layer", "draws": controls, "measure": "token_accuracy drop", "harm": top_harm, "draw_harms": harms,
-            "p": permutation_p(top_harm, harms)}
-    return rows, test
+                 base: list[dict], *, controls: int, seed, step: int, tokens: int, dtype: torch.dtype | None = None,
+                 mode: str = "zero") -> tuple[list[dict], list[dict]]:
+    """The top-K ablation (its rows ``top_rows``) against ``controls`` draws of each kind of ``CONTROLS``
+    (layer-matched; non-retrieval heads): the draws' ablation rows (their selection, ``draw`` = its index)
+    and one test per kind: harm of the top K, of every draw, and the permutation p."""
+    rows, tests, top_harm = [], [], harm(top_rows)
+    for selection, (match, draw_heads) in CONTROLS.items():
+        harms = []
+        for i, heads in enumerate(draw_heads(report, top, controls, seed)):
+            mine = ablate(model, ev, heads, selection=selection, k=len(top), seed=None, step=step, tokens=tokens,
+                          dtype=dtype, base=base, mode=mode, draw=i)
+            rows += mine
+            harms.append(harm(mine))
+        if harms:
+            tests.append({"step": step, "tokens": tokens, "k": len(top), "masked": [list(h) for h in top],
+                          "seed": list(np.atleast_1d(seed).tolist()), "match": match, "mode": mode, "draws": len(harms),
+                          "measure": "token_accuracy drop", "harm": top_harm, "draw_harms": harms,
+                          "p": permutation_p(top_harm, harms)})
+    return rows, tests
 
 
 def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: dict, *, selection: str | None,
               k: int | None = None, listed: list[tuple[int, int]] = (), seed: int = 0, controls: int = 0,
-              each: bool = False, step: int, tokens: int, dtype: torch.dtype | None = None) -> dict:
+              each: bool = False, step: int, tokens: int, dtype: torch.dtype | None = None, mode: str = "zero",
+              run_key: int = 0) -> dict:
     """Head ablations of ``model`` on the long-context probes of ``cfg`` (no held-out text): the
     ``selection`` (``choose_heads`` on ``selection_report``'s scores), with ``selection == "top"``
-    its test against ``controls`` layer-matched draws, and with ``each`` every attention head alone.
-    Returns the keys to add to the heads report: ``ablation`` rows, ``ablation_tests``, ``selection``."""
+    its tests against ``controls`` draws of each kind (``control_test``, seeded by [seed, run_key, step]:
+    fresh draws for every run and checkpoint), and with ``each`` every attention head alone; every masking
+    in ``mode``. Returns the keys to add to the heads report: ``ablation`` rows, ``ablation_tests``,
+    ``selection``."""
     check_lengths(cfg, tokenizer)
     out = {"ablation": [], "ablation_tests": []}
     if selection is not None:  # chosen first: a bad choice fails before any evaluation
@@ -212,15 +248,15 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
     base = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     if selection is not None:
         chosen = ablate(model, ev, heads, selection=selection, k=k, seed=seed if selection == "random" else None,
-                        step=step, tokens=tokens, dtype=dtype, base=base)
+                        step=step, tokens=tokens, dtype=dtype, base=base, mode=mode)
         out["ablation"] += chosen
         if selection == "top" and controls:
-            rows, test = control_test(model, ev, report, heads, chosen, base, controls=controls, seed=seed, step=step,
-                                      tokens=tokens, dtype=dtype)
+            rows, tests = control_test(model, ev, report, heads, chosen, base, controls=controls, seed=[seed, run_key, step],
+                                       step=step, tokens=tokens, dtype=dtype, mode=mode)
             out["ablation"] += rows
-            out["ablation_tests"].append(test | {"selection_seed": selection_seed(cfg)})
+            out["ablation_tests"] += [test | {"selection_seed": selection_seed(cfg)} for test in tests]
     if each:
         for head in [(r["layer"], r["head"]) for r in report["heads"]]:
             out["ablation"] += ablate(model, ev, [head], selection="single", k=1, seed=None, step=step, tokens=tokens,
-                                      dtype=dtype, base=base)
+                                      dtype=dtype, base=base, mode=mode)
     return out

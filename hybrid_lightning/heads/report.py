@@ -134,10 +134,11 @@ def ablation_table(report: dict) -> str:
 
 
 def control_table(test: dict) -> str:
-    """Plain text: an ablation test, the top K against layer-matched random draws."""
+    """Plain text: an ablation test, the top K against random draws (layer-matched, or of non-retrieval heads)."""
     harms = test["draw_harms"]
+    against = {"layer": "from the same layers", "non-retrieval": "of non-retrieval heads"}[test["match"]]
     return (f"top-{test['k']} ({' '.join(head_name(*h) for h in test['masked'])}, chosen on probe seed {test['selection_seed']}) "
-            f"vs {test['draws']} random draws from the same layers: token accuracy drop {test['harm']:.3f} vs "
+            f"vs {test['draws']} random draws {against}, masked {test.get('mode', 'zero')}: token accuracy drop {test['harm']:.3f} vs "
             f"{min(harms):.3f}-{max(harms):.3f} (mean {sum(harms) / len(harms):.3f}); permutation p = {test['p']:.3f}")
 
 

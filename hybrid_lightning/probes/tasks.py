@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybrid_lightning.probes.chance import answer_chance, expected_correct, integers, value_chances
 from hybrid_lightning.probes.haystack import NOISE, Piece, assemble, count, essay_units, fill, noise_units
 
 PASSKEY_HEAD = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -76,7 +77,8 @@ class Sample:
     ``answer_source[j]``: the prompt position holding answer token j (-1 for separators), so
     ``prompt[answer_source[j]] == answer[j]`` wherever it is >= 0. ``chance_nll``: -log P(answer)
     under the value prior (nats), i.e. what a model that knows the answer's format but retrieves
-    nothing pays for it. ``references``: the answer's values as text (RULER's reference outputs);
+    nothing pays for it; ``chance_correct``: the answer tokens such a model gets right, expected (probes/chance.py).
+    ``references``: the answer's values as text (RULER's reference outputs);
     ``generate_tokens``: tokens to generate for the generation score (RULER's budget for the task,
     at least the answer's length).
     """
@@ -90,6 +92,7 @@ class Sample:
     value_spans: tuple[tuple[int, int], ...]
     answer_source: np.ndarray
     chance_nll: float
+    chance_correct: float
     haystack_span: tuple[int, int]
     references: tuple[str, ...]
     generate_tokens: int
@@ -212,7 +215,8 @@ class Niah:
         spans = [placed[i]["value"] for i in answer_of]
         needle_order = [anchor] + [i for i in range(len(facts)) if i != anchor]
         return _sample(task, length, depth, prompt, _answer(tok, values), [placed[i] for i in needle_order] + placed[-1:],
-                       spans, sum(facts[i][1][1] for i in answer_of), values, self.generate_tokens)
+                       spans, sum(facts[i][1][1] for i in answer_of), _chance(tok, self.value, values), values,
+                       self.generate_tokens)
 
     def _distractors(self, ctx: GenContext, rng: np.random.Generator, keys: list[str]) -> Iterator[list[np.ndarray]]:
         """Endless needles with fresh keys (none of ``keys``) and values, drawn as the haystack consumes them."""
@@ -222,6 +226,12 @@ class Niah:
                 continue
             v = long_value(self.value, rng, ctx.tok, ctx.value_tokens, _units(self.value))[0]
             yield [ctx.tok.encode(f"One of the special magic {self.value} for {k} is: {v}.\n")]
+
+
+def _chance(tok, kind: str, values: list[str]) -> float:
+    """``Sample.chance_correct`` of the answer " v1, v2, ..." of values of ``kind`` (probes/chance.py)."""
+    vocabulary = word_lists() if kind == "words" else integers(*PASSKEY_RANGE) if kind == "passkey" else ()
+    return answer_chance(tok, kind, values, vocabulary)
 
 
 def _answer(tok, values: list[str]) -> Piece:
@@ -250,7 +260,7 @@ def _budget(length: int, task: str, *pieces, note: str = "") -> int:
     return length - fixed
 
 
-def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, chance_nll, references,
+def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, chance_nll, chance_correct, references,
             generate_tokens: int) -> Sample:
     """The Sample of an assembled probe; ``placed``: the needles' spans, the one at ``depth`` first,
     then the haystack's."""
@@ -261,7 +271,7 @@ def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, cha
         source[a0:a1] = np.arange(s, e)
     sample = Sample(task=task, length=length, depth=depth, prompt=prompt, answer=answer.ids,
                     needle_spans=tuple(p["_"] for p in placed[:-1]), value_spans=tuple(value_spans),
-                    answer_source=source, chance_nll=chance_nll, haystack_span=placed[-1]["haystack"],
+                    answer_source=source, chance_nll=chance_nll, chance_correct=chance_correct, haystack_span=placed[-1]["haystack"],
                     references=tuple(references), generate_tokens=max(generate_tokens, len(answer.ids)))
     assert len(sample.prompt) + len(sample.answer) == length and (prompt[source[source >= 0]] == answer.ids[source >= 0]).all()
     return sample
@@ -285,7 +295,9 @@ class Passkey:
         answer = _answer(tok, [key])
         budget = _budget(length, task, head, tail, answer, needle)
         prompt, placed = assemble(head, fill(tok, noise_units(tok, " "), budget), [(depth, needle)], tail)
-        return _sample(task, length, depth, prompt, answer, placed, [placed[0]["value"]], log_n, [key], self.generate_tokens)
+        kind = "passkey" if ctx.value_tokens is None else "numbers"
+        return _sample(task, length, depth, prompt, answer, placed, [placed[0]["value"]], log_n, _chance(tok, kind, [key]),
+                       [key], self.generate_tokens)
 
 
 @dataclass(frozen=True)
@@ -315,8 +327,9 @@ class VariableTracking:
         prompt, placed = assemble(head, fill(tok, noise_units(tok, "\n"), budget), list(zip(depths, chain)), tail)
         order = [anchor] + [i for i in range(len(chain)) if i != anchor]
         chance = len(names) * VT_VAR_LETTERS * math.log(26)
+        correct = expected_correct(tok, [(" " + name, [1.0, *value_chances("names", name)]) for name in names])
         return _sample(task, length, depth, prompt, answer, [placed[i] for i in order] + placed[-1:],
-                       [p["var"] for p in placed[:-1]], chance, names, self.generate_tokens)
+                       [p["var"] for p in placed[:-1]], chance, correct, names, self.generate_tokens)
 
     @staticmethod
     def _example(ctx: GenContext, rng: np.random.Generator, value: str) -> str:

@@ -205,7 +205,8 @@ class Console(L.Callback):
 
 # The config keys a study of hybrids varies: the HParams dashboard compares runs by them, on these metrics.
 STUDY_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed")
-HPARAMS_METRICS = ("train/loss", "val/loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score", "longctx/longppl")
+HPARAMS_METRICS = ("train/loss", "val/loss", "val/text_loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score",
+                   "longctx/score_beyond", "longctx/longppl")
 
 
 def study_hparams(cfg: RunConfig) -> dict[str, float | str]:

@@ -110,6 +110,9 @@ class LMSystem(L.LightningModule):
             self.log("val/loss", loss, add_dataloader_idx=False, sync_dist=True)
             self.log("val/ppl", loss.exp(), add_dataloader_idx=False, sync_dist=True)
             return
+        if self.cfg.data.text_val_files and dataloader_idx == 1 + (self.cfg.data.synthetic.fraction > 0):
+            self.log("val/text_loss", self._loss(batch), add_dataloader_idx=False, sync_dist=True)  # the last loader
+            return
         tokens, targets = batch
         logits, y = self._logits(tokens)
         losses = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (B, T)

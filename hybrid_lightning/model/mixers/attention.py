@@ -32,8 +32,11 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.rope = Rotary(self.head_dim, cfg.rope_theta) if spec.pos == "rope" else None
-        # (H,) multiplier on each head's output, None = all heads on; set for head ablations.
+        # Head ablations (heads/ablation.py): (H,) multiplier on each head's output, None = all heads on; and (H,)
+        # bool, True where the head's query is zeroed, so that its pre-softmax logits are 0 and it attends
+        # uniformly over the keys it can see (None = none).
         self.head_mask: torch.Tensor | None = None
+        self.uniform_heads: torch.Tensor | None = None
 
     def project(
         self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None
@@ -57,6 +60,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         start = state.get("pos", 0) if state is not None else 0
         q, k, v = self.project(x, start, None if doc_ids is None else document_positions(doc_ids))
+        if self.uniform_heads is not None:
+            q = q.masked_fill(self.uniform_heads.to(q.device).view(1, -1, 1, 1), 0.0)
         if state is not None:
             if "k" in state:
                 k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
