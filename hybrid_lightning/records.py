@@ -157,7 +157,9 @@ LONG_CONTEXT = {"records": (LongContextCell,), "position_loss": (PositionLoss,),
 HEADS = {"heads": (HeadScores,), "layers": (LayerPlace, HeadCounts), "ablation": (Ablation,)}
 KINDS = {**LONG_CONTEXT, **HEADS}
 # What the docs add after a kind's fields.
-NOTES = {"ablation": "a new ablation with the same selection, K, seed and heads replaces its rows, others are kept"}
+# The fields that identify an ablation row: a newer row with the same values replaces an older one.
+ABLATION_KEY = ("selection", "mode", "k", "seed", "draw", "masked", "task", "length")
+NOTES = {"ablation": "a new ablation with the same selection, mask mode, K, seed, draw and heads replaces its rows, others are kept"}
 # Measure of a long-context cell -> the field that weighs it when cells are pooled (over depths, the
 # window split, tasks): samples weigh exact match, answer tokens the token measures, decoded samples
 # the generation measures.

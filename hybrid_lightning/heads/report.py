@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_lightning.records import ABLATION_KEY
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
-# Fields that identify an ablation row and an ablation test; a newer one replaces an older one with the same key.
-ABLATION_KEY = ("selection", "k", "seed", "masked", "task", "length")
-TEST_KEY = ("k", "masked", "seed", "match", "draws", "selection_seed")
+# Fields that identify an ablation test (the rows' key is records.ABLATION_KEY); a newer one replaces an older one with the same key.
+TEST_KEY = ("k", "mode", "masked", "seed", "match", "draws", "selection_seed")
 ANNOTATE_CELLS = 256  # the image prints each score when the grid has at most this many cells
 
 
