@@ -47,6 +47,7 @@ _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)
 LAYERS_KEY, LAYER_FIELDS = "layers", ("layer", "kind", "letter", "window", "pos")
 PARAMS_KEY, PARAM_FIELDS = "params", ("embedding", "non_embedding", "total")
 LOCK_FILE = ".lock"
+DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of the data it was trained on
 CKPT_SUFFIX = ".ckpt"
 TMP_SUFFIX = ".tmp"  # temporaries are hidden: .<target name>.<random>.tmp, beside their target
 _UMASK = os.umask(0o022)
@@ -253,12 +254,14 @@ def checkpoint_is_valid(path: Path) -> bool:
 
 
 def read_checkpoint_meta(path: Path) -> dict:
-    """``{"step", "config"}`` of a checkpoint: its stored global step and the resolved run config it
-    was trained with (None for a checkpoint without one). Tensors are memory-mapped, not read."""
+    """``{"step", "config", "data"}`` of a checkpoint: its stored global step, the resolved run config
+    it was trained with and the fingerprint of its data (None where it has none). Tensors are
+    memory-mapped, not read."""
     import torch
 
     ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    return {"step": int(ckpt["global_step"]), "config": (ckpt.get("hyper_parameters") or {}).get("config")}
+    return {"step": int(ckpt["global_step"]), "config": (ckpt.get("hyper_parameters") or {}).get("config"),
+            "data": ckpt.get(DATA_FINGERPRINT)}
 
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, int] | None:

@@ -9,8 +9,9 @@ Reading YAML, overrides and turning validation errors into one ``ValueError`` li
 from __future__ import annotations
 
 import json
+import types
 import typing
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,8 +26,9 @@ class _Frozen(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_bools_as_numbers(cls, data: Any) -> Any:
-        """YAML's true/false are not numbers (``window: true`` would otherwise pass as 1), and a
-        switch takes true or false only (not 1 or "yes")."""
+        """YAML's true/false are not numbers (``window: true`` would otherwise pass as 1), a
+        switch takes true or false only (not 1 or "yes"), and a quoted number is a string, not a
+        number (``window: "32"`` is refused, as a grid would otherwise name it apart from 32)."""
         if isinstance(data, dict):
             for name, value in data.items():
                 field = cls.model_fields.get(name)
@@ -36,6 +38,11 @@ class _Frozen(BaseModel):
                     raise ValueError(f"{name} must be true or false, not {json.dumps(value)}")
                 if _holds_bool(value) and not _admits_bool(field.annotation):
                     raise ValueError(f"{name} must be {_expected(field.annotation)}, not {json.dumps(value)}")
+                strings = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] \
+                    if isinstance(value, (list, tuple)) else []
+                if _admits_number(field.annotation) and not all(
+                        _admits_string(field.annotation, v, nested=not isinstance(value, str)) for v in strings):
+                    raise ValueError(f"{name} takes numbers, not the string {json.dumps(value)}; write it without quotes")
         return data
 
 
@@ -45,6 +52,23 @@ def _holds_bool(value: Any) -> bool:
 
 def _admits_bool(annotation: Any) -> bool:
     return annotation is bool or annotation is Any or any(_admits_bool(a) for a in typing.get_args(annotation))
+
+
+def _admits_number(annotation: Any) -> bool:
+    return annotation in (int, float) or any(_admits_number(a) for a in typing.get_args(annotation))
+
+
+def _admits_string(annotation: Any, value: str, nested: bool) -> bool:
+    """Whether the string ``value`` (an element of a list when ``nested``) is a value of ``annotation``
+    as written: a str field, or one of a Literal's strings; never a number spelled as a string."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (Union, types.UnionType):
+        return any(_admits_string(a, value, nested) for a in args)
+    if nested:
+        return origin in (tuple, list) and any(_admits_string(a, value, False) for a in args if a is not Ellipsis)
+    if origin is Literal:
+        return value in args
+    return annotation in (str, Any) or origin is dict or (isinstance(annotation, type) and issubclass(annotation, BaseModel))
 
 
 def _expected(annotation: Any) -> str:

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.data.store import TokenStream, open_store
+from hybrid_lightning.data.store import Store, TokenStream, fingerprint, open_store
 from hybrid_lightning.data.synthetic import RetrievalSynth
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
@@ -100,7 +100,8 @@ class LMDataModule(L.LightningDataModule):
         self.cfg = cfg
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.train_tokens: TokenStream | None = None  # the store's shards, memory-mapped
-        self.val_tokens: np.ndarray | None = None
+        self.store: Store | None = None
+        self.fingerprint: dict | None = None  # of the data (data.store.fingerprint), saved in checkpoints
 
     def prepare_data(self) -> None:
         open_store(self.cfg.data, tokenizer=self.tokenizer)  # prepares the token store once (local rank 0)
@@ -110,7 +111,12 @@ class LMDataModule(L.LightningDataModule):
             return
         store = open_store(self.cfg.data, tokenizer=self.tokenizer)
         store.check_fits(self.cfg.train.seq_len)
-        self.train_tokens, self.val_tokens = store.train, store.val
+        self.store, self.train_tokens, self.fingerprint = store, store.train, fingerprint(store)
+
+    @property
+    def val_tokens(self) -> np.ndarray | None:
+        """The validation split, memory-mapped (checked when first used)."""
+        return self.store.val if self.store is not None else None
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer

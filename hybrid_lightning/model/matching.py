@@ -10,7 +10,9 @@ layers in every architecture compared.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -37,11 +39,22 @@ class ParamMatch:
 
 
 @functools.cache
-def non_embedding_params(cfg: ModelConfig) -> int:
-    """Counts without allocating: the model is built on the meta device (once per config)."""
+def layer_samples(cfg: ModelConfig) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]:
+    """The model of ``cfg`` in pieces whose cost does not grow with ``model.n_layers``: the model
+    without layers, and one single-layer model per distinct layer (its index aside) with the number of
+    layers it stands for; on the meta device, without allocating. A count that sums over layers
+    (parameters, FLOPs) is the bare model's plus each sample's share times its number."""
+    cfg = cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2})
+    kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
     with torch.device("meta"):
-        model = HybridLM(cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2}), matched_plan(cfg))
-    return count_params(model)["non_embedding"]
+        return HybridLM(cfg, ()), tuple((HybridLM(cfg, (spec,)), n) for spec, n in kinds.items())
+
+
+@functools.cache
+def non_embedding_params(cfg: ModelConfig) -> int:
+    """Counts without allocating or building every layer (``layer_samples``; once per config)."""
+    bare, samples = layer_samples(cfg)
+    return count_params(bare)["non_embedding"] + sum(n * count_params(m)["layers"][0]["total"] for m, n in samples)
 
 
 def matched_plan(cfg: ModelConfig) -> tuple[LayerSpec, ...]:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 from hybrid_lightning import __version__
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, flatten, validate_config
 from hybrid_lightning.data.corpus import check_sources
-from hybrid_lightning.data.store import ensure_store
+from hybrid_lightning.data.store import ensure_store, fingerprint
 from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.eval.heads import check_probes
 from hybrid_lightning.model import HybridLM, count_params
 from hybrid_lightning.model.matching import non_embedding_params
 from hybrid_lightning.rundir import (
@@ -52,6 +53,7 @@ RESUMABLE_CHANGES = {
     "data.store", "data.shard_mb", "data.prepare_workers",
 }
 RESUMABLE_SECTIONS = ("eval.",)
+DATA_KEY = "data"  # config.yaml's provenance: the fingerprint of the data the run trains on
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
@@ -134,6 +136,13 @@ def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
         raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another --run-dir")
 
 
+def recorded_data(run_dir: Path, checkpoint: Path | None) -> dict | None:
+    """The data fingerprint (``data.store.fingerprint``) a run recorded: the checkpoint's it resumes
+    from, else config.yaml's; None for a new run."""
+    stored = read_checkpoint_meta(checkpoint).get("data") if checkpoint is not None else None
+    return stored or ((read_config_dict(run_dir) or {}).get(PROVENANCE_KEY) or {}).get(DATA_KEY)
+
+
 def is_rank_zero() -> bool:
     """Whether this process is global rank 0, from the environment (before any Trainer exists):
     Lightning's launcher, torchrun and SLURM set these for every other rank."""
@@ -177,7 +186,9 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
             write_status(run_dir, **{**(read_status(run_dir) or {}), "state": "done", "step": step,
                                      "max_steps": cfg.train.max_steps})
         return run_dir
-    ensure_store(cfg)  # the token store: prepared (or awaited) before the run directory exists
+    check_probes(cfg.eval, load_tokenizer(cfg.data.tokenizer))  # before any store or directory exists
+    # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
+    store = ensure_store(cfg, recorded_data(run_dir, resume[0] if resume else None))
     # Imported here: Lightning is slow to import and not needed to validate.
     from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
     from hybrid_lightning.training.trainer import build_trainer, fit
@@ -189,7 +200,7 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
     status.write = lambda n: io.later(lambda: _status(trainer, run_dir, "running", n, cfg))
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(run_dir, cfg, provenance(module.model))
+        write_config(run_dir, cfg, {**provenance(module.model), DATA_KEY: fingerprint(store)})
     if resume is not None:
         print(f"{run_dir}: resuming from {resume[0].name} at step {step}")
     _status(trainer, run_dir, "running", step, cfg)

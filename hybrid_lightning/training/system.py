@@ -13,6 +13,7 @@ from torchmetrics import MeanMetric
 
 from hybrid_lightning.config import RunConfig, TrainConfig, validate_config
 from hybrid_lightning.model import build_model
+from hybrid_lightning.rundir import DATA_FINGERPRINT
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -114,6 +115,7 @@ class LMSystem(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokens_seen"] = self.tokens_at(self.global_step)  # for evaluations of the checkpoint
+        checkpoint[DATA_FINGERPRINT] = getattr(self.trainer.datamodule, "fingerprint", None)  # resumed on this data only
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["rng"] = {  # plain types and tensors only, so weights-only loading accepts them
             "torch": torch.get_rng_state(),
