@@ -29,9 +29,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import yaml
-
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, dump_config, validate_config
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, dump_config, read_yaml, validate_config
 
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"
@@ -82,6 +80,11 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:  # a write's error names no file: name the one written
+            raise IOFailure(e.errno, path, e.strerror or str(e)) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -129,10 +132,14 @@ def remove_temporaries(run_dir: Path) -> list[Path]:
 
 
 def read_config_dict(run_dir: Path) -> dict | None:
+    """``config.yaml`` as plain data; None without one, a ``ValueError`` naming it when it does not read."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         return None
-    return yaml.safe_load(path.read_text()) or {}
+    raw = read_yaml(path.read_text(), path) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a YAML mapping; the file is damaged")
+    return raw
 
 
 def write_config(run_dir: Path, cfg: RunConfig, provenance: Mapping) -> None:
@@ -150,11 +157,17 @@ def read_run_config(run_dir: Path) -> RunConfig:
 
 
 def read_status(run_dir: Path) -> dict | None:
+    """``status.json``, or None while it cannot be read. A ``running`` status whose process is gone
+    (on this host) reads ``interrupted``: that process was killed without a chance to write."""
     path = Path(run_dir) / STATUS_FILE
     try:
-        return json.loads(path.read_text())
+        status = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    pid, host = int(status.get("pid") or 0), status.get("host")
+    if status.get("state") == "running" and host == socket.gethostname() and not _pid_alive(pid):
+        status.update(state="interrupted", error=f"killed: its process (pid {pid} on {host}) ended without a word")
+    return status
 
 
 def write_status(run_dir: Path, **fields) -> None:

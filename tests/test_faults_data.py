@@ -5,13 +5,11 @@ that would leave a store or a lock behind."""
 import json
 import time
 
-import numpy as np
 import pytest
 
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.store import open_store
-from hybrid_lightning.data.store_folder import MARKER
 
 from conftest import TINY, run_cli
 from test_faults import args, one_line_error, train
@@ -54,6 +52,8 @@ def test_only_files_the_store_wrote_are_removed(tmp_path, capsys):
     store.mkdir()  # an empty folder is adopted
     argv = ["data", "prepare", "--set", f"data.files=[{corpus}]", "--set", f"data.store={store}", "--set", "data.shard_mb=0.004"]
     assert cli(capsys, *argv)[0] == 0
+    from hybrid_lightning.data.store_folder import MARKER
+
     listed = set(json.loads((store / MARKER).read_text())["files"])
     assert listed == {p.name for p in store.iterdir()} - {MARKER, ".lock"}  # every file written is listed
     user = {"val.csv": "mine", "train_00000.bin.bak": "mine too", "shard_99999.json": "{}"}

@@ -281,6 +281,8 @@ class TrainConfig(_Frozen):
         budget_pending = self.tokens_per_param is not None  # max_steps follows from it; checked once resolved
         if self.warmup_steps >= self.max_steps and self.max_steps > 1 and not budget_pending:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}")
+        if self.devices != "auto" and self.devices < 1:
+            raise ValueError(f"train.devices must be at least 1 (or auto), got {self.devices}")
         if self.tokens_per_param is not None and self.devices == "auto":
             raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on it")
         return self

@@ -12,7 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.data.store import Store, TokenStream, fingerprint, open_store
+from hybrid_lightning.data.integrity import fingerprint
+from hybrid_lightning.data.store import Store, TokenStream, open_store
 from hybrid_lightning.data.synthetic import RetrievalSynth
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
@@ -111,7 +112,7 @@ class LMDataModule(L.LightningDataModule):
             return
         store = open_store(self.cfg.data, tokenizer=self.tokenizer)
         store.check_fits(self.cfg.train.seq_len)
-        self.store, self.train_tokens, self.fingerprint = store, store.train, fingerprint(store)
+        self.store, self.train_tokens, self.fingerprint = store, store.train, fingerprint(store.manifest)
 
     @property
     def val_tokens(self) -> np.ndarray | None:

@@ -42,6 +42,7 @@ import numpy as np
 
 from hybrid_lightning.config import DataConfig, RunConfig
 from hybrid_lightning.data.corpus import Unit, cache_root, check_sources, hub_units, plan_units, read_unit, source_files
+from hybrid_lightning.data.integrity import check_same_data, check_shard, fingerprint, sha256_file
 from hybrid_lightning.data.store_folder import LOCK, claim, discard, missing_folders, own, owned, refuse_foreign, remove
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
@@ -50,19 +51,6 @@ GOLDEN = 0.6180339887498949  # documents i with frac(i * GOLDEN) < val_fraction 
 MANIFEST = "manifest.json"
 ENCODE_CHARS = 1 << 20  # characters per batch-encode call inside a worker
 COPY_TOKENS = 1 << 24  # tokens per chunk when files are joined
-
-
-def check_shard(path: Path, dtype: np.dtype, sha256: str | None, vocab_size: int | None) -> np.ndarray:
-    """The shard at ``path``, memory-mapped, once its SHA-256 is the manifest's and its token ids are
-    below ``vocab_size``; else a ``ValueError`` naming it."""
-    fix = "run `hybrid-lightning data prepare` with the run's config to rebuild the store"
-    if sha256 is not None and _sha256(path) != sha256:
-        raise ValueError(f"data.store: shard {path} is damaged (its SHA-256 is not the manifest's); {fix}")
-    tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-    if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
-        raise ValueError(f"data.store: shard {path} holds token id {int(tokens.max())}, not below the "
-                         f"vocabulary size {vocab_size}; {fix}")
-    return tokens
 
 
 class TokenStream:
@@ -178,21 +166,6 @@ def store_folder(cfg: DataConfig, ident: dict) -> Path:
 
 def default_workers() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0))))
-
-
-def fingerprint(store: Store) -> dict:
-    """What a run trains on, recorded with it and compared on resume: the sources (file names, or the
-    hub dataset), the tokenizer, the settings that change the tokens, and the tokens themselves (a
-    digest of every shard's SHA-256). Paths and times are left out: the same text moved or touched is
-    the same data."""
-    ident, m = store.manifest["identity"], store.manifest
-    names = sorted(Path(f[0]).name for f in ident["src"].get("files", []))
-    return {
-        "sources": ident["src"].get("hub") or (names if len(names) <= 10 else f"{len(names)} files {_digest(names)}"),
-        "tokenizer": ident["tok"],
-        "settings": {k: ident[k] for k in ("field", "max", "val", "min_doc")},
-        "tokens": _digest([[s.get("sha256") for s in m["shards"]], m["val"].get("sha256")]),
-    }
 
 
 def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, tokenizer=None,
@@ -358,7 +331,7 @@ def _finished_shards(folder: Path, plan_id: str) -> list[dict]:
         except (OSError, ValueError):
             break
         if record.get("plan") != plan_id or not all(
-            _sha256(folder / name) == digest for name, digest in record["sha256"].items()
+            sha256_file(folder / name) == digest for name, digest in record["sha256"].items()
         ):
             break
         records.append(record)
@@ -367,19 +340,16 @@ def _finished_shards(folder: Path, plan_id: str) -> list[dict]:
     return records
 
 
-def _sha256(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
-        return None
-
-
 def _write_atomic(path: Path, write) -> None:
     own(path.parent, path.name)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+    except OSError as e:
+        if e.filename is None:  # a write's error (a full disk) names no file: name the one written
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     os.replace(tmp, path)
 
 
@@ -402,7 +372,7 @@ def _write_shard(folder: Path, k: int, tokens: np.ndarray, lengths: np.ndarray, 
         name = f"{split}_{k:05d}"
         digests[f"{name}.bin"], counts[split] = _write_tokens(folder / f"{name}.bin", tokens, _runs(lengths, docs))
         _write_atomic(folder / f"{name}.docs.npy", lambda f, a=lengths[docs]: np.save(f, a))
-        digests[f"{name}.docs.npy"] = _sha256(folder / f"{name}.docs.npy")
+        digests[f"{name}.docs.npy"] = sha256_file(folder / f"{name}.docs.npy")
     record = {"unit": k, "plan": plan_id, "docs": int(lengths.size), "train_tokens": counts["train"],
               "val_tokens": counts["val"], "last": last, "sha256": digests}
     _write_atomic(folder / f"shard_{k:05d}.json", lambda f: f.write(json.dumps(record).encode()))
@@ -475,7 +445,7 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
         head, val_lengths = _split_lengths(val_lengths, cut)
         _write_atomic(folder / "train_tail.docs.npy", lambda f: np.save(f, head))
         shards = [{"file": "train_tail.bin", "docs": "train_tail.docs.npy", "tokens": cut,
-                   "sha256": _sha256(folder / "train_tail.bin")}]
+                   "sha256": sha256_file(folder / "train_tail.bin")}]
         train_tokens, val_tokens = cut, val_tokens - cut
     else:
         _join(folder, val_pieces, dtype, folder / "val.bin")
@@ -485,7 +455,7 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
     manifest = {
         "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
-        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": _sha256(folder / "val.bin")},
+        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin")},
     }
     _write_atomic(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     remove(folder, val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)])
@@ -501,12 +471,7 @@ def ensure_store(cfg: RunConfig, recorded: dict | None = None) -> Store:
     store = open_store(cfg.data)
     try:
         store.check_fits(cfg.train.seq_len)
-        now = fingerprint(store)
-        diff = [k for k in now if recorded is not None and recorded.get(k) != now[k]]
-        if diff:
-            raise ValueError(f"data: the run was trained on other data (differs in: {', '.join(diff)}; "
-                             f"{' '.join(f'{k}: {recorded.get(k)} -> {now[k]}' for k in diff)}); restore the data "
-                             "it was trained on, or use another --run-dir")
+        check_same_data(recorded, fingerprint(store.manifest))
     except ValueError:
         if store.made is not None:
             discard(store.folder, store.made)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from hybrid_lightning import __version__
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, flatten, validate_config
 from hybrid_lightning.data.corpus import check_sources
-from hybrid_lightning.data.store import ensure_store, fingerprint
+from hybrid_lightning.data.integrity import fingerprint
+from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.eval.heads import check_probes
 from hybrid_lightning.model import HybridLM, count_params
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 
     from hybrid_lightning.training.callbacks import StopOnSignals
 
-# Keys that may change when a run directory is trained again (they do not change the result).
+# Keys that may change when a run directory is trained again (they do not change the result;
+# train.max_steps only where the steps trained keep their learning rates: check_extension).
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.progress_bar", "train.checkpoint_every_n_steps", "train.keep_checkpoints",
     "train.log_every_n_steps", "train.compile", "data.num_workers", "data.cache_dir",
@@ -127,6 +129,26 @@ def check_same_run(run_dir: Path, cfg: RunConfig, checkpoint: Path | None = None
         _check_same(run_dir, stored, cfg, f"{CKPT_DIR}/{checkpoint.name}")
 
 
+def check_extension(cfg: RunConfig, checkpoint: Path | None, step: int) -> None:
+    """A changed ``train.max_steps`` is taken only where every step already trained keeps its learning
+    rate under the new schedule (constant; WSD before its decay began; cosine within its warmup), so
+    that the run ends as one trained with the new ``train.max_steps`` from the start; else a ``ValueError``."""
+    old = read_checkpoint_meta(checkpoint)["config"] if checkpoint is not None else None
+    if old is None or old["train"]["max_steps"] == cfg.train.max_steps:
+        return
+    from hybrid_lightning.training.system import lr_factor  # imports Lightning: only for a changed max_steps
+
+    before, after = validate_config(old).train, cfg.train
+    changed = next((s for s in range(step) if lr_factor(s, before) != lr_factor(s, after)), None)
+    if changed is not None:
+        raise ValueError(
+            f"train.max_steps: {before.max_steps} -> {after.max_steps} would change the learning rate of step {changed}, "
+            f"already trained, under train.schedule={after.schedule} (it depends on train.max_steps"
+            f"{' once its decay began' if after.schedule == 'wsd' else ''}): the run would not equal one trained for "
+            f"{after.max_steps} steps; train that as a new run (another --run-dir), or plan runs to extend with "
+            "train.schedule=constant or wsd")
+
+
 def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
     a, b = flatten(old), flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
@@ -141,6 +163,17 @@ def recorded_data(run_dir: Path, checkpoint: Path | None) -> dict | None:
     from, else config.yaml's; None for a new run."""
     stored = read_checkpoint_meta(checkpoint).get("data") if checkpoint is not None else None
     return stored or ((read_config_dict(run_dir) or {}).get(PROVENANCE_KEY) or {}).get(DATA_KEY)
+
+
+def check_devices(cfg: RunConfig) -> None:
+    """Refuses, before anything is prepared, devices that this machine cannot give."""
+    import torch
+
+    t = cfg.train
+    if t.accelerator == "gpu" and not torch.cuda.is_available():
+        raise ValueError("train.accelerator=gpu, but torch sees no GPU on this machine; use train.accelerator=auto or cpu")
+    if t.accelerator == "gpu" and t.devices != "auto" and t.devices > torch.cuda.device_count():
+        raise ValueError(f"train.devices={t.devices}, but this machine has {torch.cuda.device_count()} GPUs")
 
 
 def is_rank_zero() -> bool:
@@ -161,6 +194,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     """
     cfg = resolve_config(cfg)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
+    check_devices(cfg)
     from hybrid_lightning.training.callbacks import StopOnSignals
 
     signals = StopOnSignals(run_dir / CKPT_DIR / LAST_CKPT)
@@ -180,11 +216,12 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
     resume = find_resume_checkpoint(run_dir)
     check_same_run(run_dir, cfg, resume[0] if resume else None)
     step = resume[1] if resume else 0
+    check_extension(cfg, resume[0] if resume else None, step)
     if step >= cfg.train.max_steps:
         print(f"{run_dir}: already complete ({step}/{cfg.train.max_steps} steps)")
         if is_rank_zero():  # the process that trained it stays recorded
-            write_status(run_dir, **{**(read_status(run_dir) or {}), "state": "done", "step": step,
-                                     "max_steps": cfg.train.max_steps})
+            old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
+            write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
         return run_dir
     check_probes(cfg.eval, load_tokenizer(cfg.data.tokenizer))  # before any store or directory exists
     # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
@@ -200,15 +237,13 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
     status.write = lambda n: io.later(lambda: _status(trainer, run_dir, "running", n, cfg))
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(run_dir, cfg, {**provenance(module.model), DATA_KEY: fingerprint(store)})
+        write_config(run_dir, cfg, {**provenance(module.model), DATA_KEY: fingerprint(store.manifest)})
     if resume is not None:
         print(f"{run_dir}: resuming from {resume[0].name} at step {step}")
     _status(trainer, run_dir, "running", step, cfg)
     try:
-        fit(trainer, module, datamodule, resume[0] if resume else None)
+        fit(trainer, module, datamodule, resume[0] if resume else None)  # saves the last step (SaveAtEnd)
         finished = trainer.global_step >= cfg.train.max_steps
-        if finished and trainer.global_step % cfg.train.checkpoint_every_n_steps:
-            trainer.save_checkpoint(run_dir / CKPT_DIR / LAST_CKPT)  # the periodic save missed the last step
         io.wait()  # every checkpoint on disk under its name, or the failure raised
     except BaseException as e:  # an error fails the run; a signal or an exit interrupts it
         io.teardown()
@@ -217,20 +252,31 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
             reason = str(IOFailure.of(e))
         else:
             reason = str(e) if isinstance(e, Stopped) else f"{type(e).__name__}: {e}"
+        saved = saved_step(run_dir)  # where a rerun resumes, not the step training had reached
         with contextlib.suppress(OSError):  # a full disk may refuse this too; the error is raised anyway
-            _status(trainer, run_dir, state, trainer.global_step, cfg, error=reason)
+            _status(trainer, run_dir, state, saved, cfg, error=reason)
         if isinstance(e, Stopped):
-            e.step = trainer.global_step
+            e.step = saved
         raise
     io.teardown()
     if finished:
         _status(trainer, run_dir, "done", trainer.global_step, cfg)
         return run_dir
-    stopped = Stopped(signals.signum, trainer.global_step) if signals.signum is not None else None
-    _status(trainer, run_dir, "interrupted", trainer.global_step, cfg, **({"error": str(stopped)} if stopped else {}))
+    saved = saved_step(run_dir)
+    stopped = Stopped(signals.signum, saved) if signals.signum is not None else None  # on any rank (StopOnSignals)
+    _status(trainer, run_dir, "interrupted", saved, cfg, **({"error": str(stopped)} if stopped else {}))
     if stopped:
         raise stopped
     return run_dir
+
+
+def saved_step(run_dir: Path) -> int:
+    """The step a rerun resumes from: the newest valid checkpoint's (0 without one)."""
+    try:
+        found = find_resume_checkpoint(run_dir)
+    except ValueError:  # every checkpoint damaged
+        return 0
+    return found[1] if found else 0
 
 
 def _status(trainer, run_dir: Path, state: str, step: int, cfg: RunConfig, **extra) -> None:

@@ -15,8 +15,8 @@ from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.precision import resolve_precision
-from hybrid_lightning.rundir import CKPT_DIR
-from hybrid_lightning.training.callbacks import StepCheckpoints, StepProgressBar, Throughput
+from hybrid_lightning.rundir import CKPT_DIR, LAST_CKPT
+from hybrid_lightning.training.callbacks import SaveAtEnd, StepCheckpoints, StepProgressBar, Throughput
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.system import LMSystem
 
@@ -45,7 +45,8 @@ def build_trainer(
     tokens_per_step = t.batch_size * t.seq_len
     throughput = Throughput(tokens_per_step, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
-    callbacks = [checkpoints, throughput, *extra_callbacks]
+    # SaveAtEnd before the evaluations: a stop during the end-of-training ones keeps the last step
+    callbacks = [checkpoints, SaveAtEnd(run_dir / CKPT_DIR / LAST_CKPT, t.checkpoint_every_n_steps), throughput, *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
