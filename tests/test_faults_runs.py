@@ -17,11 +17,14 @@ from conftest import run_cli
 from test_faults import args, loss_steps, mounts, one_line_error, start, stored_step, train, wait_for_step  # noqa: F401 (mounts: a fixture)
 
 
+COSINE = ("--set", "train.schedule=cosine")
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A finished 4-step run of the tiny model."""
+    """A finished 4-step run of the tiny model (cosine schedule, warmup 2)."""
     run = tmp_path_factory.mktemp("trained") / "run"
-    r = train(run, *args(4, 2))
+    r = train(run, *args(4, 2), *COSINE)
     assert r.returncode == 0, r.stderr[-3000:]
     return run
 
@@ -137,10 +140,10 @@ def test_a_double_signal_names_the_checkpoints_step(tmp_path):
     run = tmp_path / "run"
     proc = start(run, *args(100000, 10))
     wait_for_step(proc, run, 13)
-    proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGINT)  # the second stops at once, before the step's checkpoint
+    proc.send_signal(signal.SIGINT)  # a second signal of the same number would merge with it: another one
+    proc.send_signal(signal.SIGTERM)  # the second stops at once, inside the step, before any checkpoint of it
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 143, err[-3000:]
     step = stored_step(run / "checkpoints" / "last.ckpt")
     status = read_status(run)
     assert status["state"] == "interrupted" and status["step"] == step, (status, step)
@@ -185,7 +188,7 @@ def weights(run: Path) -> dict:
 
 
 def test_extending_a_cosine_run_is_refused(trained):
-    line = one_line_error(train(trained, *args(8, 2)))
+    line = one_line_error(train(trained, *args(8, 2), *COSINE))
     assert "train.max_steps: 4 -> 8" in line and "train.schedule=cosine" in line and "step 3" in line, line
     assert stored_step(trained / "checkpoints" / "last.ckpt") == 4
 

@@ -27,7 +27,7 @@ from conftest import REPO, run_cli
 # A model small enough that a cell trains in seconds on 2 cores.
 TINY_BASE = {
     "model": {"n_layers": 2, "d_model": 64, "n_heads": 2, "pattern": "EF", "window": 32},
-    "train": {"max_steps": 20, "batch_size": 8, "seq_len": 128, "warmup_steps": 2, "progress_bar": False,
+    "train": {"max_steps": 20, "batch_size": 8, "seq_len": 128, "warmup_steps": 2, "progress_bar": False, "schedule": "constant",
               "log_every_n_steps": 1, "checkpoint_every_n_steps": 10, "val_every_n_steps": 1000},
     "data": {"max_tokens": 2_000_000},
     "eval": {"every_n_steps": 0, "at_end": False},  # the long-context evaluation is tested on its own

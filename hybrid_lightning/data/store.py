@@ -46,7 +46,7 @@ from hybrid_lightning.data.integrity import check_same_data, check_shard, finger
 from hybrid_lightning.data.store_folder import LOCK, claim, discard, missing_folders, own, owned, refuse_foreign, remove
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the folder carries the marker of data/store_folder.py
 GOLDEN = 0.6180339887498949  # documents i with frac(i * GOLDEN) < val_fraction are held out: evenly spread
 MANIFEST = "manifest.json"
 ENCODE_CHARS = 1 << 20  # characters per batch-encode call inside a worker

@@ -159,7 +159,7 @@ def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
 
 
 def recorded_data(run_dir: Path, checkpoint: Path | None) -> dict | None:
-    """The data fingerprint (``data.store.fingerprint``) a run recorded: the checkpoint's it resumes
+    """The data fingerprint (``data.integrity.fingerprint``) a run recorded: the checkpoint's it resumes
     from, else config.yaml's; None for a new run."""
     stored = read_checkpoint_meta(checkpoint).get("data") if checkpoint is not None else None
     return stored or ((read_config_dict(run_dir) or {}).get(PROVENANCE_KEY) or {}).get(DATA_KEY)
