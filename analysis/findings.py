@@ -1,4 +1,4 @@
-"""Verdicts on the paper's three findings (README, "Analysis"), each decided by a fixed rule from the
+"""Verdicts on the paper's three findings (docs/analysis.md, "Findings"), each decided by a fixed rule from the
 runs' tables with statistics over seeds (analysis/stats.py). ``analyze --findings`` puts them at the top
 of the report (also ``findings.md``), in ``findings.csv`` (one row per test) and ``findings_comparisons.csv``.
 
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis import stats, tables
-from analysis.load import Runs
-from analysis.stats import Comparison
+from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.stats import Comparison
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.units import si
 

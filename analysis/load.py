@@ -1,5 +1,5 @@
-"""Run directories into tidy tables. Reads only the run-directory contract (README, "The run
-directory"; its paths and readers are ``hybrid_lightning.rundir``'s): ``config.yaml`` with its
+"""Run directories into tidy tables. Reads only the run-directory contract (docs/run-directory.md;
+its paths and readers are ``hybrid_lightning.rundir``'s): ``config.yaml`` with its
 provenance (layer plan, parameter counts), ``status.json``, the TensorBoard scalars and ``eval/*.json``.
 
     runs = load_runs(find_runs("runs/window-nope"))
@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.scores import record_scores
-from hybrid_lightning.config import PROVENANCE_KEY, flatten
+from hybrid_lightning.analysis.scores import record_scores
+from hybrid_lightning.config import PROVENANCE_KEY, TrainConfig, flatten
+from hybrid_lightning.config.roles import is_identity
 from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, KINDS, pattern_mixers
+from hybrid_lightning.records import columns
 from hybrid_lightning.rundir import (
     CONFIG_FILE,
     GRID_DIR,
@@ -38,14 +40,6 @@ from hybrid_lightning.rundir import (
 # TensorBoard scalars read by default; the others are skipped while reading.
 TAGS = ("train/loss", "train/tokens", "val/loss", "val/synthetic_loss", "val/retrieval_acc")
 HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of heads_step_<k>.json "total"
-# Config keys that do not change what is trained (bookkeeping, cadence, backends, evaluation): they do
-# not tell architectures apart.
-NOT_IDENTITY = {
-    "name", "seed", "data.cache_dir", "data.num_workers", "train.progress_bar", "train.log_every_n_steps",
-    "train.checkpoint_every_n_steps", "train.keep_checkpoints", "train.val_every_n_steps", "train.val_batches",
-    "train.compile", "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk",
-}
-NOT_IDENTITY_PREFIXES = ("eval.",)
 PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)  # the provenance's parameter counts
 # configs' own columns
 RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files", "mixers", "windowed", *PARAM_COLUMNS)
@@ -67,7 +61,7 @@ class Runs:
     metrics: run, step, tokens, metric, value, then ``label``, ``seed`` and the config keys that
         differ between runs. Metrics: the TensorBoard ``TAGS``, ``heads/<HEAD_TOTALS>`` and the
         long-context scores ``longctx/<score>`` and ``longctx/<score>_beyond`` (analysis/scores.py).
-    records: the long-context records of eval/step_<k>.json (README), one row per run x record.
+    records: the long-context records of eval/step_<k>.json (docs/run-directory.md), one row per run x record.
     heads: the per-head rows of eval/heads_step_<k>.json, one row per run x step x head.
     layers: the per-layer rows of eval/heads_step_<k>.json (``applicable`` false: not attention).
     ablations: the head-ablation rows of eval/heads_step_<k>.json (``hybrid-lightning heads --mask-*``).
@@ -192,9 +186,9 @@ def _tokens_per_step(cfg: dict, r: dict) -> float:
         return float(last["value"]) / (last["step"] + 1)
     for row in r["records"][:1] + r["totals"][:1]:
         return row["tokens"] / (row["step"] + 1)
-    devices = cfg.get("train.devices")
-    world = cfg.get("train.num_nodes", 1) * (devices if isinstance(devices, int) else 1)
-    return float(cfg.get("train.batch_size", 16) * cfg.get("train.seq_len", 128) * world)
+    keys = {k.removeprefix("train."): v for k, v in cfg.items() if k.startswith("train.")}
+    train = TrainConfig.model_construct(**{k: v for k, v in keys.items() if k in TrainConfig.model_fields})
+    return float(train.tokens_per_step(train.planned_world_size(), accumulate=1))
 
 
 def _mixer_plan(cfg: dict, plan: list[dict] | None) -> tuple[list[str], bool]:
@@ -212,13 +206,14 @@ def _mixer_plan(cfg: dict, plan: list[dict] | None) -> tuple[list[str], bool]:
 
 
 def _identity(cfg: dict, mixers: list[str], windowed: bool) -> dict:
-    """The config keys that make an architecture (and budget): no seed, bookkeeping or evaluation keys; the
+    """The config keys that make an architecture (and budget): those whose role tells architectures apart
+    (``hybrid_lightning.config.roles.is_identity``: no seed, bookkeeping or evaluation keys); the
     window only where the model has windowed layers, the mixer only where ``E`` occurs in the pattern, each
     positional encoding only where the model has layers of its kind (``mixers``, ``windowed``: ``_mixer_plan``)."""
     pattern = str(cfg.get("model.pattern", ""))
     out = {}
     for k, v in cfg.items():
-        if k in NOT_IDENTITY or k.startswith(NOT_IDENTITY_PREFIXES) or k in RUN_COLUMNS:
+        if not is_identity(k) or k in RUN_COLUMNS:
             continue
         if ((k == "model.window" and not windowed) or (k == "model.mixer" and EFFICIENT_LETTER not in pattern)
                 or (k == "model.pos.full" and KINDS[FULL].letter not in pattern) or (k == "model.pos.efficient" and not mixers)):
@@ -299,8 +294,7 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
         heads.append(pd.DataFrame(r["heads"]).assign(run=name))
         layers.append(pd.DataFrame(r["layers"]).assign(run=name))
         ablations.append(pd.DataFrame(r["ablations"]).assign(run=name))
-    records = _concat(records, ["run", "step", "tokens", "task", "length", "depth", "in_window", "n", "accuracy",
-                                "answer_tokens", "token_accuracy", "answer_loss", "chance_token_accuracy", "chance_loss"])
+    records = _concat(records, ["run", *columns("records")])
     seq_len = configs.set_index("run")["train.seq_len"] if "train.seq_len" in configs else pd.Series(dtype=float)
     frames.append(record_scores(records, seq_len))
     metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[["run", "step", "tokens", "metric", "value"]]
@@ -311,11 +305,9 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
     metrics = metrics.merge(configs[["run", *keep]], on="run", how="left")
     return (metrics,
             records,
-            _concat(heads, ["run", "step", "tokens", "layer", "head", "kind", "window", "pos", "score", "retrieval", "role"]),
-            _concat(layers, ["run", "step", "tokens", "layer", "kind", "window", "pos", "applicable"]),
-            _concat(ablations, ["run", "step", "tokens", "selection", "k", "seed", "draw", "masked", "task", "length", "n",
-                                "accuracy", "masked_accuracy", "token_accuracy", "masked_token_accuracy",
-                                "answer_loss", "masked_answer_loss", "chance_token_accuracy", "chance_loss"]))
+            _concat(heads, ["run", *columns("heads")]),
+            _concat(layers, ["run", *columns("layers")]),
+            _concat(ablations, ["run", *columns("ablation")]))
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

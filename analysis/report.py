@@ -1,4 +1,4 @@
-"""``hybrid-lightning analyze``: run directories -> CSV tables, PNG figures and ``report.md`` (README, "Analysis")."""
+"""``hybrid-lightning analyze``: run directories -> CSV tables, PNG figures and ``report.md`` (docs/analysis.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import figures, tables
-from analysis.load import Runs, find_runs, load_runs
-from analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
+from hybrid_lightning.analysis import figures, tables
+from hybrid_lightning.analysis.load import Runs, find_runs, load_runs
+from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
 from hybrid_lightning.units import si
 
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
@@ -56,7 +56,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
 
 
 def _findings(runs: Runs, out: Path) -> str:
-    from analysis.findings import markdown, verdicts
+    from hybrid_lightning.analysis.findings import markdown, verdicts
 
     tests, comparisons = verdicts(runs)
     _write(tests, out, "findings.csv")
@@ -131,7 +131,9 @@ def _emergence(runs: Runs, out: Path, metric: str, tag: str) -> str:
     _write(thresholds, out, "emergence_thresholds.csv")
     text = ["## 1. Emergence\n", "Long-context score against training tokens, one curve per "
             "architecture. `tokens_50`/`tokens_90`: tokens at which the seed-mean curve first reaches 50% / 90% of its "
-            "final value (the first evaluation at or above it; empty where the final value is not above 0).\n"]
+            "final value (the first evaluation at or above it; empty where the final value is not above 0); from the "
+            "mean curve, with no interval: finding 1 of `findings.md` (`analyze --findings`) compares the speeds with "
+            "their 95% CIs.\n"]
     if curve.empty:
         return "\n".join(text + [f"No run has logged `{tag}` yet.\n"])
     figures.save(figures.emergence(curve, METRIC_AXIS[metric]), out / "emergence.png")
@@ -189,7 +191,9 @@ def _pos(runs: Runs, out: Path, metric: str, summary: pd.DataFrame) -> str:
             f"Architectures differing only in the positional encoding of the full-attention layers (`model.pos.full`) "
             f"or of the efficient layers (`model.pos.efficient`): long-context score beyond the training length "
             f"(`{record_metric(metric)}` over probe lengths > `train.seq_len`) and short-context "
-            "validation loss (`val/loss`, nats per token), final values, mean over seeds; delta = NoPE - RoPE.\n"]
+            "validation loss (`val/loss`, nats per token), final values, mean over the seeds counted in `seeds_*`; "
+            "delta = NoPE - RoPE, a difference of means with no interval: the verdict with its 95% CI and p is "
+            "finding 3 of `findings.md` (`analyze --findings`).\n"]
     if pairs.empty:
         return "\n".join(text + ["No such pair of architectures among the runs.\n"])
     return "\n".join(text + [_md(pairs), "\nCSV: `nope_vs_rope.csv`.\n"])
@@ -225,8 +229,9 @@ def _summary(summary: pd.DataFrame, out: Path) -> str:
     return "\n".join(["## 7. Architectures and budgets\n",
                       "Final values, mean over seeds: `val_loss` (nats per token), `score` (the long-context score, "
                       "with its min-max over seeds), `score_beyond` (lengths > `train.seq_len`), retrieval heads and "
-                      "the highest head score; `budget_tokens` = `train.max_steps` x tokens per step; `step`: the "
-                      "fewest steps a seed has logged.\n", _md(summary), "\nCSV: `summary.csv`.\n"])
+                      "the highest head score; `seeds`: the runs averaged (only `score` carries a spread, its min-max; "
+                      "no interval is computed here); `budget_tokens` = `train.max_steps` x tokens per step; `step`: "
+                      "the fewest steps a seed has logged.\n", _md(summary), "\nCSV: `summary.csv`.\n"])
 
 
 def _write(table: pd.DataFrame, out: Path, name: str) -> None:

@@ -2,7 +2,7 @@
 before exact match does (a small model answers no probe exactly for a long time).
 
 Each score pools a run's records of one step over needle depths (and the in/out-of-window split)
-per (task, length), as the evaluation does (``hybrid_lightning.eval.report.pool``: samples weigh
+per (task, length), as the evaluation does (``hybrid_lightning.records.pooled``: samples weigh
 exact match, answer tokens weigh the token measures, chance accuracy = exp(-pooled chance loss)),
 then averages over (task, length):
 
@@ -16,28 +16,21 @@ then averages over (task, length):
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from analysis.metrics import RECORD_SCORES
+from hybrid_lightning.analysis.metrics import RECORD_SCORES
+from hybrid_lightning.records import POOL_WEIGHTS
+from hybrid_lightning.records import pooled as pool_sums
 
 
 def pooled(records: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Records pooled over everything but ``by``: columns ``by`` + token_acc, loss_gain, exact, n."""
-    r = records.assign(
-        _acc_n=records["accuracy"] * records["n"],
-        _tok=records["token_accuracy"] * records["answer_tokens"],
-        _loss=records["answer_loss"] * records["answer_tokens"],
-        _chance=records["chance_loss"] * records["answer_tokens"],
-    )
-    g = r.groupby(by, sort=True)[["n", "answer_tokens", "_acc_n", "_tok", "_loss", "_chance"]].sum().reset_index()
-    chance_loss = g["_chance"] / g["answer_tokens"]
-    return g[by].assign(
-        token_acc=g["_tok"] / g["answer_tokens"] - np.exp(-chance_loss),
-        loss_gain=chance_loss - g["_loss"] / g["answer_tokens"],
-        exact=g["_acc_n"] / g["n"],
-        n=g["n"],
-    )
+    """Records pooled over everything but ``by`` (``hybrid_lightning.records.pooled``): columns ``by`` +
+    token_acc, loss_gain, exact, n."""
+    measures = {m: w for m, w in POOL_WEIGHTS.items() if w != "generated"}
+    weighted = records[list(dict.fromkeys(measures.values()))].assign(**{m: records[m] * records[w] for m, w in measures.items()})
+    g = pd.concat([records[by], weighted], axis=1).groupby(by, sort=True).sum().reset_index()
+    p = pool_sums(g)
+    return g[by].assign(token_acc=p["score"], loss_gain=p["chance_loss"] - p["answer_loss"], exact=p["accuracy"], n=g["n"])
 
 
 def record_scores(records: pd.DataFrame, seq_len: pd.Series) -> pd.DataFrame:

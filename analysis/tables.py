@@ -13,8 +13,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.metrics import metric_tag, record_metric
+from hybrid_lightning.analysis import stats
+from hybrid_lightning.analysis.metrics import metric_tag, record_metric
 
 FRACTIONS = (0.5, 0.9)  # thresholds: shares of the final score
 
@@ -103,7 +103,7 @@ def niah(records: pd.DataFrame, configs: pd.DataFrame, metric: str) -> pd.DataFr
 
     Returns: run, label, step, task, length, depth, value (the records' score of ``record_metric(metric)``).
     """
-    from analysis.scores import pooled
+    from hybrid_lightning.analysis.scores import pooled
 
     if records.empty:
         return pd.DataFrame(columns=["run", "label", "step", "task", "length", "depth", "value"])
@@ -141,8 +141,10 @@ def summary(metrics: pd.DataFrame, configs: pd.DataFrame, metric: str) -> pd.Dat
 def pos_pairs(summary_table: pd.DataFrame, configs: pd.DataFrame, key: str) -> pd.DataFrame:
     """Architectures differing only in ``key`` (``model.pos.full`` or ``model.pos.efficient``), RoPE against NoPE.
 
-    Returns: factor (= key), base (the label of the RoPE architecture), score_beyond_rope, score_beyond_nope,
-    score_beyond_delta (NoPE - RoPE), val_loss_rope, val_loss_nope, val_loss_delta; empty without such pairs.
+    Returns: factor (= key), base (the label of the RoPE architecture), seeds_rope, seeds_nope (the runs each
+    mean is over), score_beyond_rope, score_beyond_nope, score_beyond_delta (NoPE - RoPE), val_loss_rope,
+    val_loss_nope, val_loss_delta; empty without such pairs. The deltas are differences of means, without
+    an interval (analysis/findings.py tests them).
     """
     arch = configs.drop_duplicates("label").set_index("label")["arch"].map(json.loads)
     by_label = summary_table.set_index("label")
@@ -155,12 +157,12 @@ def pos_pairs(summary_table: pd.DataFrame, configs: pd.DataFrame, key: str) -> p
     for pair in groups.values():
         if {"rope", "nope"} <= pair.keys():
             rope, nope = by_label.loc[pair["rope"]], by_label.loc[pair["nope"]]
-            row = {"factor": key, "base": pair["rope"]}
+            row = {"factor": key, "base": pair["rope"], "seeds_rope": rope["seeds"], "seeds_nope": nope["seeds"]}
             for m in ("score_beyond", "val_loss"):
                 row |= {f"{m}_rope": rope[m], f"{m}_nope": nope[m], f"{m}_delta": nope[m] - rope[m]}
             rows.append(row)
-    return pd.DataFrame(rows, columns=["factor", "base"] + [f"{m}_{s}" for m in ("score_beyond", "val_loss")
-                                                             for s in ("rope", "nope", "delta")])
+    return pd.DataFrame(rows, columns=["factor", "base", "seeds_rope", "seeds_nope"]
+                        + [f"{m}_{s}" for m in ("score_beyond", "val_loss") for s in ("rope", "nope", "delta")])
 
 
 def head_maps(heads: pd.DataFrame, layers: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:

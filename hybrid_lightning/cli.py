@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib.resources
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid_lightning.config import RunConfig, load_config
-from hybrid_lightning.rundir import IOFailure, read_status
+from hybrid_lightning import __version__
+from hybrid_lightning.config import RunConfig, dump_config, load_config
+from hybrid_lightning.fileio import IOFailure
+from hybrid_lightning.rundir import read_status
 
 # OSErrors of the machine rather than of the code: reported in one line with what to do.
 _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
@@ -36,10 +39,24 @@ def _load(args: argparse.Namespace) -> RunConfig:
     return load_config(args.config, args.overrides)
 
 
+def _add_preview_args(p: argparse.ArgumentParser) -> None:
+    preview = p.add_mutually_exclusive_group()  # either prints and exits; nothing is written
+    preview.add_argument("--print-config", action="store_true", help="print the resolved config as YAML (train reads it)")
+    preview.add_argument("--dry-run", action="store_true", help="print parameters, tokens, steps and a time estimated here")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    from hybrid_lightning.config.resolve import default_run_dir, resolve_config
+    from hybrid_lightning.training.dryrun import dry_run_report
     from hybrid_lightning.training.run import train
     from hybrid_lightning.training.stop import Stopped
 
+    if args.print_config or args.dry_run:
+        cfg = resolve_config(_load(args))
+        if args.dry_run:
+            cmd_params(args)
+        print(dump_config(cfg) if args.print_config else dry_run_report(cfg, Path(args.run_dir or default_run_dir(cfg))))
+        return 0
     try:
         run_dir = train(_load(args), args.run_dir)
     except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (unless a second signal came)
@@ -53,36 +70,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_params(args: argparse.Namespace) -> int:
-    import torch
+    from hybrid_lightning.config.resolve import resolve_config
+    from hybrid_lightning.model import resolve_model_config
+    from hybrid_lightning.model.matching import param_table
 
-    from hybrid_lightning.model import build_model, count_params, resolve_model_config
-    from hybrid_lightning.model.matching import param_report
-    from hybrid_lightning.training.run import resolve_config
-
-    cfg = resolve_config(_load(args))
-    model_cfg = resolve_model_config(cfg.model)
-    with torch.device("meta"):  # counts without allocating weights
-        model = build_model(model_cfg)
-    counts = count_params(model)
-    rows = [("layer", "kind", "window", "pos", "mixer", "mlp", "mlp width", "norm", "total")]
-    for layer, spec in zip(counts["layers"], model.plan):
-        rows.append((str(layer["layer"]), layer["kind"], str(layer["window"] or "-"), str(layer["pos"] or "-"),
-                     f"{layer['mixer']:,}", f"{layer['mlp']:,}", str(spec.mlp_hidden), f"{layer['norm']:,}",
-                     f"{layer['total']:,}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    print(f"non-embedding {counts['non_embedding']:,}  embedding {counts['embedding']:,}  total {counts['total']:,}")
-    match = param_report(model_cfg)
-    how = (f"non-full SwiGLU width {match.width}, matched from {match.base_width}" if model_cfg.match_params
-           else "not matched (set model.match_params to match)")
-    print(f"reference (pattern {match.reference_pattern}) non-embedding {match.reference:,}  this model "
-          f"{match.matched:,}  deviation {match.deviation:+.2%}  {how}")
+    print(param_table(resolve_model_config(resolve_config(_load(args)).model)))
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from hybrid_lightning.offline import evaluate_checkpoint
+    from hybrid_lightning.eval.offline import evaluate_checkpoint
     from hybrid_lightning.eval.report import report_path, table
 
     overrides = list(args.overrides)
@@ -101,7 +98,7 @@ def _planned_cells(grid) -> list[tuple[str, Path]]:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from analysis.report import analyze
+    from hybrid_lightning.analysis.report import analyze
 
     planned = None
     if args.grid is not None:
@@ -116,20 +113,20 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from analysis.report import analyze
+    from hybrid_lightning.analysis.report import analyze
     from hybrid_lightning.grid import load_grid, submit_grid
 
     grid_file = args.grid or demo_grid()
     grid = load_grid(grid_file, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print(f"report written to {analyze(grid.root, args.out, planned=_planned_cells(grid))}")
+    print(f"report.md and findings.md written to {analyze(grid.root, args.out, planned=_planned_cells(grid), findings=True).parent}")
     return code
 
 
 def _add_analysis_parsers(sub) -> None:
-    from analysis.metrics import METRICS
+    from hybrid_lightning.analysis.metrics import METRICS
 
-    p = sub.add_parser("analyze", help="figures, CSV tables and report.md from a folder of runs (a grid root or any)")
+    p = _command(sub, "analyze", "figures, CSV tables and report.md from a folder of runs (a grid root or any)", "analysis.md")
     p.add_argument("dir", help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
     p.add_argument("--out", help="output folder (default: DIR/analysis)")
     p.add_argument("--metric", choices=list(METRICS), default="token_acc",
@@ -139,7 +136,7 @@ def _add_analysis_parsers(sub) -> None:
                    help="open the report with rule-based verdicts on the paper's three findings (analysis/findings.py)")
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("demo", help="train a demo grid locally, then analyse it (grid submit --executor local + analyze)")
+    p = _command(sub, "demo", "train a demo grid locally, then analyse it (grid submit --executor local + analyze --findings)", "analysis.md")
     p.add_argument("--grid", help="grid file (default: ablations/demo.yaml, installed with the package)")
     p.add_argument("--root", help="folder of the cells' run directories (default: runs/<grid name>)")
     p.add_argument("--parallel", type=int, default=2, metavar="N", help="cells trained at once (default 2)")
@@ -160,9 +157,17 @@ def cmd_grid_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_grid_submit(args: argparse.Namespace) -> int:
-    from hybrid_lightning.grid import load_grid, submit_grid
+    from hybrid_lightning.grid import EXECUTORS, load_grid, submit_grid
+    from hybrid_lightning.grid.report import dry_run_table
 
-    return submit_grid(load_grid(args.grid, args.root), args.executor, args.profile, args.parallel)
+    if not (args.print_config or args.dry_run) and args.executor not in EXECUTORS:
+        raise ValueError(f"--executor {args.executor or 'is missing'}: one of {list(EXECUTORS)}")
+    grid = load_grid(args.grid, args.root)
+    if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
+        configs = (f"---\n# cell {c.name}: {c.run_dir}\n{dump_config(c.config)}" for c in grid.cells)
+        print("".join(configs) if args.print_config else dry_run_table(grid))
+        return 0
+    return submit_grid(grid, args.executor, args.profile, args.parallel)
 
 
 def cmd_grid_status(args: argparse.Namespace) -> int:
@@ -183,13 +188,11 @@ def cmd_grid_cancel(args: argparse.Namespace) -> int:
 
 
 def _add_grid_parser(sub) -> None:
-    from hybrid_lightning.grid.executor import EXECUTORS
-
-    grid = sub.add_parser("grid", help="ablation grids: plan, submit (SLURM or local), status, cancel")
+    grid = _command(sub, "grid", "ablation grids: plan, submit (SLURM or local), status, cancel", "grids.md")
     actions = grid.add_subparsers(dest="grid_command", required=True, metavar="ACTION")
 
     def action(name: str, help: str, func) -> argparse.ArgumentParser:
-        p = actions.add_parser(name, help=help)
+        p = _command(actions, name, help, "grids.md")
         p.add_argument("grid", help="grid file (YAML: base, axes, zip, exclude)")
         p.add_argument("--root", help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
         p.set_defaults(func=func)
@@ -202,10 +205,10 @@ def _add_grid_parser(sub) -> None:
     speed.add_argument("--tflops", type=float, metavar="TFLOPS",
                        help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
     p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
-    p.add_argument("--executor", choices=list(EXECUTORS), required=True,
-                   help="; ".join(f"{name}: {cls.help}" for name, cls in EXECUTORS.items()))
+    p.add_argument("--executor", metavar="NAME", help="local, slurm or another registered executor (docs/grids.md); needed to submit")
     p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
+    _add_preview_args(p)
     p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
     p.add_argument("--json", action="store_true", help="the rows as a JSON list")
     p = action("cancel", "cancel the live jobs of the grid (or of the cells named)", cmd_grid_cancel)
@@ -213,7 +216,7 @@ def _add_grid_parser(sub) -> None:
 
 
 def cmd_probes(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.export import export_probes
+    from hybrid_lightning.probes.files import export_probes
 
     n = export_probes(args.out, args.tasks, args.lengths, args.samples, args.seed, args.value_tokens, args.tokenizer)
     print(f"{n} probes written to {args.out}")
@@ -228,9 +231,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
-    from hybrid_lightning.eval.ablation import parse_heads
-    from hybrid_lightning.eval.heads_report import ablation_table, control_table, heads_path, heads_table, single_table
-    from hybrid_lightning.offline import heads_checkpoint
+    from hybrid_lightning.heads.ablation import parse_heads
+    from hybrid_lightning.heads.report import ablation_table, control_table, heads_path, heads_table, single_table
+    from hybrid_lightning.eval.offline import heads_checkpoint
 
     if args.mask_top is not None:
         selection, k = "top", args.mask_top
@@ -269,51 +272,27 @@ def cmd_data_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _add_data_parser(sub) -> None:
-    data = sub.add_parser("data", help="token stores and tokenizers: prepare a corpus, train a BPE")
+    data = _command(sub, "data", "token stores and tokenizers: prepare a corpus, train a BPE", "training.md")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    p = actions.add_parser("prepare", help="tokenize the config's corpus into its token store (resumes an interrupted one)")
+    p = _command(actions, "prepare", "tokenize the config's corpus into its token store (resumes an interrupted one)", "training.md")
     _add_config_args(p)
     p.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: data.prepare_workers, else the cores, at most 8)")
     p.set_defaults(func=cmd_data_prepare)
-    p = actions.add_parser("tokenizer", help="train a byte-level BPE on the config's corpus (tokenizers)")
+    p = _command(actions, "tokenizer", "train a byte-level BPE on the config's corpus (tokenizers)", "training.md")
     _add_config_args(p)
     p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="vocabulary size, <|endoftext|> included")
     p.add_argument("--out", required=True, help="tokenizers JSON file to write")
     p.set_defaults(func=cmd_data_tokenizer)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models."
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _command(sub, name: str, help: str, page: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help says what it does and names its page under docs/."""
+    return sub.add_parser(name, help=help, description=f"{help[0].upper()}{help[1:]}. Documented in docs/{page}.")
 
-    p = sub.add_parser("train", help="train (or resume) one run")
-    _add_config_args(p)
-    p.add_argument("--run-dir", help="run directory (default: runs/<name>)")
-    p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)")
-    p.add_argument("run_dir", help="run directory")
-    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
-    p.add_argument("--lengths", nargs="+", metavar="N", help="probe lengths in tokens (default: the run's eval.lengths)")
-    p.add_argument("--tasks", nargs="+", metavar="TASK", help="probe tasks (default: the run's eval.tasks)")
-    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
-                   help="override an eval.* setting, e.g. --set eval.samples=4 (repeatable)")
-    p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser("probes", help="write long-context probes as text documents (JSON lines), e.g. as training data")
-    p.add_argument("tasks", nargs="+", metavar="TASK", help="probe tasks (as eval.tasks)")
-    p.add_argument("--out", required=True, help="JSON-lines file to write")
-    p.add_argument("--lengths", nargs="+", type=int, required=True, metavar="N", help="probe lengths in tokens")
-    p.add_argument("--samples", type=int, default=100, help="probes per task and length, depths spread over [0, 1] (default 100)")
-    p.add_argument("--seed", type=int, default=1, help="probe seed; keep it apart from the runs' eval.seed (default 1)")
-    p.add_argument("--value-tokens", type=int, metavar="N", help="answers of at least N tokens (as eval.value_tokens)")
-    p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default byte)")
-    p.set_defaults(func=cmd_probes)
-
-    p = sub.add_parser("heads", help="retrieval scores of every attention head of a run's checkpoint, and head "
-                       "ablation (writes eval/heads_step_<k>.json)")
+def _add_heads_parser(sub) -> None:
+    p = _command(sub, "heads", "retrieval scores of every attention head of a run's checkpoint, and head "
+                 "ablation (writes eval/heads_step_<k>.json)", "evaluation.md")
     p.add_argument("run_dir", help="run directory")
     p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
     mask = p.add_mutually_exclusive_group()
@@ -329,8 +308,44 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override an eval.* setting, e.g. --set eval.heads.lengths=[2048] (repeatable)")
     p.set_defaults(func=cmd_heads)
 
-    p = sub.add_parser("export", help="a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
-                       "with trust_remote_code=True, AutoTokenizer)")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models. "
+        "Start with README.md; the reference is in docs/ (docs/configuration.md for every config key).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _command(sub, "train", "train (or resume) one run", "training.md")
+    _add_config_args(p)
+    p.add_argument("--run-dir", help="run directory (default: runs/<name>)")
+    _add_preview_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = _command(sub, "eval", "long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)", "evaluation.md")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
+    p.add_argument("--lengths", nargs="+", metavar="N", help="probe lengths in tokens (default: the run's eval.lengths)")
+    p.add_argument("--tasks", nargs="+", metavar="TASK", help="probe tasks (default: the run's eval.tasks)")
+    p.add_argument("--set", action="append", default=[], metavar="eval.KEY=VALUE", dest="overrides",
+                   help="override an eval.* setting, e.g. --set eval.samples=4 (repeatable)")
+    p.set_defaults(func=cmd_eval)
+
+    p = _command(sub, "probes", "write long-context probes as text documents (JSON lines), e.g. as training data", "evaluation.md")
+    p.add_argument("tasks", nargs="+", metavar="TASK", help="probe tasks (as eval.tasks)")
+    p.add_argument("--out", required=True, help="JSON-lines file to write")
+    p.add_argument("--lengths", nargs="+", type=int, required=True, metavar="N", help="probe lengths in tokens")
+    p.add_argument("--samples", type=int, default=100, help="probes per task and length, depths spread over [0, 1] (default 100)")
+    p.add_argument("--seed", type=int, default=1, help="probe seed; keep it apart from the runs' eval.seed (default 1)")
+    p.add_argument("--value-tokens", type=int, metavar="N", help="answers of at least N tokens (as eval.value_tokens)")
+    p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default byte)")
+    p.set_defaults(func=cmd_probes)
+
+    _add_heads_parser(sub)
+
+    p = _command(sub, "export", "a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
+             "with trust_remote_code=True, AutoTokenizer)", "export.md")
     p.add_argument("run_dir", help="run directory")
     p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
     p.add_argument("--out", required=True, help="folder to write (must be empty or absent unless --force)")
@@ -339,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "lm-evaluation-harness tasks in OUT/lm_eval (lm_eval --include_path OUT/lm_eval --tasks hybrid_probes)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("params", help="per-layer parameter table and totals")
+    p = _command(sub, "params", "per-layer parameter table and totals", "training.md")
     _add_config_args(p)
     p.set_defaults(func=cmd_params)
 
@@ -352,7 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone early (`| head`) is then the BrokenPipeError below
+        return code
+    except BrokenPipeError:  # the reader went away (`grid plan --json | head`): no traceback, no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except ValueError as e:  # user errors: bad config, missing files; no traceback
         print(f"hybrid-lightning {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -6,17 +6,38 @@ from __future__ import annotations
 
 import torch
 
-from hybrid_lightning.config import TrainConfig
+from hybrid_lightning.config import ModelConfig, TrainConfig
+from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, by_letter
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
+# A CPU training step's fp32 time over its bf16-autocast time (one thread, batch 8; 4 layers, T = 512 at
+# d=128 and T = 256 at d=64), by d_model and by the efficient mixer of the 3 : 1 hybrid ("full": all
+# layers full attention). Measured by bench section (c), its "CPU, one thread" rows, committed in
+# analysis/results/bench/training.json; tests/test_perf.py checks that this table matches that file.
+CPU_BF16_SPEEDUP = {
+    128: {"full": 1.17, "swa": 0.97, "mamba2": 1.09, "gated_deltanet": 1.09, "lightning": 1.19},
+    64: {"full": 0.95, "swa": 0.73, "mamba2": 1.00, "gated_deltanet": 0.97, "lightning": 1.01},
+}
+CPU_BF16_MARGIN = 1.05  # bf16 only where it measured at least 5% faster: closer is within the timing noise
 
-def resolve_precision(train: TrainConfig) -> str:
-    """``train.precision`` as a Lightning precision string; ``auto`` is bf16-mixed on a GPU, else 32-true."""
+
+def resolve_precision(train: TrainConfig, model: ModelConfig) -> str:
+    """``train.precision`` as a Lightning precision string. ``auto`` is bf16-mixed on a GPU; on a CPU,
+    bf16-mixed only for architectures measured faster under it (``CPU_BF16_SPEEDUP``), else 32-true."""
     if train.precision != "auto":
         return "32-true" if train.precision == "32" else train.precision
     gpu = train.accelerator == "gpu" or (train.accelerator == "auto" and torch.cuda.is_available())
-    return "bf16-mixed" if gpu else "32-true"
+    return "bf16-mixed" if gpu or cpu_bf16_faster(model) else "32-true"
+
+
+def cpu_bf16_faster(model: ModelConfig) -> bool:
+    """Whether bf16 autocast measured faster on CPU for every efficient mixer of ``model`` (for full
+    attention when it has none), at the measured d_model nearest to its own."""
+    measured = CPU_BF16_SPEEDUP[min(CPU_BF16_SPEEDUP, key=lambda d: abs(d - model.d_model))]
+    letters = by_letter()
+    mixers = {model.mixer if ch == EFFICIENT_LETTER else letters[ch] for ch in model.pattern}
+    return all(measured.get(m, 0.0) >= CPU_BF16_MARGIN for m in (mixers - {FULL} or {FULL}))
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

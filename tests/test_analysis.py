@@ -13,8 +13,8 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from analysis.load import find_runs, load_runs
-from analysis.report import analyze
+from hybrid_lightning.analysis.load import find_runs, load_runs
+from hybrid_lightning.analysis.report import analyze
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import config_to_dict, validate_config
 
@@ -167,7 +167,7 @@ def test_laziness_csvs(fabricated):
 
 def test_first_head_is_held_for_good():
     """A head that appears once and goes again does not count: the first step is where heads stay."""
-    from analysis import tables
+    from hybrid_lightning.analysis import tables
 
     counts = [(9, 0), (19, 1), (29, 0), (39, 2), (49, 1)]
     metrics = pd.DataFrame([{"run": "r", "label": "W=16", "seed": 0, "metric": "heads/retrieval_heads", "step": step,
@@ -320,7 +320,7 @@ def test_the_demo_grid_has_every_comparison(tmp_path):
 
 
 def test_figures_have_labelled_axes_units_and_legends(fabricated):
-    from analysis import figures
+    from hybrid_lightning.analysis import figures
 
     _, out = fabricated
     curve = csv(out, "emergence_curves.csv")
@@ -346,7 +346,7 @@ def test_figures_have_labelled_axes_units_and_legends(fabricated):
 def test_findings_follow_their_rules_on_known_values(fabricated):
     """The verdicts and the numbers behind them on the fabricated runs (values worked out by hand in
     the comments), and the report opening with them."""
-    from analysis.findings import findings
+    from hybrid_lightning.analysis.findings import findings
 
     root, _ = fabricated
     table = findings(load_runs(find_runs(root), root=root)).set_index("test")
@@ -410,8 +410,8 @@ def ablation_row(selection, heads, length, acc, masked_acc, n=2, task="passkey",
 def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     """Ablation rows written into a run's last heads file: the per-draw table pools tasks weighted by
     probes, the summary pools random draws, and the verdict follows its rule (values by hand below)."""
-    from analysis import tables
-    from analysis.findings import findings
+    from hybrid_lightning.analysis import tables
+    from hybrid_lightning.analysis.findings import findings
 
     root = tmp_path / "grid"
     for seed in (0, 1):

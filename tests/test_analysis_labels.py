@@ -5,8 +5,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
-from analysis import figures
-from analysis.load import LABEL_MAX, find_runs, load_runs
+from hybrid_lightning.analysis import figures
+from hybrid_lightning.analysis.load import LABEL_MAX, find_runs, load_runs
 
 from test_analysis import fabricate, run_config, tokens_scalars
 
@@ -44,7 +44,7 @@ def test_labels_of_runs_that_differ_in_one_key(tmp_path):
 
 
 def test_long_labels_keep_architectures_apart(tmp_path):
-    from analysis.load import _labels
+    from hybrid_lightning.analysis.load import _labels
 
     base = {"model.mixer": "swa", "model.window": 16, "model.pattern": "EEEF", "data.path": "x"}
     identities = [{**base, **{f"model.note_{x}": x * 30 + v for x in "abc"}} for v in ("1", "2")]
@@ -56,7 +56,7 @@ def test_long_labels_keep_architectures_apart(tmp_path):
 def test_legends_and_titles_fit_in_the_figure(tmp_path, n):
     unrelated(tmp_path, n)
     runs = load_runs(find_runs(tmp_path), root=tmp_path)
-    from analysis import tables
+    from hybrid_lightning.analysis import tables
 
     fig = figures.emergence(tables.curves(runs.metrics, "longctx/token_acc"), "score (share)")
     FigureCanvasAgg(fig).draw()

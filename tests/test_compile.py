@@ -39,7 +39,7 @@ def test_compiled_model_matches_eager():
 
 def test_compile_may_change_when_a_run_is_resumed(tmp_path):
     from hybrid_lightning.config import dump_config
-    from hybrid_lightning.training.run import check_same_run
+    from hybrid_lightning.config.resolve import check_same_run
 
     (tmp_path / "config.yaml").write_text(dump_config(validate_config({})))
     check_same_run(tmp_path, validate_config({"train": {"compile": True}}))  # no error

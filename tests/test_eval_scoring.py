@@ -17,7 +17,7 @@ from hybrid_lightning.eval.longppl import KeyTokens, select_key_tokens
 from hybrid_lightning.eval.report import pool, scalars
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.eval.scoring import STATS, ruler_output, score_samples, string_match_all, string_match_part
-from hybrid_lightning.eval.tasks import GenContext, make_sample
+from hybrid_lightning.probes.tasks import GenContext, make_sample
 from hybrid_lightning.model.plan import LayerSpec
 
 TOK = ByteTokenizer()

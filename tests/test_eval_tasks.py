@@ -9,7 +9,8 @@ import pytest
 
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES
 from hybrid_lightning.data.tokenizer import ByteTokenizer
-from hybrid_lightning.eval.tasks import NOISE, RULER_DEPTHS, TASKS, GenContext, make_sample, sentences
+from hybrid_lightning.probes.haystack import NOISE, sentences
+from hybrid_lightning.probes.tasks import RULER_DEPTHS, TASKS, GenContext, make_sample
 
 from conftest import run_cli
 

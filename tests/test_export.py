@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers", reason="the export extra (tra
 
 from hybrid_lightning.config import dump_config, load_config  # noqa: E402
 from hybrid_lightning.data.tokenizer import ByteTokenizer  # noqa: E402
-from hybrid_lightning.eval.generation import exact_match_by_task, greedy_generate, read_probes, score_probes  # noqa: E402
+from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E402
+from hybrid_lightning.probes.files import read_probes  # noqa: E402
 from hybrid_lightning.export.folder import load_native, write_folder  # noqa: E402
 from hybrid_lightning.model import build_model  # noqa: E402
 from hybrid_lightning.rundir import read_run_config  # noqa: E402
@@ -125,7 +126,7 @@ def test_tokenizers_json_file_is_carried(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from hybrid_lightning.data.tokenizer import JsonTokenizer, load_tokenizer
-    from hybrid_lightning.eval.tasks import NOISE
+    from hybrid_lightning.probes.haystack import NOISE
     from hybrid_lightning.export.tokenizer import write_tokenizer
 
     bpe = Tokenizer(models.BPE())
@@ -234,3 +235,23 @@ def test_bad_probes_files_are_named(tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps({"text": "abc", "answer": "x", "task": "t", "length": 3, "depth": 0}) + "\n")
     with pytest.raises(ValueError, match="does not end with its answer"):
         read_probes(tmp_path / "p.jsonl")
+
+
+def test_the_folder_is_readable_by_others_as_the_umask_allows(tmp_path):
+    """mkdtemp's 0700 and safetensors' 0600 would lock colleagues out of a folder on a shared filesystem."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg = load_config(None, ["model.n_layers=1", "model.pattern=F", "model.d_model=32", "model.n_heads=2"])
+    (run / "config.yaml").write_text(dump_config(cfg))
+    model = build_model(cfg.model)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, run / "checkpoints" / "last.ckpt")
+    old = os.umask(0o027)
+    try:
+        from hybrid_lightning.export import export_run
+
+        out = export_run(run, tmp_path / "hf", ckpt=run / "checkpoints" / "last.ckpt")
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o750
+    assert {p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()} == {0o640}
+    assert (out / "model.safetensors").is_file()

@@ -16,7 +16,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hybrid_lightning.rundir import LOCK_FILE, checkpoint_is_valid, read_status
+from hybrid_lightning.fileio import LOCK_FILE
+from hybrid_lightning.rundir import checkpoint_is_valid, read_status
 
 from conftest import TINY, run_cli
 

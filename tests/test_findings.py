@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from analysis import stats
-from analysis.findings import findings
-from analysis.load import find_runs, load_runs
+from hybrid_lightning.analysis import stats
+from hybrid_lightning.analysis.findings import findings
+from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.cli import main
 
 from test_analysis import EVAL_STEPS, TOKENS_PER_STEP, ablation_row, fabricate, run_config, tokens_scalars

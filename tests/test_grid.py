@@ -121,7 +121,7 @@ def test_presets_zip_and_long_names(tmp_path):
         ({"axes": {"model.window": [8]}, "zip": [{"model.window": [8]}]}, "varied more than once"),
         ({"axis": {"model.window": [8]}}, "unknown grid key 'axis'; did you mean 'axes'"),
         ({"base": "missing.yaml"}, "base: config file not found"),
-        ({"axes": {"seed": [1, "1"]}}, 'seed takes numbers, not the string "1"'),
+        ({"axes": {"seed": [1, "1"]}}, 'seed: takes numbers, not the string "1"'),
         ({"axes": {"model.window": [16, 16.0]}}, "are one run (window=16)"),
         ({"axes": {"eval.at_end": [True], "eval.lengths": [[1024], [200]]}}, "eval.lengths: 200 tokens is too short"),
         ({"axes": {"eval.heads.at_end": [True], "eval.heads.lengths": [[256]]}}, "eval.heads.lengths"),
@@ -278,7 +278,7 @@ def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
 
 def test_tokens_per_param_sets_the_steps(tmp_path):
     from hybrid_lightning.model.matching import non_embedding_params
-    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.config.resolve import resolve_config
 
     train = {"tokens_per_param": 20, "devices": 1, "batch_size": 4, "seq_len": 64, "warmup_steps": 5}
     cfg = resolve_config(validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], **train}}))

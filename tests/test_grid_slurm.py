@@ -27,6 +27,7 @@ from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.slurm import squeue_jobs
 from hybrid_lightning.grid.state import read_jobs
 from hybrid_lightning.rundir import checkpoint_is_valid, read_status
+from hybrid_lightning.training.callbacks import STUDY_KEYS
 
 from conftest import REPO, run_cli
 from test_grid import TINY_BASE, loss_steps, write_grid
@@ -174,7 +175,8 @@ def test_tensorboard_server_lists_every_cell_with_hparams(finished_grid):
             points = get(f"/data/plugin/scalars/scalars?run={urllib.parse.quote(name)}&tag=train/loss")
             assert [step for _, step, _ in points] == list(range(20))
         experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
-        assert [h["name"] for h in experiment["hparamInfos"]] == ["model.window"]
+        assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(STUDY_KEYS)  # the axis is one of them
+        assert "." not in get("/data/runs")  # the grid's root holds no event file
         assert {m["name"]["tag"] for m in experiment["metricInfos"]} >= {"train/loss", "val/loss", "longctx/score"}
         groups = get("/data/plugin/hparams/session_groups", {
             "experimentName": "", "startIndex": 0, "sliceSize": 100,

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from hybrid_lightning.eval.ablation import ablations, harm, layer_matched_draws, permutation_p, selection_seed
-from hybrid_lightning.eval.heads import RetrievalHeads, answer_targets, reachable
-from hybrid_lightning.eval.near import ECHO_CUE, make_probe
+from hybrid_lightning.heads.ablation import ablations, harm, layer_matched_draws, permutation_p, selection_seed
+from hybrid_lightning.heads.retrieval import RetrievalHeads, answer_targets, reachable
+from hybrid_lightning.probes.near import ECHO_CUE, make_probe
 from test_heads import COPY_HEAD, HELD_OUT, TOK, copier, eval_config, head
 
 WINDOW = 32  # the smallest SWA window of the studies, and the copier's
 
 
 def targets(s):
-    """Rows of answer steps and their copy sources, as heads.py computes them (queries = answer rows)."""
+    """Rows of answer steps and their copy sources, as heads/retrieval.py computes them (queries = answer rows)."""
     qlo, n = len(s.prompt) - 1, len(s.prompt) + len(s.answer) - 1
     valid, source, _, _ = answer_targets(s, qlo, len(s.answer), n)
     return torch.from_numpy(valid)[None], torch.from_numpy(source)[None]

@@ -11,11 +11,11 @@ from conftest import on_ranks
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
-from hybrid_lightning.eval.ablation import ablate, choose_heads, masked, parse_heads
-from hybrid_lightning.eval.heads import RetrievalHeads, answer_targets, check_heads_probes
-from hybrid_lightning.eval.heads_report import ablation_table, heads_scalars, heads_table, score_grid
+from hybrid_lightning.heads.ablation import ablate, choose_heads, masked, parse_heads
+from hybrid_lightning.heads.retrieval import RetrievalHeads, answer_targets, check_heads_probes
+from hybrid_lightning.heads.report import ablation_table, heads_scalars, heads_table, score_grid
 from hybrid_lightning.eval.runner import LongContextEval
-from hybrid_lightning.eval.tasks import make_sample
+from hybrid_lightning.probes.tasks import make_sample
 
 TOK = ByteTokenizer()
 HELD_OUT = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())

@@ -96,6 +96,24 @@ def test_operator_in_pieces_equals_one_call(op):
     assert torch.allclose(state, full_state, atol=1e-12)
 
 
+@pytest.mark.parametrize("B, T, C, size", [(2, 37, 6, 4), (1, 1, 5, 4), (3, 9, 4, 1), (2, 3, 8, 5)])
+def test_short_conv_matches_conv1d_with_gradients(B, T, C, size):
+    """The multiply-add taps and their written-out backward equal F.conv1d(groups=C) with left padding,
+    outputs and the gradients of input, weight and bias (fp64)."""
+    from hybrid_lightning.model.ops import ShortConv
+
+    torch.manual_seed(0)
+    conv = ShortConv(C, size, bias=True).double()
+    x = torch.randn(B, T, C, dtype=torch.float64, requires_grad=True)
+    want_y = F.silu(F.conv1d(F.pad(x.transpose(1, 2), (size - 1, 0)), conv.conv.weight, conv.conv.bias, groups=C)).transpose(1, 2)
+    w = torch.randn(B, T, C, dtype=torch.float64)
+    want = torch.autograd.grad((want_y * w).sum(), (x, conv.conv.weight, conv.conv.bias))
+    y = conv(x)
+    got = torch.autograd.grad((y * w).sum(), (x, conv.conv.weight, conv.conv.bias))
+    assert torch.allclose(y, want_y, atol=1e-12)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(got, want))
+
+
 def mixer(name, seed=0, **model):
     torch.manual_seed(seed)
     cfg = resolve_model_config({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name,

@@ -17,7 +17,8 @@ import torch
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule, MixedSequences, StepSampler, permute
-from hybrid_lightning.data.store import GOLDEN, open_store
+from hybrid_lightning.data.shards import GOLDEN
+from hybrid_lightning.data.store import open_store
 from hybrid_lightning.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 from conftest import TINY, run_cli
@@ -269,7 +270,7 @@ def test_probes_and_synthetic_data_with_byte_and_trained_bpe(tmp_path, kind):
     """Probes (all tasks, essay haystacks from a store's validation split) and synthetic retrieval
     sequences are exact in length and decode to what they state, with either tokenizer."""
     from hybrid_lightning.data.synthetic import RetrievalSynth
-    from hybrid_lightning.eval.tasks import TASKS, GenContext, make_sample
+    from hybrid_lightning.probes.tasks import TASKS, GenContext, make_sample
 
     docs = documents(200, seed=5)
     files = write_corpus(tmp_path / "src", docs)

@@ -7,7 +7,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from analysis.report import analyze
+from hybrid_lightning.analysis.report import analyze
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.kinds import KINDS, MixerKind
 from hybrid_lightning.model import build_model

@@ -13,7 +13,7 @@ from __future__ import annotations
 SECTIONS: dict[str, str] = {
     "attention": "(a) sliding-window vs full causal attention: time and peak memory, forward + backward",
     "recurrent": "(b) chunked recurrent operators vs step-by-step and vs fla's pure-torch chunked reference",
-    "training": "(c) training tokens/s of the seven architectures; Lightning vs a plain PyTorch loop",
+    "training": "(c) training tokens/s of the seven architectures; per-mixer CPU steps on one thread, fp32 and bf16; Lightning vs a plain PyTorch loop",
     "eval": "(d) cost of one call of each evaluation callback (long-context, retrieval heads) at its defaults, in training steps",
     "data": "(e) data prepare: throughput vs the tokenizer's batch speed, 1 -> 2 workers, peak memory, time to the first batch",
 }

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule
-from hybrid_lightning.eval.heads import RetrievalHeads
+from hybrid_lightning.heads.retrieval import RetrievalHeads
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.model import build_model
-from hybrid_lightning.training.run import resolve_config
+from hybrid_lightning.config.resolve import resolve_config
 
 
 def _median_seconds(fn, repeats: int) -> float:

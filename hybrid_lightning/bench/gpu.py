@@ -1,15 +1,23 @@
 """The GPU check, sized for ~10 minutes on one H200: ``python -m hybrid_lightning.bench.gpu [--out DIR]``.
 
+``--rehearse`` runs every section on the CPU at tiny shapes through the same code, the device choosing
+autocast, the optimizer's fused kernel, synchronisation and the backends: on a GPU the script then has
+nothing left to discover but numbers.
+
 1. Correctness in bf16: the attention backends that run on CUDA (flash-attn when installed, FlexAttention,
    SDPA) against the fp32 reference on the same bf16 inputs, outputs and gradients, full attention and
    windows, with and without cached keys before the queries.
 2. The recurrent mixers' fla kernels against their references: ``hybrid_lightning.bench.gpu_recurrent.main()``,
    when that module is installed.
+   On the CPU (``--rehearse``) the same checks run through Triton's interpreter, in a process of their own.
 3. MFU of training a ~125M-parameter model (GPT-2-small shape: 12 layers, d=768, vocab 50304, tied) at
-   T=4096 in bf16 autocast: full attention and the SWA-512 hybrid, eager and ``torch.compile``.
+   T=4096 in bf16 autocast: full attention, the SWA-512 hybrid and the Gated DeltaNet hybrid, eager and
+   ``torch.compile``.
+4. A short ``hybrid-lightning train`` killed after a checkpoint and resumed, checked exact
+   (``hybrid_lightning.bench.gpu_resume``).
 
-Writes ``gpu.json`` and ``gpu.md`` to the output folder; exits 1 when a correctness check fails and 2
-when no CUDA device is visible.
+Writes ``gpu.json`` and ``gpu.md`` (``rehearsal.json``, ``rehearsal.md`` with ``--rehearse``) to the
+output folder; exits 1 when a check fails and 2 when no CUDA device is visible (without ``--rehearse``).
 """
 
 from __future__ import annotations
@@ -18,13 +26,19 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hybrid_lightning.bench.__main__ import DEFAULT_OUT, markdown
+from hybrid_lightning.bench.gpu_resume import resume_check
+from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
 from hybrid_lightning.model import build_model, count_params, model_flops_per_token
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
@@ -34,6 +48,26 @@ TOLERANCE = 2e-2  # relative RMS error allowed in bf16 (its unit roundoff is 2**
 CASES = [(1024, None, 0, 8, 8), (2048, 128, 0, 8, 8), (4096, 512, 0, 8, 2), (1000, 300, 0, 8, 4), (256, 64, 200, 8, 8)]
 MFU_MODEL = {"n_layers": 12, "d_model": 768, "n_heads": 12, "vocab_size": 50304, "tie_embeddings": True}
 MFU_SEQ, MFU_BATCH, MFU_WARMUP, MFU_STEPS = 4096, 8, 3, 10
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The shapes of one run of the check."""
+
+    cases: list  # attention correctness cases, as CASES
+    model: dict  # the MFU model
+    seq: int
+    batch: int
+    warmup: int
+    steps: int
+    window: int  # of the SWA hybrid's MFU row
+    compiled: int  # how many MFU architectures (in order) also run under torch.compile
+
+
+GPU = Sizes(CASES, MFU_MODEL, MFU_SEQ, MFU_BATCH, MFU_WARMUP, MFU_STEPS, 512, 3)
+REHEARSAL = Sizes([(64, None, 0, 4, 4), (96, 16, 0, 4, 2), (50, 20, 10, 4, 2)],
+                  {"n_layers": 4, "d_model": 64, "n_heads": 2, "vocab_size": 257, "tie_embeddings": True},
+                  128, 2, 1, 2, 32, 1)  # compiling takes 1-4 minutes a model on one CPU core
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}  # dense, no sparsity
 
 
@@ -60,56 +94,109 @@ def backend_errors(backend: str, T: int, window: int | None, past: int, heads: i
     return {name: rel_rms(a, b) for name, a, b in zip(names, *results)}
 
 
-def correctness(device: torch.device) -> list[dict]:
-    backends = ["sdpa", "flex"] + (["flash"] if HAS_FLASH_ATTN else [])
+def attention_backends(device: torch.device) -> list[str]:
+    """The backends that train on ``device`` (FlexAttention trains on CUDA only; ``blocked`` is the CPU path)."""
+    if device.type == "cuda":
+        return ["sdpa", "flex"] + (["flash"] if HAS_FLASH_ATTN else [])
+    return ["sdpa", "blocked"]
+
+
+def correctness(device: torch.device, cases: list) -> list[dict]:
     rows = []
-    for backend in backends:
-        for T, window, past, heads, kv_heads in CASES:
+    for backend in attention_backends(device):
+        for T, window, past, heads, kv_heads in cases:
             errors = backend_errors(backend, T, window, past, heads, kv_heads, device)
             rows.append({"backend": backend, "T": T, "window": window or "full", "cached keys": past,
                          "heads / kv": f"{heads}/{kv_heads}", **errors, "ok": max(errors.values()) <= TOLERANCE})
     return rows
 
 
-def recurrent() -> object:
-    """The fla check of the recurrent mixers, when its module is installed."""
+def recurrent(device: torch.device) -> object:
+    """The fla check of the recurrent mixers: in this process on CUDA; on the CPU through Triton's
+    interpreter in a process of its own (``TRITON_INTERPRET`` must be set before triton is imported)."""
     if importlib.util.find_spec("hybrid_lightning.bench.gpu_recurrent") is None:
         return "hybrid_lightning.bench.gpu_recurrent is not installed: no recurrent check"
-    return importlib.import_module("hybrid_lightning.bench.gpu_recurrent").main()
+    if device.type == "cuda":
+        return importlib.import_module("hybrid_lightning.bench.gpu_recurrent").main()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        proc = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu_recurrent", "--interpret", "--out", str(out)],
+                              capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+        if not out.exists():
+            return {"exit status": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
+        return {"exit status": proc.returncode, "rows": json.loads(out.read_text())["rows"]}
 
 
-def mfu(device: torch.device, peak_tflops: float | None) -> list[dict]:
+def mfu_archs(window: int) -> list[tuple[str, dict]]:
+    return [("full", {"pattern": "F"}), (f"SWA-{window} hybrid", {"pattern": "EEEF", "window": window}),
+            ("gated_deltanet hybrid", {"pattern": "EEEF", "mixer": "gated_deltanet", "match_params": "F"})]
+
+
+def mfu(device: torch.device, peak_tflops: float | None, sizes: Sizes) -> list[dict]:
+    """Training step time and model FLOP/s in bf16 autocast, per architecture, eager and compiled."""
     rows = []
-    batch = torch.randint(0, MFU_MODEL["vocab_size"], (MFU_BATCH, MFU_SEQ + 1), device=device)
-    for name, arch in (("full", {"pattern": "F"}), ("SWA-512 hybrid", {"pattern": "EEEF", "window": 512})):
-        for compiled in (False, True):
+    batch = torch.randint(0, sizes.model["vocab_size"], (sizes.batch, sizes.seq + 1), device=device)
+    for i, (name, arch) in enumerate(mfu_archs(sizes.window)):
+        for compiled in (False, True)[: 1 + (i < sizes.compiled)]:
             torch.manual_seed(0)
-            model = build_model({**MFU_MODEL, **arch}).to(device)
+            model = build_model({**sizes.model, **arch}).to(device)
             if compiled:
                 model.compile()
-            step = PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True), None, 1.0)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+            step = PlainStep(model, opt, None, 1.0)
             t_compile = time.perf_counter()
-            for _ in range(MFU_WARMUP):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
+            for _ in range(sizes.warmup):
+                with torch.autocast(device.type, dtype=torch.bfloat16):
                     step(batch)
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
-            for _ in range(MFU_STEPS):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    step(batch)
-            torch.cuda.synchronize()
-            secs = (time.perf_counter() - t0) / MFU_STEPS
-            tokens = MFU_BATCH * MFU_SEQ
-            tflops = model_flops_per_token(model, MFU_SEQ) * tokens / secs / 1e12
+            for _ in range(sizes.steps):
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = step(batch)
+            sync()
+            secs = (time.perf_counter() - t0) / sizes.steps
+            tokens = sizes.batch * sizes.seq
+            tflops = model_flops_per_token(model, sizes.seq) * tokens / secs / 1e12
             rows.append({
                 "model": name, "compile": compiled, "params": count_params(model)["total"],
                 "step s": secs, "tokens/s": tokens / secs, "model TFLOP/s": tflops,
                 "MFU": tflops / peak_tflops if peak_tflops else "peak unknown: pass --peak-tflops",
-                "warm-up s": t0 - t_compile,
+                "warm-up s": t0 - t_compile, "loss": loss,
             })
-            del model, step
-            torch.cuda.empty_cache()
+            del model, step, opt
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     return rows
+
+
+def checks(device: torch.device, sizes: Sizes, peak: float | None) -> dict:
+    """Every section, in order; ``ok`` when every correctness check and the resume check pass."""
+    t0 = time.perf_counter()
+    attention = correctness(device, sizes.cases)
+    fla = recurrent(device)
+    rows = mfu(device, peak, sizes)
+    with tempfile.TemporaryDirectory() as tmp:
+        resume = resume_check(Path(tmp), "gpu" if device.type == "cuda" else "cpu")
+    fla_ok = fla == 0 or (isinstance(fla, dict) and fla.get("exit status") == 0)
+    return {"torch": torch.__version__, "flash_attn": HAS_FLASH_ATTN, "peak_bf16_tflops": peak,
+            "correctness": attention, "recurrent": fla, "mfu": rows, "resume": resume,
+            "ok": all(r["ok"] for r in attention) and fla_ok and resume["ok"] and all(r["loss"] == r["loss"] for r in rows),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def report(result: dict, name: str, sizes: Sizes) -> str:
+    checks_rows, mfu_rows = result["correctness"], result["mfu"]
+    return "\n".join([
+        markdown({"title": f"Attention backends vs the fp32 reference in bf16 ({name})",
+                  "columns": list(checks_rows[0]), "rows": checks_rows,
+                  "notes": f"Relative RMS error of the output and of each gradient; ok when all <= {TOLERANCE}."}),
+        markdown({"title": f"Training MFU, {sizes.batch} x {sizes.seq} tokens, bf16 autocast ({name})",
+                  "columns": list(mfu_rows[0]), "rows": mfu_rows,
+                  "notes": f"Mean step time over {sizes.steps} steps after {sizes.warmup} warm-up steps; "
+                           f"peak {result['peak_bf16_tflops']} TFLOP/s; FLOPs per token as in model_flops_per_token."}),
+        f"## Recurrent mixers (fla)\n\n```\n{json.dumps(result['recurrent'], indent=1, default=str)}\n```\n",
+        f"## Killed and resumed\n\n```\n{json.dumps(result['resume'], indent=1)}\n```\n",
+    ])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,36 +204,25 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     p.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak (default: known for H100/H200/A100/L40S)")
+    p.add_argument("--rehearse", action="store_true", help="every section on the CPU at tiny shapes")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
+    if not args.rehearse and not torch.cuda.is_available():
         print("python -m hybrid_lightning.bench.gpu: error: needs a CUDA GPU, and torch sees none "
-              f"(torch {torch.__version__}, CUDA build {torch.version.cuda})", file=sys.stderr)
+              f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); --rehearse runs it on the CPU",
+              file=sys.stderr)
         return 2
-    device = torch.device("cuda")
-    name = torch.cuda.get_device_name(device)
+    device = torch.device("cpu" if args.rehearse else "cuda")
+    name = "CPU rehearsal" if args.rehearse else torch.cuda.get_device_name(device)
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    t0 = time.perf_counter()
-    checks = correctness(device)
-    result = {
-        "device": name, "torch": torch.__version__, "flash_attn": HAS_FLASH_ATTN, "peak_bf16_tflops": peak,
-        "correctness": checks, "recurrent": recurrent(), "mfu": mfu(device, peak),
-    }
-    result["seconds"] = round(time.perf_counter() - t0, 1)
+    sizes = REHEARSAL if args.rehearse else GPU
+    result = {"device": name, **checks(device, sizes, peak)}
+    stem = "rehearsal" if args.rehearse else "gpu"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(result, indent=1, default=str))
-    tables = [
-        markdown({"title": f"Attention backends vs the fp32 reference in bf16 ({name})",
-                  "columns": list(checks[0]), "rows": checks,
-                  "notes": f"Relative RMS error of the output and of each gradient; ok when all <= {TOLERANCE}."}),
-        markdown({"title": f"Training MFU, {MFU_BATCH} x {MFU_SEQ} tokens, bf16 autocast ({name})",
-                  "columns": list(result["mfu"][0]), "rows": result["mfu"],
-                  "notes": f"Mean step time over {MFU_STEPS} steps after {MFU_WARMUP} warm-up steps; "
-                           f"peak {peak} TFLOP/s; FLOPs per token as in model_flops_per_token."}),
-        f"## Recurrent mixers (fla)\n\n```\n{json.dumps(result['recurrent'], indent=1, default=str)}\n```\n",
-    ]
-    (args.out / "gpu.md").write_text("# GPU check\n\n" + "\n".join(tables) + f"\n_{result['seconds']} s_\n")
-    print("\n".join(tables))
-    return 0 if all(row["ok"] for row in checks) else 1
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    tables = report(result, name, sizes)
+    (args.out / f"{stem}.md").write_text(f"# GPU check{' (rehearsal)' * args.rehearse}\n\n{tables}\n_{result['seconds']} s_\n")
+    print(tables)
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":

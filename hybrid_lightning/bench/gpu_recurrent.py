@@ -1,6 +1,11 @@
 """B6: on a CUDA GPU, flash-linear-attention's kernels against the torch chunked path.
 
     python -m hybrid_lightning.bench.gpu_recurrent [--quick] [--out FILE.json]
+    TRITON_INTERPRET=1 python -m hybrid_lightning.bench.gpu_recurrent --interpret
+
+``--interpret`` runs the same checks on CPU tensors through Triton's interpreter (the ``fla-cpu``
+extra; ``model/ops/interpreter.py``), at tiny shapes in fp32, with fp32 tolerances: the kernels'
+arguments, layouts, states and gradients checked before any GPU is at hand.
 
 For each operator (on bf16 inputs; the reference computes in fp32 on the same values) and each
 recurrent mixer (under bf16 autocast, the same weights through both backends) it compares outputs,
@@ -24,6 +29,7 @@ from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model import resolve_model_config
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
+from hybrid_lightning.model.ops.interpreter import interpreting
 from hybrid_lightning.model.plan import layer_plan
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.002 per value); sums of thousands of such
@@ -31,6 +37,7 @@ from hybrid_lightning.model.plan import layer_plan
 # scale) gives errors of order 1.
 OUTPUT_TOL = 2e-2
 GRAD_TOL = 4e-2
+FP32_TOL = 1e-4  # under the interpreter, in fp32: the chunked path's own agreement with the recurrence
 RECURRENT = tuple(k.name for k in KINDS.values() if not k.attention)
 
 
@@ -52,8 +59,10 @@ def call_op(op: str, x: dict, backend: str):
     return gated_linear_attention(x["q"], x["k"], x["v"], x["g"], scale=scale, state=x["state"], backend=backend)
 
 
-def op_checks(device: str, candidate: str, reference: str, dtype: torch.dtype, shapes) -> list[dict]:
-    """Each operator through ``candidate`` on ``dtype`` inputs against ``reference`` in fp32 on the same values."""
+def op_checks(device: str, candidate: str, reference: str, dtype: torch.dtype, shapes,
+              tol: tuple[float, float] = (OUTPUT_TOL, GRAD_TOL)) -> list[dict]:
+    """Each operator through ``candidate`` on ``dtype`` inputs against ``reference`` in fp32 on the same
+    values, from a random initial state; ``tol`` = (outputs and final states, gradients)."""
     rows = []
     for op in ("gated_linear_attention", "gated_delta_rule"):
         for B, T, H, K, V in shapes:
@@ -71,13 +80,15 @@ def op_checks(device: str, candidate: str, reference: str, dtype: torch.dtype, s
             grad = max(rel(g_c[n], g_r[n]) for n in g_r)
             out, state = rel(o_c, o_r), rel(s_c, s_r)
             rows.append({"check": f"{op} B={B} T={T} H={H} K={K} V={V}", "output": out, "state": state, "grad": grad,
-                         "ok": out <= OUTPUT_TOL and state <= OUTPUT_TOL and grad <= GRAD_TOL})
+                         "ok": out <= tol[0] and state <= tol[0] and grad <= tol[1]})
     return rows
 
 
-def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype, T: int, d_model: int) -> list[dict]:
-    """Each recurrent mixer, same weights, through both backends (under ``dtype`` autocast unless fp32),
-    then the candidate fed in three pieces with carried state against its own full forward."""
+def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype, T: int, d_model: int,
+                 tol: tuple[float, float] = (OUTPUT_TOL, GRAD_TOL)) -> list[dict]:
+    """Each recurrent mixer, same weights, through both backends (under ``dtype`` autocast unless fp32):
+    outputs, every parameter's gradient and the final states it carries; then the candidate fed in three
+    pieces with carried state against its own full forward."""
     rows = []
     for name in RECURRENT:
         cfg = resolve_model_config({"d_model": d_model, "n_heads": max(1, d_model // 64), "n_layers": 4,
@@ -85,23 +96,27 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
         torch.manual_seed(0)
         mixer = MIXERS[name](cfg, layer_plan(cfg)[1]).to(device)
         x = torch.randn(2, T, d_model, generator=torch.Generator(device="cpu").manual_seed(2)).to(device)
-        results = {}
+        results, finals = {}, {}
         for backend in (candidate, reference):
             mixer.backend = backend
             mixer.zero_grad()
+            finals[backend] = {}
             with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
                 y = mixer(x)
+                with torch.no_grad():
+                    mixer(x, finals[backend])
             y.float().pow(2).mean().backward()
             results[backend] = (y.detach(), {n: p.grad.clone() for n, p in mixer.named_parameters()})
         (y_c, g_c), (y_r, g_r) = results[candidate], results[reference]
+        final = max(rel(finals[candidate][n], t) for n, t in finals[reference].items() if torch.is_tensor(t))
         mixer.backend = candidate
         state, pieces = {}, []
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
             for piece in x.split([T // 3, 1, T - T // 3 - 1], dim=1):
                 pieces.append(mixer(piece, state))
         out, grad, piecewise = rel(y_c, y_r), max(rel(g_c[n], g_r[n]) for n in g_r), rel(torch.cat(pieces, 1), y_c)
-        rows.append({"check": f"mixer {name} T={T} d_model={d_model}", "output": out, "grad": grad, "state": piecewise,
-                     "ok": out <= OUTPUT_TOL and grad <= GRAD_TOL and piecewise <= OUTPUT_TOL})
+        rows.append({"check": f"mixer {name} T={T} d_model={d_model}", "output": out, "grad": grad, "state": final,
+                     "pieces": piecewise, "ok": max(out, final, piecewise) <= tol[0] and grad <= tol[1]})
     return rows
 
 
@@ -126,28 +141,49 @@ def timings(device: str, T: int) -> list[dict]:
     return rows
 
 
+def interpreter_rows() -> list[dict]:
+    """The checks on CPU through Triton's interpreter, fp32: operators at a ragged T with K != V from an
+    initial state, then every recurrent mixer. About a minute on one core."""
+    tol = (FP32_TOL, FP32_TOL)
+    rows = op_checks("cpu", "fla", "chunked", torch.float32, [(2, 37, 2, 16, 32), (1, 70, 1, 32, 16)], tol)
+    return rows + mixer_checks("cpu", "fla", "chunked", torch.float32, T=40, d_model=64, tol=tol)
+
+
 def main(argv: list[str] | tuple[str, ...] = ()) -> int:
     """Runs every check; ``argv`` are this script's options (none = the full run), not ``sys.argv``,
     so another script may call ``main()``."""
-    p = argparse.ArgumentParser(prog="python -m hybrid_lightning.bench.gpu_recurrent", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m hybrid_lightning.bench.gpu_recurrent", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smaller shapes")
+    p.add_argument("--interpret", action="store_true", help="on CPU through Triton's interpreter (TRITON_INTERPRET=1)")
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
     args = p.parse_args(list(argv))
-    if not torch.cuda.is_available() or not fla_available():
+    if args.interpret and not (interpreting() and fla_available()):
+        print("gpu_recurrent --interpret: needs TRITON_INTERPRET=1 in the environment and the fla-cpu extra "
+              "(pip install -e '.[fla-cpu]')", file=sys.stderr)
+        return 2
+    if not args.interpret and (not torch.cuda.is_available() or not fla_available()):
         print("gpu_recurrent: needs a CUDA device and flash-linear-attention (pip install -e '.[gpu]')", file=sys.stderr)
         return 2
-    shapes = [(2, 300, 4, 64, 64)] if args.quick else [(2, 1000, 4, 64, 64), (1, 4096, 8, 128, 128), (3, 37, 2, 64, 128)]
-    rows = op_checks("cuda", "fla", "chunked", torch.bfloat16, shapes)
-    rows += mixer_checks("cuda", "fla", "chunked", torch.bfloat16, T=300 if args.quick else 2000, d_model=256 if args.quick else 1024)
-    rows += timings("cuda", 2048 if args.quick else 8192)
+    rows = interpreter_rows() if args.interpret else gpu_rows(args.quick)
     for row in rows:
         print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     if args.out:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+        device = "CPU (Triton interpreter)" if args.interpret else torch.cuda.get_device_name()
+        args.out.write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     failed = [r["check"] for r in rows if r.get("ok") is False]
+    tols = f"output and state {FP32_TOL}, grad {FP32_TOL}" if args.interpret else f"output {OUTPUT_TOL}, grad {GRAD_TOL}"
     print(f"gpu_recurrent: {len(failed)} of {sum('ok' in r for r in rows)} checks failed {failed}" if failed
-          else f"gpu_recurrent: all {sum('ok' in r for r in rows)} checks passed (tolerances: output {OUTPUT_TOL}, grad {GRAD_TOL})")
+          else f"gpu_recurrent: all {sum('ok' in r for r in rows)} checks passed (tolerances: {tols})")
     return 1 if failed else 0
+
+
+def gpu_rows(quick: bool) -> list[dict]:
+    """The checks on the CUDA device in bf16, then the timings."""
+    shapes = [(2, 300, 4, 64, 64)] if quick else [(2, 1000, 4, 64, 64), (1, 4096, 8, 128, 128), (3, 37, 2, 64, 128)]
+    rows = op_checks("cuda", "fla", "chunked", torch.bfloat16, shapes)
+    rows += mixer_checks("cuda", "fla", "chunked", torch.bfloat16, T=300 if quick else 2000, d_model=256 if quick else 1024)
+    return rows + timings("cuda", 2048 if quick else 8192)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,11 @@
 1. Training tokens/s (forward, loss, backward, gradient clipping, AdamW) of the paper's seven
    architectures at one size: full attention, SWA-128/512/2048 hybrids and one hybrid per recurrent
    mixer registered in this install (``mixer_names``), side by side on the same random batches.
-2. The Lightning path (the ``Trainer`` that ``hybrid-lightning train`` builds: logging, checkpoint and
+2. One CPU thread at the CPU replica's size (d=128, 4 layers, batch 8 x 512) and the demo's (d=64,
+   batch 8 x 256): the CPU time of a training step of full attention, SWA-32 and every recurrent hybrid,
+   fp32 and under bf16 autocast, side by side; ``train.precision: auto`` follows the bf16 column
+   (``hybrid_lightning.precision.CPU_BF16``).
+3. The Lightning path (the ``Trainer`` that ``hybrid-lightning train`` builds: logging, checkpoint and
    throughput callbacks, the step sampler) against a plain PyTorch loop doing the same step on the
    same model, optimizer, schedule and batches, alternating rounds, the embedded default run config.
 """
@@ -28,6 +32,10 @@ from hybrid_lightning.kinds import mixer_names
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64
 SEQ_LEN, BATCH = 4096, 1
 TARGET_LIGHTNING = 0.9  # acceptance G2 of issue #8 (and A8 of the core issue)
+# (label, model overrides, T) at batch 8; the replica's size and the demo's
+CPU_SIZES = (("d=128", {"n_layers": 4, "d_model": 128, "n_heads": 4}, 512),
+             ("d=64", {"n_layers": 4, "d_model": 64, "n_heads": 2}, 256))
+CPU_BATCH, TARGET_RECURRENT_CPU = 8, 1.25  # a recurrent hybrid's step at most 1.25x full attention's
 
 
 def architectures(windows: tuple[int, ...] = WINDOWS) -> dict[str, dict]:
@@ -79,6 +87,41 @@ def architecture_rows(quick: bool) -> list[dict]:
          "tokens per CPU s": BATCH * T / secs[name].cpu}
         for name in steps
     ]
+
+
+def autocast_step(step: PlainStep, batch: torch.Tensor, bf16: bool):
+    """One step of ``step`` on ``batch``, under CPU bf16 autocast when ``bf16``."""
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return step(batch)
+    return run
+
+
+def cpu_rows(quick: bool) -> list[dict]:
+    """Per size and architecture: CPU ms per step on one thread, fp32 and bf16 autocast, interleaved."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        for label, size, T in CPU_SIZES[1:] if quick else CPU_SIZES:
+            T = 32 if quick else T
+            batch = torch.randint(0, 257, (CPU_BATCH, T + 1), generator=torch.Generator().manual_seed(0))
+            steps = {}
+            for name, arch in architectures((32,)).items():
+                torch.manual_seed(0)
+                model = build_model({**size, **arch})
+                step = PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4), None, 1.0)
+                for bf16 in (False, True):
+                    steps[name, bf16] = autocast_step(step, batch, bf16)
+                    steps[name, bf16]()  # warm-up
+            secs = interleaved_medians(steps, 1 if quick else 7)
+            rows += [{"part": "CPU, one thread", "setting": f"{name}, {label}, batch {CPU_BATCH} x {T}",
+                      "CPU ms/step": 1e3 * secs[name, False].cpu, "step / full's": secs[name, False].cpu / secs["full", False].cpu,
+                      "bf16 speed-up": secs[name, False].cpu / secs[name, True].cpu}
+                     for name in architectures((32,))]
+    finally:
+        torch.set_num_threads(threads)
+    return rows
 
 
 class _StepTimer(L.Callback):
@@ -136,7 +179,7 @@ def plain_seconds(cfg: RunConfig, warm: int) -> tuple[float, float]:
 
 
 def lightning_rows(quick: bool) -> list[dict]:
-    from hybrid_lightning.training.run import resolve_config
+    from hybrid_lightning.config.resolve import resolve_config
 
     warm, measured, rounds = (2, 3, 1) if quick else (20, 100, 3)
     overrides = {"max_steps": warm + measured, "warmup_steps": 1, "progress_bar": False,
@@ -147,7 +190,7 @@ def lightning_rows(quick: bool) -> list[dict]:
     no_eval = {"every_n_steps": 0, "at_end": False}  # the evaluation callbacks are measured in the eval section
     cfg = resolve_config(validate_config({"name": "bench", "model": model, "train": overrides,
                                           "eval": {**no_eval, "heads": no_eval}}))
-    tokens = measured * cfg.train.batch_size * cfg.train.seq_len
+    tokens = measured * cfg.train.tokens_per_step(1, accumulate=1)  # one process
     runs: dict[str, list[tuple[float, float]]] = {"Lightning": [], "plain loop": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
@@ -166,11 +209,15 @@ def lightning_rows(quick: bool) -> list[dict]:
 
 
 def run(quick: bool) -> dict:
-    archs, lightning = architecture_rows(quick), lightning_rows(quick)
+    archs, cpu, lightning = architecture_rows(quick), cpu_rows(quick), lightning_rows(quick)
+    recurrent = [r["step / full's"] for r in cpu if "hybrid" in r["setting"]]
     T = 256 if quick else SEQ_LEN
     notes = (
         f"Architectures: {'a quick size' if quick else SIZE}, batch {BATCH} x {T} tokens, fp32, AdamW; median of "
         f"{1 if quick else 3} round-robin steps after a warm-up step; hybrids are 3 efficient : 1 full layers (EEEF). "
+        f"CPU, one thread: CPU time per step (forward, loss, backward, clipping, AdamW), medians of "
+        f"{1 if quick else 7} interleaved steps, fp32; 'bf16 speed-up' is fp32 time / bf16-autocast time. The recurrent "
+        f"hybrids take {min(recurrent):.2f}-{max(recurrent):.2f}x full attention's step (target <= {TARGET_RECURRENT_CPU}). "
         "Lightning vs plain: medians over alternating rounds of the steps after a warm-up; 'tokens per CPU s' "
         "divides by this process's CPU time, which the other processes of a shared machine do not inflate. "
         f"G2: the Lightning path reaches {lightning[0]['Lightning / plain']:.3f}x the plain loop's tokens/s "
@@ -179,7 +226,7 @@ def run(quick: bool) -> dict:
     return {
         "title": "(c) Training throughput",
         "columns": ["part", "setting", "non-embedding params", "tokens/s", "relative to full", "tokens per CPU s",
-                    "Lightning / plain", "Lightning / plain (CPU s)"],
-        "rows": archs + lightning,
+                    "CPU ms/step", "step / full's", "bf16 speed-up", "Lightning / plain", "Lightning / plain (CPU s)"],
+        "rows": archs + cpu + lightning,
         "notes": notes,
     }

@@ -180,10 +180,14 @@ def _section_type(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+# The tags pydantic puts in an error's location for the member of a union (``int | None``: "int").
+UNION_TAGS = ("int", "float", "bool", "str", "none")
+
+
 def _describe(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")) and p not in UNION_TAGS)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "literal_error":
             msg = f"{err['input']!r} is not accepted; {msg.lower()}"

@@ -9,87 +9,60 @@ Reading YAML, overrides and turning validation errors into one ``ValueError`` li
 from __future__ import annotations
 
 import json
-import types
-import typing
-from typing import Any, Literal, Union
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 
 from hybrid_lightning.kinds import KINDS, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
+# Each key's role for a run (config/roles.py): untagged = identity.
+ROLE_KEY, IDENTITY, RESUMABLE, BOOKKEEPING, LABEL = "role", "identity", "resumable", "bookkeeping", "label"
+
+
+def role(name: str) -> dict:
+    """``Field`` arguments tagging a field (or a whole section) with its role (config/roles.py)."""
+    return {"json_schema_extra": {ROLE_KEY: name}}
+
+
+def _a_number(value):
+    if isinstance(value, bool):
+        raise ValueError(f"input should be a number, not {str(value).lower()}")
+    if isinstance(value, str):
+        raise ValueError(f"takes numbers, not the string {json.dumps(value)}; write it without quotes")
+    return value
+
+
+# Numbers as written: neither YAML's true/false nor a quoted number ("32" would otherwise pass as 32,
+# and a grid would name it apart from 32). Configs are read with YAML 1.2's number rules
+# (config/loading.read_yaml), so an unquoted 3e-4 is a float.
+Number = Annotated[float, BeforeValidator(_a_number)]
+Whole = Annotated[int, BeforeValidator(_a_number)]
 
 
 class _Frozen(BaseModel):
+    """Numbers and switches are typed strictly (``Whole``, ``Number``, ``StrictBool``): YAML's
+    true/false are not numbers (``window: true`` would otherwise pass as 1), and a switch takes true or
+    false only (not 1 or "yes")."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bools_as_numbers(cls, data: Any) -> Any:
-        """YAML's true/false are not numbers (``window: true`` would otherwise pass as 1), a
-        switch takes true or false only (not 1 or "yes"), and a quoted number is a string, not a
-        number (``window: "32"`` is refused, as a grid would otherwise name it apart from 32)."""
-        if isinstance(data, dict):
-            for name, value in data.items():
-                field = cls.model_fields.get(name)
-                if field is None:
-                    continue
-                if field.annotation is bool and not isinstance(value, bool):
-                    raise ValueError(f"{name} must be true or false, not {json.dumps(value)}")
-                if _holds_bool(value) and not _admits_bool(field.annotation):
-                    raise ValueError(f"{name} must be {_expected(field.annotation)}, not {json.dumps(value)}")
-                strings = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] \
-                    if isinstance(value, (list, tuple)) else []
-                if _admits_number(field.annotation) and not all(
-                        _admits_string(field.annotation, v, nested=not isinstance(value, str)) for v in strings):
-                    raise ValueError(f"{name} takes numbers, not the string {json.dumps(value)}; write it without quotes")
-        return data
-
-
-def _holds_bool(value: Any) -> bool:
-    return isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value))
-
-
-def _admits_bool(annotation: Any) -> bool:
-    return annotation is bool or annotation is Any or any(_admits_bool(a) for a in typing.get_args(annotation))
-
-
-def _admits_number(annotation: Any) -> bool:
-    return annotation in (int, float) or any(_admits_number(a) for a in typing.get_args(annotation))
-
-
-def _admits_string(annotation: Any, value: str, nested: bool) -> bool:
-    """Whether the string ``value`` (an element of a list when ``nested``) is a value of ``annotation``
-    as written: a str field, or one of a Literal's strings; never a number spelled as a string."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (Union, types.UnionType):
-        return any(_admits_string(a, value, nested) for a in args)
-    if nested:
-        return origin in (tuple, list) and any(_admits_string(a, value, False) for a in args if a is not Ellipsis)
-    if origin is Literal:
-        return value in args
-    return annotation in (str, Any) or origin is dict or (isinstance(annotation, type) and issubclass(annotation, BaseModel))
-
-
-def _expected(annotation: Any) -> str:
-    names = {int: "a whole number", float: "a number"}
-    return names.get(annotation) or f"a value of type {str(annotation).replace('typing.', '')}"
 
 
 class PosConfig(_Frozen):
     """Positional encoding per layer type. NoPE applies no rotation at all."""
 
-    full: Literal["rope", "nope"] = "rope"
-    efficient: Literal["rope", "nope"] = "rope"
+    full: Literal["rope", "nope"] = Field("rope", description="positional encoding of the full-attention layers: `nope` applies"
+                                          " no rotation at all (there is no absolute position embedding)")
+    efficient: Literal["rope", "nope"] = Field("rope", description="positional encoding of the other attention layers (SWA)")
 
 
 class Mamba2Config(_Frozen):
     """Mamba-2 layers (``M``); defaults of the paper's reference module (Dao & Gu 2024)."""
 
-    expand: int = Field(2, ge=1, description="inner width = expand * d_model")
-    head_dim: int = Field(64, ge=1, description="channels per SSM head; must divide expand * d_model")
-    d_state: int = Field(128, ge=1, description="SSM state size N")
-    conv_size: int = Field(4, ge=1, description="taps of the causal depthwise convolution")
+    expand: Whole = Field(2, ge=1, description="inner width = expand * d_model")
+    head_dim: Whole = Field(64, ge=1, description="channels per SSM head; must divide expand * d_model")
+    d_state: Whole = Field(128, ge=1, description="SSM state size N")
+    conv_size: Whole = Field(4, ge=1, description="taps of the causal depthwise convolution")
 
     def check(self, model: ModelConfig) -> None:
         inner = self.expand * model.d_model
@@ -100,8 +73,8 @@ class Mamba2Config(_Frozen):
 class _HeadsConfig(_Frozen):
     """Heads of a recurrent mixer; ``ModelConfig.heads`` fills what is left open from the model."""
 
-    n_heads: int | None = Field(None, ge=1, description="None = model.n_heads")
-    head_dim: int | None = Field(None, ge=1, description="(query/key) width per head; None = model's head_dim")
+    n_heads: Whole | None = Field(None, ge=1, description="null = model.n_heads")
+    head_dim: Whole | None = Field(None, ge=1, description="(query/key) width per head; null = model's head_dim")
 
     def check(self, model: ModelConfig) -> None:
         """Constraints that involve the model's other settings (called for mixers the pattern uses)."""
@@ -110,8 +83,8 @@ class _HeadsConfig(_Frozen):
 class GatedDeltaNetConfig(_HeadsConfig):
     """Gated DeltaNet layers (``G``; Yang, Kautz & Hatamizadeh 2025)."""
 
-    expand_v: float = Field(2.0, gt=0, description="value width per head = expand_v * head_dim")
-    conv_size: int = Field(4, ge=1, description="taps of the causal depthwise convolution")
+    expand_v: Number = Field(2.0, gt=0, description="value width per head = expand_v * head_dim")
+    conv_size: Whole = Field(4, ge=1, description="taps of the causal depthwise convolution")
 
     def check(self, model: ModelConfig) -> None:
         key_dim = model.heads(self)[1]
@@ -128,33 +101,38 @@ class LightningConfig(_HeadsConfig):
 class ModelConfig(_Frozen):
     """The ``model:`` section; ``build_model`` takes it (or the same keys as a dict)."""
 
-    n_layers: int = Field(4, ge=1)
-    d_model: int = Field(128, ge=1)
-    n_heads: int = Field(4, ge=1)
-    n_kv_heads: int | None = Field(None, ge=1, description="GQA key/value heads; None = n_heads")
-    pattern: str = Field("EEEF", description="F = full attention, E = model.mixer, or a mixer letter")
-    mixer: str = Field("swa", description="the efficient mixer that E stands for")
-    window: int = Field(64, ge=1, description="SWA window, counting the current token")
+    n_layers: Whole = Field(4, ge=1, description="layers; `model.pattern` is tiled to them")
+    d_model: Whole = Field(128, ge=1, description="model width")
+    n_heads: Whole = Field(4, ge=1, description="attention heads; must divide `d_model`")
+    n_kv_heads: Whole | None = Field(None, ge=1, description="key/value heads (GQA); must divide `n_heads`; null = `n_heads`")
+    pattern: str = Field("EEEF", description="one letter per layer, tiled to `n_layers` (its length must divide `n_layers`): "
+                         "`F` full attention, `E` the mixer named by `model.mixer`, or a mixer's own letter (`S` = SWA, "
+                         "`M` = Mamba-2, `G` = Gated DeltaNet, `L` = Lightning Attention) to mix kinds explicitly, e.g. `SSFS`")
+    mixer: str = Field("swa", description="the efficient mixer that `E` stands for: `swa`, `mamba2`, `gated_deltanet`, "
+                       "`lightning`")
+    window: Whole = Field(64, ge=1, description="SWA window W, counting the current token (flash-attn's `window_size=(W-1, 0)`): "
+                        "token t sees t-W+1 ... t")
     pos: PosConfig = Field(default_factory=PosConfig)
-    rope_theta: float = Field(10000.0, gt=0)
-    vocab_size: int | None = Field(None, ge=2, description="None = the tokenizer's")
-    mlp_hidden: int | None = Field(None, ge=1, description="SwiGLU width; None = 8/3 d_model rounded up to 32")
-    qk_norm: bool = False
-    tie_embeddings: bool = False
-    norm_eps: float = Field(1e-5, gt=0)
-    init_std: float = Field(0.02, gt=0)
-    attn_backend: Literal["auto", "reference", "sdpa", "blocked", "flash", "flex"] = "auto"
+    rope_theta: Number = Field(10000.0, gt=0, description="RoPE base")
+    vocab_size: Whole | None = Field(None, ge=2, description="vocabulary size; null = the tokenizer's")
+    mlp_hidden: Whole | None = Field(None, ge=1, description="SwiGLU hidden width; null = 8/3 d_model rounded up to 32")
+    qk_norm: StrictBool = Field(False, description="RMSNorm on queries and keys per head")
+    tie_embeddings: StrictBool = Field(False, description="share the input embedding and the output head")
+    norm_eps: Number = Field(1e-5, gt=0, description="RMSNorm epsilon")
+    init_std: Number = Field(0.02, gt=0, description="weights drawn from N(0, std); residual outputs scaled by 1/sqrt(2 n_layers)")
+    attn_backend: Literal["auto", "reference", "sdpa", "blocked", "flash", "flex"] = Field(
+        "auto", description="attention kernel (docs/training.md, Attention backends)", **role(BOOKKEEPING))
     recurrent_backend: Literal["auto", "chunked", "recurrent", "fla"] = Field(
-        "auto", description="recurrent mixers: auto = fla on CUDA when installed, else chunked"
-    )
-    recurrent_chunk: int = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend")
+        "auto", description="recurrent mixers: `auto` = fla on CUDA when installed, else `chunked` (docs/training.md, Recurrent "
+        "mixers)", **role(BOOKKEEPING))
+    recurrent_chunk: Whole = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend", **role(BOOKKEEPING))
     mamba2: Mamba2Config = Field(default_factory=Mamba2Config)
     gated_deltanet: GatedDeltaNetConfig = Field(default_factory=GatedDeltaNetConfig)
     lightning: LightningConfig = Field(default_factory=LightningConfig)
-    efficient_mlp_hidden: int | None = Field(None, ge=1, description="SwiGLU width of the non-full layers; None = mlp_hidden's")
-    match_params: str | None = Field(
-        None, description="a reference pattern (e.g. F): set the non-full layers' SwiGLU width to match its parameter count"
-    )
+    efficient_mlp_hidden: Whole | None = Field(None, ge=1, description="SwiGLU width of the non-full layers; null = `mlp_hidden`'s")
+    match_params: str | None = Field(None, description="a reference pattern, e.g. `F`: sets the non-full layers' SwiGLU width "
+                                     "so that the non-embedding parameter count matches the same model with that pattern "
+                                     "(within 2%)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -210,31 +188,41 @@ class ModelConfig(_Frozen):
 class SyntheticConfig(_Frozen):
     """Retrieval-dense synthetic sequences mixed into training (see data/synthetic.py)."""
 
-    fraction: float = Field(0.5, ge=0, le=1, description="share of training sequences that are synthetic")
-    value_chars: tuple[int, int] = Field((6, 24), description="min and max characters of a value")
-    queries_per_fact: float = Field(3.0, ge=0, description="mean number of times a fact is queried")
-    repeat_template: float = Field(0.5, ge=0, le=1, description="share of queries in their fact's own template")
-    repeat_spans: float = Field(1.0, ge=0, description="weight of verbatim repeats of earlier spans (filler and facts weigh 1)")
+    fraction: Number = Field(0.5, ge=0, le=1, description="share of training sequences that are synthetic retrieval sequences "
+                            "(0 = off)")
+    value_chars: tuple[Whole, Whole] = Field((6, 24), description="min and max characters of a value")
+    queries_per_fact: Number = Field(3.0, ge=0, description="how often facts are queried, relative to how often they are stated")
+    repeat_template: Number = Field(0.5, ge=0, le=1, description="share of queries that restate a fact in the template it was "
+                                   "stated in (the rest are questions)")
+    repeat_spans: Number = Field(1.0, ge=0, description="weight of verbatim repeats of earlier spans (filler and facts weigh 1)")
 
 
 class DataConfig(_Frozen):
     """The ``data:`` section. No files and no hub name = the embedded corpus."""
 
-    files: tuple[str, ...] = Field((), description="local .txt/.md/.py/.json/.jsonl/.parquet files or globs")
-    hub: str | None = Field(None, description="a datasets hub name (needs network)")
-    hub_config: str | None = None
-    hub_split: str = "train"
-    text_field: str = "text"
-    tokenizer: str = Field("byte", description="'byte', a tokenizers JSON file or a folder holding tokenizer.json")
-    max_tokens: int | None = Field(None, ge=1, description="cap on real-text tokens read")
-    min_doc_tokens: int | None = Field(None, ge=1, description="keep only documents of at least this many tokens")
-    val_fraction: float = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
+    files: tuple[str, ...] = Field((), description="local text (`.txt .md .py ...`, one file = one document), `.json/.jsonl` or"
+                                   " `.parquet` files or globs; relative to the config file")
+    hub: str | None = Field(None, description="a `datasets` hub dataset, streamed (needs network)")
+    hub_config: str | None = Field(None, description="the hub dataset's configuration")
+    hub_split: str = Field("train", description="the hub dataset's split")
+    text_field: str = Field("text", description="column holding the text in json, parquet and hub data")
+    tokenizer: str = Field("byte", description="`byte` (UTF-8 bytes + end-of-document, 257 ids), a `tokenizers` JSON file, or a"
+                           " Hugging Face tokenizer folder (its `tokenizer.json`; the end-of-document token from its "
+                           "`tokenizer_config.json`)")
+    max_tokens: Whole | None = Field(None, ge=1, description="cap on real-text training tokens read")
+    min_doc_tokens: Whole | None = Field(None, ge=1, description="keep only documents of at least this many tokens (long-document"
+                                       " corpora)")
+    val_fraction: Number = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
-    cache_dir: str | None = Field(None, description="None = $HYBRID_LIGHTNING_CACHE or ~/.cache/hybrid_lightning")
-    store: str | None = Field(None, description="token store folder; None = <cache_dir>/store/<fingerprint>")
-    shard_mb: float = Field(32.0, gt=0, description="input text per store shard, in MiB")
-    prepare_workers: int | None = Field(None, ge=1, description="processes that tokenize a store; None = the cores, at most 8")
-    num_workers: int = Field(0, ge=0)
+    cache_dir: str | None = Field(None, description="token stores live in `<cache_dir>/store/<fingerprint>`; null = "
+                                  "`$HYBRID_LIGHTNING_CACHE` or `~/.cache/hybrid_lightning`", **role(BOOKKEEPING))
+    store: str | None = Field(None, description="the token store's folder instead (e.g. on a cluster filesystem), relative to "
+                              "the config file; null = `<cache_dir>/store/<fingerprint>`", **role(BOOKKEEPING))
+    shard_mb: Number = Field(32.0, gt=0, description="input text per store shard, in MiB; preparing holds about one shard per "
+                            "worker in memory", **role(BOOKKEEPING))
+    prepare_workers: Whole | None = Field(None, ge=1, description="processes that tokenize a store; null = the cores, at most 8",
+                                          **role(BOOKKEEPING))
+    num_workers: Whole = Field(0, ge=0, description="dataloader worker processes", **role(BOOKKEEPING))
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -249,48 +237,66 @@ class DataConfig(_Frozen):
 class TrainConfig(_Frozen):
     """The ``train:`` section."""
 
-    max_steps: int = Field(200, ge=1)
-    tokens_per_param: float | None = Field(
-        None, gt=0, description="token budget as a multiple of the non-embedding parameters (the paper's 100N-1000N); replaces max_steps"
-    )
-    batch_size: int = Field(16, ge=1, description="sequences per device per step")
-    seq_len: int = Field(128, ge=2)
-    lr: float = Field(3e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a share of lr")
-    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
-    warmup_steps: int = Field(20, ge=0)
-    decay_fraction: float = Field(0.2, gt=0, le=1, description="WSD: share of steps spent decaying")
-    weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float | None = Field(1.0, gt=0)
-    precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU, 32 on CPU")
-    compile: bool = Field(False, description="torch.compile the model (inductor); minutes of warm-up on a CPU")
-    accelerator: Literal["auto", "cpu", "gpu"] = "auto"
-    devices: int | Literal["auto"] = "auto"
-    num_nodes: int = Field(1, ge=1)
-    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
-    checkpoint_every_n_steps: int = Field(100, ge=1)
-    keep_checkpoints: int = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = all")
-    log_every_n_steps: int = Field(10, ge=1)
-    val_every_n_steps: int = Field(100, ge=1)
-    val_batches: int = Field(8, ge=1)
-    progress_bar: bool = True
+    max_steps: Whole = Field(200, ge=1, description="optimizer steps", **role(RESUMABLE))
+    tokens_per_param: Number | None = Field(None, gt=0, description="a token budget in units of the non-embedding parameter "
+                                           "count N (the paper's 100N-1000N): replaces `max_steps` by ceil(k N / (batch_size "
+                                           "x seq_len x devices x num_nodes)); needs `train.devices` as a number")
+    batch_size: Whole = Field(16, ge=1, description="sequences per device per step")
+    seq_len: Whole = Field(128, ge=2, description="tokens per training sequence")
+    lr: Number = Field(3e-3, gt=0, description="peak learning rate")
+    min_lr_ratio: Number = Field(0.1, ge=0, le=1, description="final lr as a share of lr")
+    schedule: Literal["cosine", "wsd", "constant"] = Field("cosine", description="after `warmup_steps`: `cosine`, `wsd` "
+                                                           "(warmup-stable-decay: linear decay over the last "
+                                                           "`decay_fraction`) or `constant`")
+    warmup_steps: Whole = Field(20, ge=0, description="linear warmup steps; must be below `max_steps`")
+    decay_fraction: Number = Field(0.2, gt=0, le=1, description="WSD: share of steps spent decaying")
+    weight_decay: Number = Field(0.1, ge=0, description="AdamW weight decay, on matrices only")
+    betas: tuple[Number, Number] = Field((0.9, 0.95), description="AdamW betas")
+    grad_clip: Number | None = Field(1.0, gt=0, description="gradient-norm clipping; null = off (the norm before clipping is "
+                                    "logged as `train/grad_norm`)")
+    precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU; on CPU bf16-mixed where measured faster for the architecture (precision.py), else 32")
+    compile: StrictBool = Field(False, description="`torch.compile` the model (inductor), in place: checkpoints are the same either "
+                          "way; the first steps wait for the compilation (measured: 88 s for a 2-layer model on a shared "
+                          "2-core CPU)", **role(BOOKKEEPING))
+    accelerator: Literal["auto", "cpu", "gpu"] = Field("auto", description="Lightning's accelerator")
+    devices: Whole | Literal["auto"] = Field("auto", description="devices per node")
+    num_nodes: Whole = Field(1, ge=1, description="nodes")
+    strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="Lightning's strategy")
+    checkpoint_every_n_steps: Whole = Field(100, ge=1, description="a checkpoint `checkpoints/step_<N>.ckpt` (and `last.ckpt`) "
+                                          "every N steps, and at the last step", **role(BOOKKEEPING))
+    keep_checkpoints: Whole = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = all", **role(BOOKKEEPING))
+    log_every_n_steps: Whole = Field(10, ge=1, description="TensorBoard scalars (and, without a progress bar, a console line) "
+                                   "every N steps and at the last step", **role(BOOKKEEPING))
+    val_every_n_steps: Whole = Field(100, ge=1, description="validation every N steps and at the last step", **role(BOOKKEEPING))
+    val_batches: Whole = Field(8, ge=1, description="batches per validation", **role(BOOKKEEPING))
+    progress_bar: StrictBool = Field(True, description="a progress bar over optimizer steps; false prints a text line every "
+                               "`log_every_n_steps` instead (the grids' setting)", **role(BOOKKEEPING))
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         budget_pending = self.tokens_per_param is not None  # max_steps follows from it; checked once resolved
         if self.warmup_steps >= self.max_steps and self.max_steps > 1 and not budget_pending:
-            raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}")
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}: "
+                             f"set train.warmup_steps to at most {self.max_steps - 1} (e.g. --set train.warmup_steps=0)")
         if self.devices != "auto" and self.devices < 1:
             raise ValueError(f"train.devices must be at least 1 (or auto), got {self.devices}")
         if self.tokens_per_param is not None and self.devices == "auto":
             raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on it")
         return self
 
+    def planned_world_size(self) -> int:
+        """Training processes as the config states them: devices (``auto`` counted as one) x nodes."""
+        return (1 if self.devices == "auto" else self.devices) * self.num_nodes
+
+    def tokens_per_step(self, world_size: int, accumulate: int) -> int:
+        """Training tokens per optimizer step over all ranks: sequences per device x their length x
+        ``world_size`` processes x ``accumulate`` micro-batches accumulated into each step."""
+        return self.batch_size * self.seq_len * world_size * accumulate
+
 
 def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:
     """Checks the probe grid of ``section`` (eval or eval.heads); errors name its keys. Task names are
-    checked by the evaluation code that owns them (eval/tasks.py ``check_tasks``)."""
+    checked by the evaluation code that owns them (probes/tasks.py ``check_tasks``)."""
     if len(set(tasks)) != len(tasks) or len(set(lengths)) != len(lengths):
         raise ValueError(f"{section}.tasks and {section}.lengths must not repeat an entry")
     if any(n < 2 for n in lengths):
@@ -301,22 +307,27 @@ def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...]
 
 class HeadsConfig(_Frozen):
     """The ``eval.heads:`` section: retrieval-head scores (Wu et al. 2024) during training and by
-    ``hybrid-lightning heads`` (hybrid_lightning/eval/heads.py). Probes share ``eval.seed``,
+    ``hybrid-lightning heads`` (hybrid_lightning/heads/retrieval.py). Probes share ``eval.seed``,
     ``eval.batch_size`` and ``eval.chunk_tokens`` with the long-context evaluation."""
 
-    every_n_steps: int = Field(100, ge=0, description="score heads every N optimizer steps; 0 = not at intervals")
-    at_end: bool = Field(True, description="score heads when training ends")
+    every_n_steps: Whole = Field(100, ge=0, description="score heads every N optimizer steps; 0 = not at intervals")
+    at_end: StrictBool = Field(True, description="score heads when training ends")
     tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks")
-    lengths: tuple[int, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer")
-    depths: tuple[float, ...] = Field((0.0, 0.25, 0.5, 0.75, 1.0), description="needle depths")
-    samples: int = Field(1, ge=1, description="samples per (task, length, depth)")
-    value_tokens: int | None = Field(16, ge=1, description="answers of at least this many tokens; null = the tasks' own values")
-    threshold: float = Field(0.1, ge=0, description="a retrieval head scores above this (Wu et al.: 0.1)")
-    min_copy_precision: float = Field(0.5, ge=0, le=1, description="copy head: retrieval head with at least this share of its in-span argmaxes on the source token")
-    min_in_span: float = Field(0.5, ge=0, le=1, description="locator head: argmax in the answer span on at least this share of answer steps, not a copy head")
-    min_answer_accuracy: float | None = Field(None, ge=0, le=1, description="score only samples whose answer tokens are right (teacher-forced) in more than this share; null = all")
-    echo: bool = Field(True, description="add echo probes (eval/near.py), one per task, length and sample at the middle depth: a copy source inside small windows")
-    selection_seed: int | None = Field(None, description="probe seed of the scores that choose heads to ablate; null = eval.seed + 1 (held out)")
+    lengths: tuple[Whole, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer")
+    depths: tuple[Number, ...] = Field((0.0, 0.25, 0.5, 0.75, 1.0), description="needle depths")
+    samples: Whole = Field(1, ge=1, description="samples per (task, length, depth)")
+    value_tokens: Whole | None = Field(16, ge=1, description="answers of at least this many tokens (null = the tasks' own "
+                                     "values), so that a head that only locates the answer stays under the threshold")
+    threshold: Number = Field(0.1, ge=0, description="a retrieval head scores above this (Wu et al.: 0.1)")
+    min_copy_precision: Number = Field(0.5, ge=0, le=1, description="copy head: retrieval head with at least this share of its in-span argmaxes on the source token")
+    min_in_span: Number = Field(0.5, ge=0, le=1, description="locator head: argmax in the answer span on at least this share of answer steps, not a copy head")
+    min_answer_accuracy: Number | None = Field(None, ge=0, le=1, description="score only samples whose answer tokens are right "
+                                              "(teacher-forced) in more than this share (Wu et al.'s answer filter, ROUGE-1 "
+                                              "recall > 0.5); null = all")
+    echo: StrictBool = Field(True, description="add echo probes (probes/near.py), one per task, length and sample at the middle depth: a copy source inside small windows")
+    selection_seed: Whole | None = Field(None, description="probe seed of the scores that choose the heads `hybrid-lightning "
+                                       "heads --mask-top/--mask-random` masks; null = eval.seed + 1 (held out from the probes"
+                                       " scored)")
 
     @model_validator(mode="after")
     def _check(self) -> HeadsConfig:
@@ -327,27 +338,36 @@ class HeadsConfig(_Frozen):
 class EvalConfig(_Frozen):
     """The ``eval:`` section: long-context evaluation during training and by ``hybrid-lightning eval``."""
 
-    every_n_steps: int = Field(100, ge=0, description="evaluate every N optimizer steps; 0 = not at intervals")
-    at_end: bool = Field(True, description="evaluate when training ends (unless the last step was just evaluated)")
-    tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks (hybrid_lightning/eval/tasks.py)")
-    lengths: tuple[int, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer")
-    depths: tuple[float, ...] = Field((0.0, 0.5, 1.0), description="needle depths, 0 = start of the haystack, 1 = its end")
-    samples: int = Field(1, ge=1, description="samples per (task, length, depth)")
-    seed: int = Field(0, description="seed of the probes (the same for every run, whatever its own seed)")
-    value_tokens: int | None = Field(None, ge=1, description="lengthen needle values to at least this many tokens")
-    vt_example: bool = Field(True, description="vt: RULER's in-context example (a small solved vt probe) before each probe")
-    generate_every_n_steps: int = Field(500, ge=0, description="also decode greedily and score by RULER's string match at "
-                                        "evaluations at multiples of N steps and when training ends; 0 = only at the end")
-    batch_size: int = Field(8, ge=1, description="sequences per evaluation forward")
-    chunk_tokens: int = Field(2048, ge=1, description="tokens per forward call; longer inputs go in pieces with states")
-    position_sequences: int = Field(2, ge=0, description="held-out sequences for per-position loss and LongPPL; 0 = off")
-    position_length: int | None = Field(None, ge=2, description="their length; None = the largest of eval.lengths")
-    longppl_context: int = Field(128, ge=1, description="LongPPL short context K: tokens see K to 2K-1 tokens (Fang et al.: 4096)")
-    longppl_evaluator: str | None = Field(
-        None, description="LongPPL: run directory or checkpoint of the model that chooses the key tokens for every model; null = LongPPL not reported"
-    )
-    longppl_alpha: float = Field(2.0, description="LongPPL: key if NLL(short) - NLL(long) > alpha (nats)")
-    longppl_beta: float = Field(-2.0, description="LongPPL: key if log p(long) > beta")
+    every_n_steps: Whole = Field(100, ge=0, description="evaluate every N optimizer steps; 0 = not at intervals")
+    at_end: StrictBool = Field(True, description="evaluate when training ends (unless the last step was just evaluated)")
+    tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks: `passkey`, `niah_single_1/2/3`, "
+                                   "`niah_multikey_1/2/3`, `niah_multivalue`, `niah_multiquery`, `vt` "
+                                   "(hybrid_lightning/probes/tasks.py)")
+    lengths: tuple[Whole, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer (any length: beyond "
+                                     "`train.seq_len` too)")
+    depths: tuple[Number, ...] = Field((0.0, 0.5, 1.0), description="needle depths, 0 = start of the haystack, 1 = its end")
+    samples: Whole = Field(1, ge=1, description="samples per (task, length, depth)")
+    seed: Whole = Field(0, description="seed of the probes: every run of a study sees the same probes, whatever its own seed")
+    value_tokens: Whole | None = Field(None, ge=1, description="lengthen needle values (more digits, words, UUIDs) to at least "
+                                     "this many tokens: long answers for retrieval-head probing")
+    vt_example: StrictBool = Field(True, description="`vt` probes open with RULER's in-context example (a small solved `vt` probe, "
+                             "859 tokens with the byte tokenizer, so `vt` then needs lengths of about 1300); false leaves it "
+                             "out (for short lengths)")
+    generate_every_n_steps: Whole = Field(500, ge=0, description="the generation score (greedy decoding, RULER's string match) at"
+                                        " the evaluations at multiples of N steps and when training ends (0 = only at the "
+                                        "end); `hybrid-lightning eval` always decodes")
+    batch_size: Whole = Field(8, ge=1, description="sequences per evaluation forward")
+    chunk_tokens: Whole = Field(2048, ge=1, description="tokens per forward call: longer inputs go through the model in pieces "
+                              "with its incremental state")
+    position_sequences: Whole = Field(2, ge=0, description="held-out sequences for per-position loss and LongPPL; 0 = off")
+    position_length: Whole | None = Field(None, ge=2, description="their length; null = the largest of eval.lengths")
+    longppl_context: Whole = Field(128, ge=1, description="LongPPL short context K: a token sees K to 2K-1 tokens (Fang et al.: "
+                                 "4096 with their long context; 128 is the CPU scale)")
+    longppl_evaluator: str | None = Field(None, description="LongPPL's evaluator: a finished run's directory (its newest "
+                                          "checkpoint) or a checkpoint file (relative paths: to the config or grid file); its"
+                                          " key tokens score every model; null = LongPPL not reported")
+    longppl_alpha: Number = Field(2.0, description="LongPPL: key if NLL(short) - NLL(long) > alpha (nats)")
+    longppl_beta: Number = Field(-2.0, description="LongPPL: key if log p(long) > beta")
     heads: HeadsConfig = Field(default_factory=HeadsConfig)
 
     @model_validator(mode="after")
@@ -363,11 +383,12 @@ class EvalConfig(_Frozen):
 class RunConfig(_Frozen):
     """A whole run: what ``train`` reads and writes next to every checkpoint."""
 
-    name: str | None = Field(None, description="run name; default: the config file's stem")
-    seed: int = 0
+    name: str | None = Field(None, description="run name; the default run directory is `runs/<name>` (default: the config "
+                             "file's stem)", **role(LABEL))
+    seed: Whole = Field(0, description="seeds initialisation and the data order", **role(LABEL))
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig, **role(BOOKKEEPING))  # evaluation does not change training
 
 

@@ -43,14 +43,13 @@ import numpy as np
 from hybrid_lightning.config import DataConfig, RunConfig
 from hybrid_lightning.data.corpus import Unit, cache_root, check_sources, hub_units, plan_units, read_unit, source_files
 from hybrid_lightning.data.integrity import check_same_data, check_shard, fingerprint, sha256_file
-from hybrid_lightning.data.store_folder import LOCK, claim, discard, missing_folders, own, owned, refuse_foreign, remove
+from hybrid_lightning.data.shards import finished_shards, join, split_lengths, write_shard, write_with
+from hybrid_lightning.data.store_folder import LOCK, claim, discard, missing_folders, refuse_foreign, remove
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
 FORMAT_VERSION = 3  # 3: the folder carries the marker of data/store_folder.py
-GOLDEN = 0.6180339887498949  # documents i with frac(i * GOLDEN) < val_fraction are held out: evenly spread
 MANIFEST = "manifest.json"
 ENCODE_CHARS = 1 << 20  # characters per batch-encode call inside a worker
-COPY_TOKENS = 1 << 24  # tokens per chunk when files are joined
 
 
 class TokenStream:
@@ -287,7 +286,7 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
     files = source_files(cfg)
     plan = plan_units(files, unit_bytes) if files is not None else None
     plan_id = _digest([ident, plan if plan is not None else unit_bytes])
-    records = _finished_shards(folder, plan_id)
+    records = finished_shards(folder, plan_id)
     units = enumerate(plan if plan is not None else hub_units(cfg, unit_bytes))
     dtype = token_dtype(tok.vocab_size)
     docs = sum(r["docs"] for r in records)
@@ -309,7 +308,7 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
                 if not pending:
                     break
                 k, future = pending.popleft()
-                record = _write_shard(folder, k, *future.result(), docs, train, cfg, dtype, plan_id)
+                record = write_shard(folder, k, *future.result(), docs, train, cfg, dtype, plan_id)
                 records.append(record)
                 docs, train = docs + record["docs"], train + record["train_tokens"]
                 if record["last"]:
@@ -318,113 +317,6 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
             pool.shutdown(wait=True, cancel_futures=True)
             gc.unfreeze()
     return _finalize(cfg, tok, folder, ident, records, dtype, time.perf_counter() - t0)
-
-
-def _finished_shards(folder: Path, plan_id: str) -> list[dict]:
-    """Records of the finished units 0..k-1 of this plan whose files match their checksums; every
-    other file of an earlier attempt is removed."""
-    records: list[dict] = []
-    while True:
-        path = folder / f"shard_{len(records):05d}.json"
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            break
-        if record.get("plan") != plan_id or not all(
-            sha256_file(folder / name) == digest for name, digest in record["sha256"].items()
-        ):
-            break
-        records.append(record)
-    keep = {name for r in records for name in r["sha256"]} | {f"shard_{k:05d}.json" for k in range(len(records))}
-    remove(folder, owned(folder) - keep)
-    return records
-
-
-def _write_atomic(path: Path, write) -> None:
-    own(path.parent, path.name)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-    except OSError as e:
-        if e.filename is None:  # a write's error (a full disk) names no file: name the one written
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
-    os.replace(tmp, path)
-
-
-def _write_shard(folder: Path, k: int, tokens: np.ndarray, lengths: np.ndarray, doc0: int, train0: int,
-                 cfg: DataConfig, dtype: np.dtype, plan_id: str) -> dict:
-    """Splits unit k (documents doc0, doc0 + 1, ... of the corpus) into training and validation
-    documents, cuts it where the training tokens reach ``data.max_tokens``, and writes its files and
-    then its record."""
-    is_val = (np.arange(doc0, doc0 + lengths.size) * GOLDEN) % 1.0 < cfg.val_fraction
-    last = False
-    if cfg.max_tokens is not None:
-        reached = np.flatnonzero((train0 + np.cumsum(np.where(is_val, 0, lengths)) >= cfg.max_tokens) & ~is_val)
-        if reached.size:  # the document that reaches the cap is cut; none after it is read
-            j, last = int(reached[0]), True
-            lengths, is_val = lengths[: j + 1].copy(), is_val[: j + 1]
-            lengths[j] = cfg.max_tokens - train0 - int(lengths[:j][~is_val[:j]].sum())
-            tokens = tokens[: int(lengths.sum())]
-    digests, counts = {}, {}
-    for split, docs in (("train", ~is_val), ("val", is_val)):
-        name = f"{split}_{k:05d}"
-        digests[f"{name}.bin"], counts[split] = _write_tokens(folder / f"{name}.bin", tokens, _runs(lengths, docs))
-        _write_atomic(folder / f"{name}.docs.npy", lambda f, a=lengths[docs]: np.save(f, a))
-        digests[f"{name}.docs.npy"] = sha256_file(folder / f"{name}.docs.npy")
-    record = {"unit": k, "plan": plan_id, "docs": int(lengths.size), "train_tokens": counts["train"],
-              "val_tokens": counts["val"], "last": last, "sha256": digests}
-    _write_atomic(folder / f"shard_{k:05d}.json", lambda f: f.write(json.dumps(record).encode()))
-    return record
-
-
-def _runs(lengths: np.ndarray, docs: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) token ranges of the runs of consecutive documents selected by ``docs``."""
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], docs.astype(np.int8), [0]])))
-    return [(int(starts[a]), int(ends[b - 1])) for a, b in zip(edges[::2], edges[1::2])]
-
-
-def _write_tokens(path: Path, tokens: np.ndarray, runs: list[tuple[int, int]]) -> tuple[str, int]:
-    """Writes the token ranges ``runs`` one after another, without copying them; (SHA-256, tokens)."""
-    digest = hashlib.sha256()
-
-    def write(f) -> None:
-        for a, b in runs:
-            view = memoryview(tokens[a:b]).cast("B")
-            f.write(view)
-            digest.update(view)
-
-    _write_atomic(path, write)
-    return digest.hexdigest(), sum(b - a for a, b in runs)
-
-
-def _join(folder: Path, names: list[str], dtype: np.dtype, out: Path, start: int = 0, stop: int | None = None) -> None:
-    """Writes tokens [start, stop) of the concatenation of the files ``names`` to ``out``, chunk by chunk."""
-    def write(f) -> None:
-        offset = 0
-        for name in names:
-            arr = np.memmap(folder / name, dtype=dtype, mode="r") if (folder / name).stat().st_size else np.zeros(0, dtype)
-            lo, hi = max(start - offset, 0), min((stop if stop is not None else offset + arr.size) - offset, arr.size)
-            for s in range(lo, hi, COPY_TOKENS):
-                f.write(memoryview(np.ascontiguousarray(arr[s : min(hi, s + COPY_TOKENS)])).cast("B"))
-            offset += arr.size
-
-    _write_atomic(out, write)
-
-
-def _split_lengths(lengths: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
-    """Document lengths of tokens [0, cut) and [cut, end) of a stream; a document across the cut is
-    counted in both, each with its own part."""
-    ends = np.cumsum(lengths)
-    i = int(np.searchsorted(ends, cut, side="left"))  # the document holding token cut - 1
-    head, tail = lengths[: i + 1].copy(), lengths[i:].copy()
-    if i < lengths.size:
-        head[-1] = cut - (int(ends[i - 1]) if i else 0)
-        tail[0] = int(ends[i]) - cut
-    return head[head > 0], tail[tail > 0]
 
 
 def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dict], dtype: np.dtype, seconds: float) -> dict:
@@ -440,24 +332,24 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
     val_lengths = np.concatenate([np.load(folder / f"val_{k:05d}.docs.npy") for k in range(n)])
     if train_tokens == 0:  # every document held out: hold out the tail of the stream instead
         cut = int(val_tokens * (1 - cfg.val_fraction))
-        _join(folder, val_pieces, dtype, folder / "train_tail.bin", 0, cut)
-        _join(folder, val_pieces, dtype, folder / "val.bin", cut)
-        head, val_lengths = _split_lengths(val_lengths, cut)
-        _write_atomic(folder / "train_tail.docs.npy", lambda f: np.save(f, head))
+        join(folder, val_pieces, dtype, folder / "train_tail.bin", 0, cut)
+        join(folder, val_pieces, dtype, folder / "val.bin", cut)
+        head, val_lengths = split_lengths(val_lengths, cut)
+        write_with(folder / "train_tail.docs.npy", lambda f: np.save(f, head))
         shards = [{"file": "train_tail.bin", "docs": "train_tail.docs.npy", "tokens": cut,
                    "sha256": sha256_file(folder / "train_tail.bin")}]
         train_tokens, val_tokens = cut, val_tokens - cut
     else:
-        _join(folder, val_pieces, dtype, folder / "val.bin")
+        join(folder, val_pieces, dtype, folder / "val.bin")
         shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy", "tokens": r["train_tokens"],
                    "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"]} for r in records if r["train_tokens"]]
-    _write_atomic(folder / "val.docs.npy", lambda f: np.save(f, val_lengths))
+    write_with(folder / "val.docs.npy", lambda f: np.save(f, val_lengths))
     manifest = {
         "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
         "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin")},
     }
-    _write_atomic(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    write_with(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     remove(folder, val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)])
     print(f"data: prepared the token store {folder} in {seconds:.1f} s")
     return manifest

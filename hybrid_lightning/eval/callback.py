@@ -5,7 +5,7 @@ evaluates the model on all ranks and, on rank 0, logs to TensorBoard and writes 
   (runner.py; the probes' generation score every ``eval.generate_every_n_steps`` steps and at the
   end), the scalars and the depth x length heatmap, ``eval/step_<k>.json``;
 - ``RetrievalHeadsEvaluation`` (``eval.heads:``): the retrieval score of every attention head
-  (heads.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``.
+  (heads/retrieval.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,20 @@ from pathlib import Path
 import lightning as L
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
-from hybrid_lightning.eval.heads_report import heads_scalars, score_image, write_heads
+from hybrid_lightning.heads.retrieval import RetrievalHeads, check_heads_probes
+from hybrid_lightning.heads.report import heads_scalars, score_image, write_heads
 from hybrid_lightning.eval.longppl import evaluator_key_tokens
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 from hybrid_lightning.precision import autocast_dtype
+
+CARD_PX = 340  # the width of an image card in TensorBoard's Images dashboard (2.21, seen in a browser), in pixels
+
+
+def fit_card(fig):
+    """``fig`` at a resolution whose width fits an image card: the Images dashboard shows images at their size."""
+    fig.set_dpi(min(fig.get_dpi(), CARD_PX / fig.get_figwidth()))
+    return fig
 
 
 class PeriodicEvaluation(L.Callback, abc.ABC):
@@ -122,7 +130,7 @@ class LongContextEvaluation(PeriodicEvaluation):
         for tag, value in scalars(report).items():
             writer.add_scalar(tag, value, step)
         if report["records"]:
-            writer.add_figure("longctx/heatmap", heatmap(report), step, close=False)
+            writer.add_figure("longctx/heatmap", fit_card(heatmap(report)), step, close=False)
 
 
 class RetrievalHeadsEvaluation(PeriodicEvaluation):
@@ -154,4 +162,4 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
     def log_report(self, writer, report: dict, step: int) -> None:
         for tag, value in heads_scalars(report).items():
             writer.add_scalar(tag, value, step)
-        writer.add_figure("heads/scores", score_image(report), step, close=False)
+        writer.add_figure("heads/scores", fit_card(score_image(report)), step, close=False)

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig, RunConfig
-from hybrid_lightning.eval.scoring import short_context_nll, token_nll
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_run_config, read_status, write_atomic
+from hybrid_lightning.eval.scoring import evaluating, short_context_nll, token_nll
+from hybrid_lightning.fileio import write_atomic
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_run_config, read_status
 
 NO_EVALUATOR = "no evaluator model (eval.longppl_evaluator is null): key tokens are chosen by one model for all"
 
@@ -56,15 +57,13 @@ def scored_columns(length: int, context: int) -> np.ndarray:
 def select_key_tokens(model, sequences: list[np.ndarray], cfg: EvalConfig, dtype: torch.dtype | None) -> np.ndarray:
     """Key tokens (sequences, T-1) bool of ``sequences`` (each (T,) token ids) chosen by ``model``."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     out = []
-    for i in range(0, len(sequences), cfg.batch_size):
-        ids = torch.from_numpy(np.stack(sequences[i : i + cfg.batch_size])).to(device)  # (B, T)
-        nll = token_nll(model, ids, cfg.chunk_tokens, dtype)[0]  # (B, T-1)
-        short = short_context_nll(model, ids, cfg.longppl_context, cfg.chunk_tokens, dtype, cfg.batch_size)  # (B, T-1), NaN below 2K
-        out.append((~short.isnan() & (short - nll > cfg.longppl_alpha) & (-nll > cfg.longppl_beta)).cpu().numpy())
-    model.train(was_training)
+    with evaluating(model):
+        for i in range(0, len(sequences), cfg.batch_size):
+            ids = torch.from_numpy(np.stack(sequences[i : i + cfg.batch_size])).to(device)  # (B, T)
+            nll = token_nll(model, ids, cfg.chunk_tokens, dtype)[0]  # (B, T-1)
+            short = short_context_nll(model, ids, cfg.longppl_context, cfg.chunk_tokens, dtype, cfg.batch_size)  # (B, T-1), NaN below 2K
+            out.append((~short.isnan() & (short - nll > cfg.longppl_alpha) & (-nll > cfg.longppl_beta)).cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, 0), bool)
 
 

@@ -1,13 +1,13 @@
 """Reports of long-context evaluations: pooled figures, TensorBoard scalars, the depth x length
-heatmap, a printed table, and the ``eval/step_<k>.json`` files (format in README.md)."""
+heatmap, a printed table, and the ``eval/step_<k>.json`` files (format in docs/run-directory.md)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 
+from hybrid_lightning.records import pooled, weighted_sums
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 # Record field -> the generation statistic (scoring.STATS) it averages over the cell's generated samples.
@@ -21,26 +21,10 @@ ROW_KEYS = {
 
 
 def pool(records: list[dict], **where) -> dict | None:
-    """Pooled figures of the records matching ``where`` (e.g. task=..., in_window=True), weighting
-    samples for accuracy, answer tokens for the token measures and generated samples for the
-    generation measures (None without generations); None if no record matches."""
+    """Pooled figures (``records.pooled``) of the records matching ``where`` (e.g. task=...,
+    in_window=True); None if no record matches."""
     rows = [r for r in records if all(r[k] == v for k, v in where.items())]
-    if not rows:
-        return None
-    n = sum(r["n"] for r in rows)
-    tok = sum(r["answer_tokens"] for r in rows)
-    gen = sum(r.get("generated", 0) for r in rows)
-    chance_loss = sum(r["chance_loss"] * r["answer_tokens"] for r in rows) / tok
-    out = {
-        "n": n, "accuracy": sum(r["accuracy"] * r["n"] for r in rows) / n,
-        "token_accuracy": sum(r["token_accuracy"] * r["answer_tokens"] for r in rows) / tok,
-        "answer_loss": sum(r["answer_loss"] * r["answer_tokens"] for r in rows) / tok,
-        "chance_token_accuracy": math.exp(-chance_loss), "chance_loss": chance_loss, "generated": gen,
-    }
-    out["score"] = out["token_accuracy"] - out["chance_token_accuracy"]
-    for k in GENERATION_FIELDS:
-        out[k] = sum(r[k] * r["generated"] for r in rows if r.get("generated")) / gen if gen else None
-    return out
+    return pooled(weighted_sums(rows)) if rows else None
 
 
 def mean_over_cells(records: list[dict], measure: str) -> float | None:

@@ -1,4 +1,4 @@
-"""One long-context evaluation of one model at one step: the probes (tasks.py), the per-position
+"""One long-context evaluation of one model at one step: the probes (probes/tasks.py), the per-position
 loss and LongPPL on held-out text, summed through torchmetrics (samples split across ranks, sums
 synced) into a report that the callback and ``hybrid-lightning eval`` log and write alike.
 
@@ -20,8 +20,10 @@ from torchmetrics import Metric
 from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.longppl import NO_EVALUATOR, KeyTokens, scored_columns
 from hybrid_lightning.eval.report import GENERATION_FIELDS
-from hybrid_lightning.eval.scoring import STATS, position_buckets, score_samples, token_nll
-from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample, check_tasks, make_sample
+from hybrid_lightning.eval.scoring import STATS, evaluating, position_buckets, score_samples, token_nll
+from hybrid_lightning.probes.haystack import NOISE
+from hybrid_lightning.probes.tasks import GenContext, Sample, check_tasks, make_sample
+from hybrid_lightning.records import row
 
 
 class SumTable(Metric):
@@ -119,11 +121,9 @@ class LongContextEval:
             generate: also decode the probes and score the outputs by string match (scoring.py).
         """
         device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
         window = model_window(model)
-        tables = self._probes(model, dtype, window, rank, world, device, generate) + self._held_out(model, dtype, rank, world, device)
-        model.train(was_training)
+        with evaluating(model):
+            tables = self._probes(model, dtype, window, rank, world, device, generate) + self._held_out(model, dtype, rank, world, device)
         # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
         totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in tables]
         return self.report(*totals, step, tokens, window)
@@ -169,27 +169,27 @@ class LongContextEval:
             s = dict(zip(STATS, cells[self._cell(task, length, depth, w)].tolist()))
             if s["n"] == 0:
                 continue
-            records.append({
-                "step": step, "tokens": tokens, "task": task, "length": length, "depth": depth,
-                "in_window": w if window is not None else None, "n": int(s["n"]), "accuracy": s["exact"] / s["n"],
-                "answer_tokens": int(s["tokens"]), "token_accuracy": s["correct"] / s["tokens"],
-                "answer_loss": s["nll"] / s["tokens"], "chance_token_accuracy": math.exp(-s["chance_nll"] / s["tokens"]),
-                "chance_loss": s["chance_nll"] / s["tokens"], "distance": s["distance"] / s["n"],
-                "generated": int(s["generated"]), **{k: s[stat] / s["generated"] if s["generated"] else None
-                                                     for k, stat in GENERATION_FIELDS.items()},
-            })
+            records.append(row(
+                "records", step=step, tokens=tokens, task=task, length=length, depth=depth,
+                in_window=w if window is not None else None, n=int(s["n"]), accuracy=s["exact"] / s["n"],
+                answer_tokens=int(s["tokens"]), token_accuracy=s["correct"] / s["tokens"],
+                answer_loss=s["nll"] / s["tokens"], chance_token_accuracy=math.exp(-s["chance_nll"] / s["tokens"]),
+                chance_loss=s["chance_nll"] / s["tokens"], distance=s["distance"] / s["n"],
+                generated=int(s["generated"]), **{k: s[stat] / s["generated"] if s["generated"] else None
+                                                  for k, stat in GENERATION_FIELDS.items()},
+            ))
         position_rows = [
-            {"step": step, "tokens": tokens, "length": c.position_len, "position_lo": lo, "position_hi": hi,
-             "loss": nll / n, "n": int(n)}
+            row("position_loss", step=step, tokens=tokens, length=c.position_len, position_lo=lo, position_hi=hi,
+                loss=nll / n, n=int(n))
             for (lo, hi), (nll, n) in zip(self.buckets, positions.tolist()) if n > 0
         ]
         key_nll, n_key, nll, n = longppl[0].tolist()
-        longppl_rows = [] if n == 0 else [{
-            "step": step, "tokens": tokens, "length": c.position_len, "context": c.longppl_context,
-            "alpha": c.longppl_alpha, "beta": c.longppl_beta, "longppl": math.exp(key_nll / n_key) if n_key else None,
-            "key_tokens": int(n_key) if self.keys.key is not None else None, "scored_tokens": int(n),
-            "ppl": math.exp(nll / n), "evaluator": self.keys.evaluator,
-            "reason": self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key tokens",
-        }]
+        longppl_rows = [] if n == 0 else [row(
+            "longppl", step=step, tokens=tokens, length=c.position_len, context=c.longppl_context,
+            alpha=c.longppl_alpha, beta=c.longppl_beta, longppl=math.exp(key_nll / n_key) if n_key else None,
+            key_tokens=int(n_key) if self.keys.key is not None else None, scored_tokens=int(n),
+            ppl=math.exp(nll / n), evaluator=self.keys.evaluator,
+            reason=self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key tokens",
+        )]
         return {"step": step, "tokens": tokens, "window": window, "records": records,
                 "position_loss": position_rows, "longppl": longppl_rows}

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hybrid_lightning.eval.tasks import Sample
+from hybrid_lightning.probes.tasks import Sample
 
 # Per-sample statistics summed into cells: samples, exact matches, answer tokens, correct answer
 # tokens, answer NLL (nats), chance NLL (nats, -log P(answer) under the value prior), distance
@@ -43,6 +43,17 @@ STATS = ("n", "exact", "tokens", "correct", "nll", "chance_nll", "distance", "ge
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module):
+    """``model`` in eval mode for the block; its training mode restored after it, an exception included."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def ruler_output(text: str) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hybrid_lightning.config import ModelConfig, RunConfig
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
-from hybrid_lightning.eval.generation import read_probes
+from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer
@@ -66,6 +66,7 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         write_folder(model, tok, staging)
+        share_modes(staging)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -85,6 +86,16 @@ def check_apart(out: Path, sources: list[Path]) -> None:
         if target == src or target in src.parents or src in target.parents:
             raise ValueError(f"--out {out} is, contains or lies inside {source}, which the export reads; "
                              "choose a folder apart from the run and its files")
+
+
+def share_modes(folder: Path) -> None:
+    """Gives ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` give (0777 and 0666
+    less the umask; 0755 and 0644 under the usual 022): ``mkdtemp`` makes the folder 0700 and
+    safetensors writes 0600, which colleagues on a shared filesystem could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def load_native(cfg: RunConfig, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:

@@ -4,8 +4,8 @@
 One ``generate_until`` task per probe task (``<group>_<task>``) scored by lm-evaluation-harness's own
 ``exact_match``, and a group ``<group>`` averaging them over all probes. The prompt is the probe's text
 without its answer; the model generates greedily as many tokens as the answer takes (``max_gen_toks``),
-stopping at the end-of-document token, exactly as ``eval/generation.py``'s ``score_probes`` does. A task
-whose answers differ in token count is split by that count (``<group>_<task>_<n>tok``).
+stopping at the end-of-document token, exactly as the tests' greedy scoring (``tests/greedy.py``) does.
+A task whose answers differ in token count is split by that count (``<group>_<task>_<n>tok``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ METRIC = {"metric": "exact_match", "aggregation": "mean", "higher_is_better": Tr
 
 
 def write_probe_tasks(rows: list[dict], tokenizer, out: Path, group: str = GROUP) -> list[str]:
-    """Writes the task files of probes ``rows`` (``eval.generation.read_probes``) into ``out``; ``tokenizer``
+    """Writes the task files of probes ``rows`` (``probes.files.read_probes``) into ``out``; ``tokenizer``
     (the run's) counts the answers' tokens. Returns the task names, the group last."""
     by_task: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:

@@ -22,6 +22,7 @@ COPIED = (
     "hybrid_lightning.model.rope",
     "hybrid_lightning.model.attention",
     "hybrid_lightning.model.blocked",
+    "hybrid_lightning.model.init",
     "hybrid_lightning.model.mixers",
     "hybrid_lightning.model.mixers.attention",
     "hybrid_lightning.model.mixers.gated_deltanet",
@@ -31,6 +32,7 @@ COPIED = (
     "hybrid_lightning.model.ops.common",
     "hybrid_lightning.model.ops.delta_rule",
     "hybrid_lightning.model.ops.gated_linear",
+    "hybrid_lightning.model.ops.interpreter",
     "hybrid_lightning.model.ops.short_conv",
 )
 # Package modules the copies import whose part the folder's configuration module plays.

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from hybrid_lightning.config import dump_config
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
@@ -113,12 +115,12 @@ def process_alive(pid: int | None, start: str | None) -> bool:
 
 
 def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat``), None for a zombie or without /proc."""
+    """The process's start time (``psutil``'s creation time, as text), None for a zombie or a process that is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else repr(proc.create_time())
+    except psutil.Error:
         return None
-    return None if fields[0] == "Z" else fields[19]
 
 
 def _mine(record: dict | None) -> bool:

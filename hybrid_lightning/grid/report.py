@@ -8,15 +8,14 @@ from collections import Counter
 from hybrid_lightning.config import ModelConfig
 
 from hybrid_lightning.grid.spec import Cell, Grid, format_value
-from hybrid_lightning.grid.state import CellState
+from hybrid_lightning.grid.state import CellState, cell_states
 from hybrid_lightning.units import si
 
 
 def cell_tokens(cell: Cell) -> int:
-    """Training tokens of a cell: steps x batch per device x sequence length x devices (``auto`` = 1) x nodes."""
+    """Training tokens of a cell: steps x ``train.tokens_per_step`` over the processes the config states."""
     t = cell.config.train
-    devices = 1 if t.devices == "auto" else t.devices
-    return t.max_steps * t.batch_size * t.seq_len * devices * t.num_nodes
+    return t.max_steps * t.tokens_per_step(t.planned_world_size(), accumulate=1)
 
 
 def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:
@@ -80,6 +79,22 @@ def plan_table(grid: Grid, rows: list[dict]) -> str:
         f", {sum(r['gpu_hours'] for r in rows):.3g} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
     )
     return f"{format_table(table)}\n{footer}; run directories in {grid.root}"
+
+
+def dry_run_table(grid: Grid) -> str:
+    """What ``grid submit`` would train: each cell it would submit with its steps, tokens and time
+    (``training.dryrun``: a throughput measured here per distinct model), and the total."""
+    from hybrid_lightning.grid.submit import unfinished
+    from hybrid_lightning.training.dryrun import duration, estimate
+
+    todo = unfinished(grid, cell_states(grid))
+    table, total = [["cell", "state", "steps", "tokens", "tokens/s", "time"]], 0.0
+    for cell, state in todo:
+        est = estimate(cell.config)
+        total += est.seconds
+        table.append([cell.name, state.state, f"{est.steps:,}", si(est.tokens), f"{est.tokens_per_s:,.0f}", duration(est.seconds)])
+    return (f"{format_table(table, left=(0, 1))}\n{len(todo)} of {len(grid.cells)} cells to submit, about "
+            f"{duration(total)} of training one after another (throughput measured here; evaluations not counted); nothing written")
 
 
 def status_table(rows: list[CellState]) -> str:

@@ -37,10 +37,10 @@ from hybrid_lightning.config import (
     validate_config,
 )
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.eval.heads import check_probes
+from hybrid_lightning.heads.retrieval import check_probes
 from hybrid_lightning.grid.schema import GridConfig, validate_grid_config
 from hybrid_lightning.rundir import GRID_DIR
-from hybrid_lightning.training.run import resolve_config
+from hybrid_lightning.config.resolve import resolve_config
 
 MAX_NAME = 80  # characters; longer names keep a readable prefix and end in a hash
 _SAFE = re.compile(r"^[A-Za-z0-9._+=,\-]+$")

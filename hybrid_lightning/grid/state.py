@@ -26,7 +26,8 @@ from filelock import FileLock
 
 from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.rundir import read_events, read_status, write_atomic
+from hybrid_lightning.fileio import write_atomic
+from hybrid_lightning.rundir import read_events, read_status
 
 JOBS_FILE = "jobs.json"
 

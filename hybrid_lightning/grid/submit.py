@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.grid.executor import executor_class
-from hybrid_lightning.grid.spec import Grid
-from hybrid_lightning.grid.state import cell_states, lock, read_jobs, write_jobs
+from hybrid_lightning.grid.spec import Cell, Grid
+from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
-from hybrid_lightning.training.run import check_same_run
+from hybrid_lightning.config.resolve import check_same_run
 
 
 def submit_grid(
@@ -43,7 +43,7 @@ def submit_grid(
 
     with lock(grid):
         rows = cell_states(grid)
-        todo = [c for c, r in zip(grid.cells, rows) if r.state != "done" and not r.live]
+        todo = [cell for cell, _ in unfinished(grid, rows)]
         counts = Counter(r.state for r in rows)
         summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         say(f"grid {grid.name}: {len(rows)} cells ({summary}); {len(todo)} to submit; run directories in {grid.root}")
@@ -51,6 +51,11 @@ def submit_grid(
             runner.submit(grid, todo, say)
         write_hparams(grid)
     return runner.run(grid, todo, say) if todo else 0
+
+
+def unfinished(grid: Grid, rows: list[CellState]) -> list[tuple[Cell, CellState]]:
+    """The cells ``submit_grid`` submits, with their states (``rows``, one per cell): neither done nor live."""
+    return [(cell, row) for cell, row in zip(grid.cells, rows) if row.state != "done" and not row.live]
 
 
 def cancel_grid(grid: Grid, names: list[str] | tuple[str, ...] = (), say: Callable[[str], None] = print) -> int:

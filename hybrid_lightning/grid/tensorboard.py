@@ -1,11 +1,13 @@
 """TensorBoard over a grid: ``tensorboard --logdir <root>`` shows each cell as a run, and the HParams
-dashboard compares cells by their axes.
+dashboard compares cells by their axes and by the keys a study varies (``training.callbacks.STUDY_KEYS``:
+pattern, mixer, window, positional encodings, seed).
 
-The grid's root gets the experiment summary (each axis with its values, and the metrics to
-compare); each cell's run directory gets a session naming its axis values. The HParams plugin
-reads a session's metrics from the newest value of those scalars in the cell's run, so the
-table holds each cell's final ``train/loss``, validation metrics and, when the long-context
-evaluation ran, ``longctx/score`` and ``longctx/longppl`` (absent values stay empty).
+Each cell's run directory gets a session naming its values; the first cell's also holds the experiment
+summary (each hparam with its values, and the metrics to compare), so that the grid's root holds no
+event file, which TensorBoard would list as a stray run ``.``. The HParams plugin reads a session's
+metrics from the newest value of those scalars in the cell's run, so the table holds each cell's final
+``train/loss``, validation metrics and, when the long-context evaluation ran, ``longctx/score`` and
+``longctx/longppl`` (absent values stay empty).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from hybrid_lightning.grid.spec import Grid, format_value
-
-METRICS = ("train/loss", "val/loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score", "longctx/longppl")
-SUFFIX = ".hparams"  # the event files this module writes, told apart from the training logs
+from hybrid_lightning.rundir import HPARAMS_SUFFIX as SUFFIX
+from hybrid_lightning.training.callbacks import HPARAMS_METRICS as METRICS
+from hybrid_lightning.training.callbacks import study_hparams
 
 
 def _hparam_values(values: list[Any]) -> list[Any]:
@@ -38,29 +40,26 @@ def _write(folder: Path, summaries: list) -> None:
 
 
 def write_hparams(grid: Grid) -> None:
-    """(Re)writes the experiment summary at the grid's root and a session in each cell's run
-    directory that has none yet (call under the grid's lock)."""
+    """(Re)writes every cell's session and, with the first cell's, the experiment summary (call under
+    the grid's lock). Files of an older layout at the grid's root are removed."""
     from torch.utils.tensorboard.summary import hparams
 
-    domains = {axis: _hparam_values(values) for axis, values in grid.axes.items()}
-    grid.root.mkdir(parents=True, exist_ok=True)
-    for old in grid.root.glob(f"events.out.tfevents.*{SUFFIX}"):
-        old.unlink()
-    first = {axis: domain[0] for axis, domain in domains.items()}
-    experiment, _, _ = hparams(first, dict.fromkeys(METRICS, 0.0), _discrete(domains))
-    _write(grid.root, [experiment])
-    for cell in grid.cells:
-        if any(cell.run_dir.glob(f"events.out.tfevents.*{SUFFIX}")):
-            continue
+    sessions = [_session_values(grid, cell) for cell in grid.cells]
+    domains = {key: list(dict.fromkeys(values[key] for values in sessions)) for key in sessions[0]}
+    for folder in [grid.root, *(cell.run_dir for cell in grid.cells)]:
+        for old in folder.glob(f"events.out.tfevents.*{SUFFIX}"):
+            old.unlink()
+    experiment, _, _ = hparams(sessions[0], dict.fromkeys(METRICS, 0.0), domains)
+    for i, (cell, values) in enumerate(zip(grid.cells, sessions)):
         cell.run_dir.mkdir(parents=True, exist_ok=True)
-        values = {axis: _hparam_values(grid.axes[axis])[_index(grid.axes[axis], v)] for axis, v in cell.labels.items()}
         _, session, _ = hparams(values, {})
-        _write(cell.run_dir, [session])
+        _write(cell.run_dir, [experiment, session] if i == 0 else [session])
 
 
-def _discrete(domains: dict[str, list]) -> dict[str, list]:
-    """Distinct values per axis, order kept (an axis may repeat a value inside zip groups)."""
-    return {axis: list(dict.fromkeys(values)) for axis, values in domains.items()}
+def _session_values(grid: Grid, cell) -> dict[str, Any]:
+    """A cell's hparams: its axis values (a preset's name for a preset axis), then the study keys the axes leave out."""
+    values = {axis: _hparam_values(grid.axes[axis])[_index(grid.axes[axis], v)] for axis, v in cell.labels.items()}
+    return values | {k: v for k, v in study_hparams(cell.config).items() if k not in values}
 
 
 def _index(values: list[Any], value: Any) -> int:

@@ -47,15 +47,19 @@ __all__ = ["BYTE_VOCAB", "HybridLM", "LayerSpec", "build_model", "count_params",
 
 
 def model_flops_per_token(model: HybridLM, T: int) -> float:
-    """Training FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6 per matmul weight (forward 2,
-    backward 4) plus 12 d per visible key in each attention layer (QK^T and PV, forward and backward),
-    counting only the keys a causal or windowed query sees. Recurrent mixers count their weights only."""
+    """Training FLOPs per token at length T, forward and backward (PaLM, Chowdhery et al. 2022, appendix B):
+    6 per matmul weight (forward 2, backward 4); in each attention layer 12 d per key a query sees
+    (QK^T and PV, forward and backward), counting only the keys a causal or windowed query sees; in each
+    recurrent layer its operator's matmuls in the chunked form (the mixer's optional ``flops_per_token``).
+    tests/test_perf.py checks the count against torch's FlopCounterMode."""
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))  # with the head
-    attention = 0.0
+    sequence = 0.0
     d = model.cfg.d_model
-    for spec in model.plan:
+    for spec, layer in zip(model.plan, model.layers):
         if KINDS[spec.mixer].attention:
             W = min(spec.window or T, T)
             keys = (W * (W + 1) / 2 + (T - W) * W) / T  # mean over queries t of min(t + 1, W)
-            attention += 12 * d * keys
-    return 6 * matmul + attention
+            sequence += 12 * d * keys
+        elif hasattr(layer.mixer, "flops_per_token"):  # a mixer without one counts its weights only
+            sequence += layer.mixer.flops_per_token(T)
+    return 6 * matmul + sequence

@@ -111,3 +111,25 @@ def match_params(cfg: ModelConfig) -> ParamMatch:
 
 def _count(cfg: ModelConfig, efficient_width: int) -> int:
     return non_embedding_params(cfg.model_copy(update={"match_params": None, "efficient_mlp_hidden": efficient_width}))
+
+
+def param_table(cfg: ModelConfig) -> str:
+    """``hybrid-lightning params``: per-layer parameter counts of the resolved model ``cfg`` (built on the
+    meta device, no weights allocated), the totals, and the comparison with its reference (``param_report``)."""
+    with torch.device("meta"):
+        model = HybridLM(cfg, matched_plan(cfg))
+    counts = count_params(model)
+    rows = [("layer", "kind", "window", "pos", "mixer", "mlp", "mlp width", "norm", "total")]
+    for layer, spec in zip(counts["layers"], model.plan):
+        rows.append((str(layer["layer"]), layer["kind"], str(layer["window"] or "-"), str(layer["pos"] or "-"),
+                     f"{layer['mixer']:,}", f"{layer['mlp']:,}", str(spec.mlp_hidden), f"{layer['norm']:,}",
+                     f"{layer['total']:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append(f"non-embedding {counts['non_embedding']:,}  embedding {counts['embedding']:,}  total {counts['total']:,}")
+    match = param_report(cfg)
+    how = (f"non-full SwiGLU width {match.width}, matched from {match.base_width}" if cfg.match_params
+           else "not matched (set model.match_params to match)")
+    lines.append(f"reference (pattern {match.reference_pattern}) non-embedding {match.reference:,}  this model "
+                 f"{match.matched:,}  deviation {match.deviation:+.2%}  {how}")
+    return "\n".join(lines)

@@ -1,9 +1,13 @@
 """Small training callbacks: the run's checkpoints, throughput logging, status updates, a progress bar
-that knows max_steps, and a stop at the next step boundary when asked (a signal)."""
+that knows max_steps, the console's start, progress and end lines, peak memory, the last step logged
+and validated, and a stop at the next step boundary when asked (a signal)."""
 
 from __future__ import annotations
 
+import json
+import resource
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,8 +19,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.trainer.states import TrainerStatus
+from tqdm import tqdm
 
+from hybrid_lightning.config import RunConfig, config_to_dict, dump_config, flatten
+from hybrid_lightning.eval.report import headline, report_path
+from hybrid_lightning.model import count_params
+from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR, HPARAMS_SUFFIX
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
+from hybrid_lightning.units import si
 from hybrid_lightning.training.stop import Stopped
 
 
@@ -96,9 +106,9 @@ class StatusUpdates(L.Callback):
 class Throughput(L.Callback):
     """Logs ``train/tokens_per_sec`` (all ranks) averaged over each logging interval."""
 
-    def __init__(self, tokens_per_step: int, every: int):
-        """tokens_per_step: tokens one rank consumes per optimizer step."""
-        self.tokens_per_step, self.every = tokens_per_step, every
+    def __init__(self, tokens_per_batch: int, every: int):
+        """tokens_per_batch: tokens one rank consumes per training batch."""
+        self.tokens_per_batch, self.every = tokens_per_batch, every
         self._t0: float | None = None
         self._steps = 0
 
@@ -110,7 +120,7 @@ class Throughput(L.Callback):
         self._steps += 1
         if self._steps >= self.every:
             elapsed = time.perf_counter() - self._t0
-            tokens = self._steps * self.tokens_per_step * trainer.world_size
+            tokens = self._steps * self.tokens_per_batch * trainer.world_size
             pl_module.log("train/tokens_per_sec", tokens / elapsed, prog_bar=True)
             self._t0, self._steps = time.perf_counter(), 0
 
@@ -125,6 +135,116 @@ class Throughput(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._t0 is not None:  # validation time is not training time
             self._t0 += time.perf_counter() - self._pause
+
+
+class LastStep(L.Callback):
+    """Logs and validates the last step whatever ``log_every_n_steps`` and ``val_every_n_steps``: Lightning
+    writes the step's scalars and runs validation when ``trainer.should_stop`` is set, so a 3-step run
+    logs its scalars and a 40-step run its ``val/*`` at the end."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
+class PeakMemory(L.Callback):
+    """Logs ``train/peak_memory_gib`` every ``every`` steps and at the last: the peak of memory
+    allocated by tensors on a GPU (``torch.cuda.max_memory_allocated``), else the process's peak
+    resident memory (``getrusage``, all of it: weights, activations, data)."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step % self.every and trainer.global_step < trainer.max_steps:
+            return
+        if pl_module.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(pl_module.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        pl_module.log("train/peak_memory_gib", peak / 2**30)
+
+
+class Console(L.Callback):
+    """What a person reading the console or a cell's log sees (rank 0): a start line (run directory,
+    parameters, tokens, the step training starts from); with ``every``, a progress line each ``every``
+    steps (for runs without a progress bar); an end summary (final losses, the long-context score,
+    where the outputs are)."""
+
+    PROGRESS = ("train/loss", "val/loss", "train/tokens_per_sec", "train/lr")
+    SUMMARY = ("train/loss", "val/loss", "val/ppl", "val/retrieval_acc")
+
+    def __init__(self, run_dir: Path, every: int | None = None):
+        self.run_dir, self.every = Path(run_dir), every
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            counts, step = count_params(pl_module.model), trainer.global_step
+            start = f"resuming at step {step}" if step else "from step 0"
+            _say(f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
+                 f"{si(pl_module.tokens_at(trainer.max_steps))} tokens in {trainer.max_steps:,} steps, {start}")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+        step = trainer.global_step
+        if self.every and trainer.is_global_zero and (step % self.every == 0 or step >= trainer.max_steps):
+            _say(f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        end = "done" if trainer.global_step >= trainer.max_steps else "stopped"
+        record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
+        score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
+        scores = f"  longctx/score {score:.4g}" if score is not None else ""
+        _say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
+             f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
+             f"tensorboard --logdir {self.run_dir}")
+
+
+# The config keys a study of hybrids varies: the HParams dashboard compares runs by them, on these metrics.
+STUDY_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed")
+HPARAMS_METRICS = ("train/loss", "val/loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score", "longctx/longppl")
+
+
+def study_hparams(cfg: RunConfig) -> dict[str, float | str]:
+    """``STUDY_KEYS`` of ``cfg`` as HParams values (numbers as floats: one type per hparam across runs)."""
+    flat = flatten(config_to_dict(cfg))
+    return {k: float(flat[k]) if isinstance(flat[k], int) else flat[k] for k in STUDY_KEYS}
+
+
+class RunSummary(L.Callback):
+    """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``) and,
+    unless the run directory holds a session already (a grid writes its cells', grid/tensorboard.py),
+    an HParams session of the run's ``STUDY_KEYS`` with an experiment naming them and ``HPARAMS_METRICS``
+    (the same for every run, so that the one the dashboard picks among several fits them all)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or trainer.logger is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        writer = trainer.logger.experiment
+        text = dump_config(self.cfg).rstrip("\n")
+        writer.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # a Markdown code block
+        if not any(self.run_dir.glob(f"events.out.tfevents.*{HPARAMS_SUFFIX}")):
+            experiment, session, _ = hparams(study_hparams(self.cfg), dict.fromkeys(HPARAMS_METRICS, 0.0))
+            for summary in (experiment, session):
+                writer._get_file_writer().add_summary(summary)
+
+
+def _say(text: str) -> None:
+    """Prints a line, above an active progress bar rather than into it."""
+    tqdm.write(text)
+    sys.stdout.flush()  # a cell's log shows the line now
+
+
+def _metrics(trainer: L.Trainer, names: tuple[str, ...]) -> str:
+    """The latest value of each of ``names`` that was logged, as ``name value`` pairs."""
+    found = trainer.callback_metrics
+    return "  ".join(f"{name} {float(found[name]):.4g}" for name in names if name in found)
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -173,7 +293,7 @@ class StopOnRequest(L.Callback):
         if trainer.world_size > 1:
             asked = self.any_rank(trainer, pl_module, asked)
         if asked:
-            trainer.save_checkpoint(self.checkpoint)
+            trainer.save_checkpoint(self.checkpoint, weights_only=False)
             trainer.should_stop = True
             if trainer.global_step < trainer.max_steps:  # not the end: no end-of-training evaluations
                 trainer.state.status = TrainerStatus.INTERRUPTED

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from hybrid_lightning.rundir import IOFailure, checkpoint_is_complete, fsync_dir, temporary_beside
+from hybrid_lightning.fileio import IOFailure, fsync_dir, temporary_beside
+from hybrid_lightning.rundir import checkpoint_is_complete
 
 
 class CheckpointWriteError(IOFailure):

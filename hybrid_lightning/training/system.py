@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import lightning as L
@@ -11,26 +10,10 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
-from hybrid_lightning.config import RunConfig, TrainConfig, validate_config
+from hybrid_lightning.config import RunConfig, validate_config
+from hybrid_lightning.config.schedule import lr_factor
 from hybrid_lightning.model import build_model
 from hybrid_lightning.rundir import DATA_FINGERPRINT
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier on train.lr at optimizer step ``step`` (0-based)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    floor = cfg.min_lr_ratio
-    if cfg.schedule == "constant":
-        return 1.0
-    if cfg.schedule == "cosine":
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    # WSD (warmup, stable, decay): constant, then linear decay over the last decay_fraction of steps.
-    decay_start = cfg.max_steps - max(1, round(cfg.decay_fraction * cfg.max_steps))
-    if step < decay_start:
-        return 1.0
-    return 1.0 - (1 - floor) * min(1.0, (step - decay_start + 1) / (cfg.max_steps - decay_start))
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -63,7 +46,7 @@ class LMSystem(L.LightningModule):
 
     def tokens_at(self, step: int) -> int:
         """Training tokens consumed by all ranks after ``step`` optimizer steps."""
-        return step * self.cfg.train.batch_size * self.cfg.train.seq_len * self.trainer.world_size
+        return step * self.cfg.train.tokens_per_step(self.trainer.world_size, self.trainer.accumulate_grad_batches)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
@@ -73,10 +56,15 @@ class LMSystem(L.LightningModule):
         # The logger writes step metrics every log_every_n_steps steps only, and each self.log call costs
         # about 4 ms of CPU (measured: Lightning moves its metric state on every call), so lr and tokens
         # are logged on the steps that are written.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        if self._written_step():
             self.log("train/lr", self.optimizers().param_groups[0]["lr"])
             self.log("train/tokens", float(self.tokens_at(self.global_step + 1)))
         return loss
+
+    def _written_step(self) -> bool:
+        """Whether the logger writes this step's scalars: every log_every_n_steps and the last (callbacks.LastStep)."""
+        step = self.global_step + 1
+        return step % self.trainer.log_every_n_steps == 0 or step >= self.trainer.max_steps
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         named = [(name, p.grad) for name, p in self.named_parameters() if p.grad is not None]
@@ -84,6 +72,8 @@ class LMSystem(L.LightningModule):
         if not torch.isfinite(norms).all():
             name = next(name for (name, _), norm in zip(named, norms) if not torch.isfinite(norm))
             raise NonFiniteLossError(f"non-finite gradient of {name} at step {self.global_step}")
+        if self._written_step():  # before clipping: the norm train.grad_clip is compared with
+            self.log("train/grad_norm", norms.norm())
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx == 0:

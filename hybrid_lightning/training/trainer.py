@@ -16,7 +16,16 @@ from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.precision import resolve_precision
 from hybrid_lightning.rundir import CKPT_DIR, LAST_CKPT
-from hybrid_lightning.training.callbacks import SaveAtEnd, StepCheckpoints, StepProgressBar, Throughput
+from hybrid_lightning.training.callbacks import (
+    Console,
+    LastStep,
+    PeakMemory,
+    RunSummary,
+    SaveAtEnd,
+    StepCheckpoints,
+    StepProgressBar,
+    Throughput,
+)
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.system import LMSystem
 
@@ -27,7 +36,19 @@ for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.
                  ".*isn't resumable.*", ".*Checkpoint directory .* exists and is not empty.*",
                  r".*isinstance\(treespec, LeafSpec\).*is deprecated.*"):
     warnings.filterwarnings("ignore", message=_pattern)
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: not str(record.msg).startswith("💡"))
+# Lightning's banners ("GPU available: ...", "`Trainer.fit` stopped: ...", the CUDA devices) say nothing that a
+# run's own start and end lines (callbacks.Console) don't.
+_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ")
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+    logging.getLogger(_name).addFilter(lambda record: not str(record.msg).startswith(_BANNERS))
+
+
+class RunLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger without the ``epoch`` scalar it adds to every write: the step
+    sampler makes a run one endless epoch, so it is always 0."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
 
 
 def build_trainer(
@@ -35,24 +56,25 @@ def build_trainer(
 ) -> tuple[L.Trainer, LMSystem, LMDataModule]:
     t = cfg.train
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    logger = TensorBoardLogger(
+    logger = RunLogger(
         save_dir=str(run_dir), name="", version="", default_hp_metric=False,
         # Steps >= resume_step logged before a crash (or a restart from 0) are hidden by TensorBoard:
         # no duplicates, no gaps.
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    tokens_per_step = t.batch_size * t.seq_len
-    throughput = Throughput(tokens_per_step, t.log_every_n_steps)
+    throughput = Throughput(t.tokens_per_step(1, accumulate=1), t.log_every_n_steps)  # one rank's tokens per batch
     datamodule = LMDataModule(cfg)
     # SaveAtEnd before the evaluations: a stop during the end-of-training ones keeps the last step
-    callbacks = [checkpoints, SaveAtEnd(run_dir / CKPT_DIR / LAST_CKPT, t.checkpoint_every_n_steps), throughput, *extra_callbacks]
+    callbacks = [checkpoints, SaveAtEnd(run_dir / CKPT_DIR / LAST_CKPT, t.checkpoint_every_n_steps), throughput,
+                 PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir), *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
         callbacks.append(RetrievalHeadsEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
+    callbacks.append(Console(run_dir, None if t.progress_bar else t.log_every_n_steps))  # after the evaluations: it reports them
     plugins = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeue
@@ -64,7 +86,7 @@ def build_trainer(
         devices=t.devices,
         num_nodes=t.num_nodes,
         strategy=t.strategy,
-        precision=resolve_precision(t),
+        precision=resolve_precision(t, cfg.model),
         logger=logger,
         callbacks=callbacks,
         plugins=plugins,

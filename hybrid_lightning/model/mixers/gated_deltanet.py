@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.mixers.mamba2 import DT_INIT, inverse_softplus_dt
-from hybrid_lightning.model.ops import ShortConv, gated_delta_rule
+from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
+from hybrid_lightning.model.ops import ShortConv, chunked_delta_rule_flops, gated_delta_rule
 
 if TYPE_CHECKING:
     from hybrid_lightning.config import ModelConfig
@@ -64,3 +64,7 @@ class GatedDeltaNet(nn.Module):
             state["memory"] = memory
         o = self.out_norm(o) * F.silu(self.gate(x).view(B, T, H, V))  # (B, T, H, V)
         return self.out_proj(o.reshape(B, T, H * V))
+
+    def flops_per_token(self, T: int) -> float:
+        """Training FLOPs per token of the gated delta rule beyond the layer's weights."""
+        return chunked_delta_rule_flops(T, self.chunk, self.n_heads, self.key_dim, self.value_dim)

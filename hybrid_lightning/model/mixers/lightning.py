@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.ops import gated_linear_attention
+from hybrid_lightning.model.ops import chunked_gla_flops, gated_linear_attention
 
 if TYPE_CHECKING:
     from hybrid_lightning.config import ModelConfig
@@ -57,3 +57,7 @@ class LightningAttention(nn.Module):
             state["kv"] = kv
         o = self.norm(o.reshape(B, T, H * Dh)) * self.gate(x).sigmoid()
         return self.out_proj(o)
+
+    def flops_per_token(self, T: int) -> float:
+        """Training FLOPs per token of the linear-attention recurrence beyond the layer's weights."""
+        return chunked_gla_flops(T, self.chunk, self.n_heads, self.head_dim, self.head_dim)

@@ -9,28 +9,20 @@ projection. B and C are shared by all heads (one group).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.ops import ShortConv, gated_linear_attention
+from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
+from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, gated_linear_attention
 
 if TYPE_CHECKING:
     from hybrid_lightning.config import ModelConfig
     from hybrid_lightning.model.plan import LayerSpec
 
-# The reference module's initial ranges: A ~ U[1, 16]; Δ log-uniform in [1e-3, 0.1].
-A_INIT = (1.0, 16.0)
-DT_INIT = (1e-3, 0.1)
-
-
-def inverse_softplus_dt(n: int, low: float, high: float) -> torch.Tensor:
-    """(n,) biases whose softplus is log-uniform in [low, high] (the Δ bias of Mamba-2 and Gated DeltaNet)."""
-    dt = torch.exp(torch.rand(n) * (math.log(high) - math.log(low)) + math.log(low))
-    return dt + torch.log(-torch.expm1(-dt))  # softplus⁻¹(dt)
+A_INIT = (1.0, 16.0)  # the reference module's initial range: A ~ U[1, 16] (Δ: model/init.py)
 
 
 class Mamba2(nn.Module):
@@ -61,13 +53,17 @@ class Mamba2(nn.Module):
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
         xs = xs.view(B, T, H, P)
         y, ssm = gated_linear_attention(
-            c[:, :, None].expand(B, T, H, N),  # queries: C
-            b[:, :, None].expand(B, T, H, N),  # keys: B
+            c[:, :, None],  # queries: C, (B, T, 1, N) shared by the heads
+            b[:, :, None],  # keys: B
             xs * dt[..., None],  # values: Δ·x, (B, T, H, P)
             dt * -self.A_log.exp(),  # log-decay Δ·A
             scale=1.0, state=None if state is None else state.get("ssm"), backend=self.backend, chunk_size=self.chunk,
         )
         if state is not None:
             state["ssm"] = ssm
-        y = y + xs * self.D[:, None]  # (B, T, H, P)
+        y = torch.addcmul(y, xs, self.D[:, None])  # y + D·x, (B, T, H, P)
         return self.out_proj(self.norm(y.reshape(B, T, self.inner) * F.silu(z)))
+
+    def flops_per_token(self, T: int) -> float:
+        """Training FLOPs per token of the SSD recurrence beyond the layer's weights (B and C shared by the heads)."""
+        return chunked_gla_flops(T, self.chunk, self.n_heads, self.d_state, self.head_dim, shared_qk=True)

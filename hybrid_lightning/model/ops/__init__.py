@@ -3,7 +3,8 @@
 - ``recurrent``: the step-by-step recurrence in plain torch, one token at a time; the ground truth.
 - ``chunked``: the same recurrence computed chunk by chunk in plain torch (quadratic inside a chunk,
   recurrent across chunks); the training path on CPU.
-- ``fla``: the flash-linear-attention Triton kernel; CUDA only, needs the ``gpu`` extra.
+- ``fla``: the flash-linear-attention Triton kernel; on CUDA (the ``gpu`` extra), or on CPU under
+  Triton's interpreter with ``TRITON_INTERPRET=1`` (the ``fla-cpu`` extra; ``interpreter.py``), slowly.
 - ``auto``: ``fla`` for CUDA tensors when fla is importable, else ``chunked``.
 
 Every operator takes ``(B, T, H, *)`` tensors and an optional ``(B, H, K, V)`` state and returns the
@@ -11,8 +12,9 @@ output and the final state, so that a sequence fed in pieces equals one full cal
 """
 
 from hybrid_lightning.model.ops.common import BACKENDS, fla_available, resolve_backend
-from hybrid_lightning.model.ops.delta_rule import gated_delta_rule
-from hybrid_lightning.model.ops.gated_linear import gated_linear_attention
+from hybrid_lightning.model.ops.delta_rule import chunked_delta_rule_flops, gated_delta_rule
+from hybrid_lightning.model.ops.gated_linear import chunked_gla_flops, gated_linear_attention
 from hybrid_lightning.model.ops.short_conv import ShortConv
 
-__all__ = ["BACKENDS", "ShortConv", "fla_available", "gated_delta_rule", "gated_linear_attention", "resolve_backend"]
+__all__ = ["BACKENDS", "ShortConv", "chunked_delta_rule_flops", "chunked_gla_flops", "fla_available", "gated_delta_rule",
+           "gated_linear_attention", "resolve_backend"]

@@ -7,12 +7,15 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from hybrid_lightning.model.ops.interpreter import interpreting, patch
+
 BACKENDS = ("auto", "chunked", "recurrent", "fla")
 
 
 @functools.cache
 def fla_available() -> bool:
-    """Whether flash-linear-attention's kernels import (they need triton, hence a CUDA build)."""
+    """Whether flash-linear-attention's kernels import (they need triton: a CUDA build, or Triton's
+    interpreter on CPU)."""
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
         import fla.ops.simple_gla  # noqa: F401
@@ -28,16 +31,29 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
     if backend == "auto":
         return "fla" if x.is_cuda and fla_available() else "chunked"
     if backend == "fla" and not x.is_cuda:
-        raise ValueError(
-            f"model.recurrent_backend='fla' runs on CUDA only, but this forward runs on {x.device.type}; "
-            "use 'auto' or 'chunked'"
-        )
+        if not interpreting():
+            raise ValueError(
+                f"model.recurrent_backend='fla' runs on CUDA, or on CPU under Triton's interpreter "
+                f"(TRITON_INTERPRET=1, the fla-cpu extra), but this forward runs on {x.device.type}; "
+                "use 'auto' or 'chunked'"
+            )
+        try:
+            patch()
+        except RuntimeError as e:
+            raise ValueError(f"model.recurrent_backend='fla': {e}") from e
     if backend == "fla" and not fla_available():
         raise ValueError(
             "model.recurrent_backend='fla' needs flash-linear-attention (pip install -e '.[gpu]'), "
             "which is not importable here; use 'auto' or 'chunked'"
         )
     return backend
+
+
+def chunk_cost(T: int, chunk_size: int) -> tuple[int, float]:
+    """(C, padding factor) of the chunked form at length T: the chunk size it uses and the steps it
+    computes per real step (T padded up to whole chunks)."""
+    C = min(chunk_size, T)
+    return C, -(-T // C) * C / T
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -62,7 +78,7 @@ def to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:
     pad = -T % size
     if pad:
         x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
-    return x.reshape(*x.shape[:2], -1, size, *x.shape[3:])
+    return x.reshape(*x.shape[:2], -1, size, *x.shape[3:]).contiguous()
 
 
 def from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybrid_lightning.model.ops.common import (
+    chunk_cost,
     compute_dtype,
     from_chunks,
     kernel_dtype,
@@ -64,14 +65,17 @@ def chunked_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | Non
     dtype, out_dtype, T = compute_dtype(v), v.dtype, q.shape[1]
     C = min(chunk_size, T)
     with torch.autocast(q.device.type, enabled=False):
+        q = q.to(dtype) * scale  # scaled here, where it is cheapest (K <= V in Gated DeltaNet)
         q, k, v = (to_chunks(t.to(dtype), C) for t in (q, k, v))  # (B, H, n, C, K|V)
         b = to_chunks(g.to(dtype), C).cumsum(-1)  # (B, H, n, C): log-decay from chunk start
         beta = to_chunks(beta.to(dtype), C)  # (B, H, n, C)
+        k_beta = k * beta[..., None]  # (B, H, n, C, K): β_i k_i
         last = b[..., -1:]  # (B, H, n, 1)
         decay = segment_decay(b)  # (B, H, n, C, C): e^{b_i - b_j}, j <= i
-        eye = torch.eye(C, dtype=dtype, device=q.device)
-        system = eye + (beta[..., None] * decay * (k @ k.transpose(-1, -2))).tril(-1)  # I + A
-        rhs = torch.cat([v * beta[..., None], k * (beta * b.exp())[..., None]], dim=-1)  # (B, H, n, C, V+K)
+        # I + A: the solve reads only the strict lower triangle (unit diagonal), and its gradient is
+        # confined there, so neither the identity nor a tril is built.
+        system = (k_beta @ k.transpose(-1, -2)) * decay
+        rhs = torch.cat([v * beta[..., None], k_beta * b.exp()[..., None]], dim=-1)  # (B, H, n, C, V+K)
         u, w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split(
             [v.shape[-1], k.shape[-1]], dim=-1
         )  # the pseudo-values of a chunk are u - w S_0, S_0 the state entering it
@@ -84,9 +88,18 @@ def chunked_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | Non
             before.append(S)
             pseudo.append(u_c - w_c @ S)  # (B, H, C, V)
             S = decay_c * S + k_c @ pseudo[-1]
-        o = (q * b.exp()[..., None]) @ torch.stack(before, dim=2) + scores @ torch.stack(pseudo, dim=2)
-        o = o * scale  # (B, H, n, C, V)
+        o = (q * b.exp()[..., None]) @ torch.stack(before, dim=2) + scores @ torch.stack(pseudo, dim=2)  # (B, H, n, C, V)
         return from_chunks(o, T).to(out_dtype), S
+
+
+def chunked_delta_rule_flops(T: int, chunk_size: int, H: int, K: int, V: int) -> float:
+    """Training FLOPs per token of ``chunked_delta_rule`` over H heads, counted as ``chunked_gla_flops``
+    counts: per token and head, k·k and q·k over the chunk (2·C·K), the unit-triangular solve for V + K
+    right-hand sides (C·(V+K)/2), scores times pseudo-values (C·V), and three products with a K x V state
+    (the pseudo-values' correction, the state update, the queries against the carried state)."""
+    C, padding = chunk_cost(T, chunk_size)
+    per_head = 2 * C * K + C * (V + K) / 2 + C * V + 3 * K * V
+    return 6 * H * per_head * padding
 
 
 def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybrid_lightning.model.ops.common import (
+    chunk_cost,
     compute_dtype,
     from_chunks,
     kernel_dtype,
@@ -31,7 +32,8 @@ def gated_linear_attention(
     """The operator by the implementation ``backend`` selects (see ``ops``).
 
     Args:
-        q, k: (B, T, H, K) queries and keys.
+        q, k: (B, T, H, K) queries and keys, or (B, T, 1, K) shared by all heads (Mamba-2's one group
+            of B and C), which the chunked path multiplies once rather than once per head.
         v: (B, T, H, V) values.
         g: (B, T, H) log-decay per step, <= 0.
         scale: multiplier on q·k.
@@ -65,7 +67,9 @@ def chunked_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None, chu
     """Chunks of C steps: o = (masked, decayed q kᵀ) v inside a chunk + decayed q · carried state.
 
     Every exponential is of a difference b_i - b_j <= 0 of cumulative log-decays inside one chunk,
-    so nothing overflows however strong the decay. Cost O(T·C·(K+V) + T·K·V) per head.
+    so nothing overflows however strong the decay. Cost O(T·C·(K+V) + T·K·V) per head. The decays
+    scale the values and the outputs, not the keys and queries: that is cheaper when V <= K (Mamba-2's
+    N = 128 against P = 64) and leaves shared keys and queries shared.
     """
     dtype, out_dtype, T = compute_dtype(v), v.dtype, q.shape[1]
     C = min(chunk_size, T)
@@ -75,15 +79,25 @@ def chunked_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None, chu
         last = b[..., -1:]  # (B, H, n, 1): log-decay over the whole chunk
         o = ((q @ k.transpose(-1, -2)) * segment_decay(b)) @ v  # (B, H, n, C, V): within the chunk
         # What each chunk adds to the state, decayed to the chunk's end: (B, H, n, K, V).
-        added = (k * (last - b).exp()[..., None]).transpose(-1, -2) @ v
+        added = k.transpose(-1, -2) @ (v * (last - b).exp()[..., None])
         S = q.new_zeros(*added.shape[:2], *added.shape[3:]) if state is None else state.to(dtype)
         before = []  # the state entering each chunk
         # unbind, not indexing in the loop: each index's backward would write a full-size gradient.
         for chunk_decay, chunk_added in zip(last.exp()[..., None].unbind(2), added.unbind(2)):
             before.append(S)
             S = chunk_decay * S + chunk_added
-        o = o + (q * b.exp()[..., None]) @ torch.stack(before, dim=2)  # from earlier chunks
-        return from_chunks(o * scale, T).to(out_dtype), S
+        o = o + b.exp()[..., None] * (q @ torch.stack(before, dim=2))  # from earlier chunks
+        return from_chunks(o if scale == 1 else o * scale, T).to(out_dtype), S  # scale 1 in Mamba-2 and Lightning
+
+
+def chunked_gla_flops(T: int, chunk_size: int, H: int, K: int, V: int, shared_qk: bool = False) -> float:
+    """Training FLOPs per token of ``chunked_gla`` over H heads: its matmuls, forward (2 per multiply-add)
+    and backward (twice the forward), on T padded to whole chunks. Per token and head: q·k over the
+    chunk's C keys (once for all heads when shared), the chunk's scores times values (C·V), what it
+    adds to the state (K·V) and the queries against the carried state (K·V)."""
+    C, padding = chunk_cost(T, chunk_size)
+    per_head = C * K / (H if shared_qk else 1) + C * V + 2 * K * V
+    return 6 * H * per_head * padding
 
 
 def fla_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None):
@@ -91,7 +105,8 @@ def fla_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None):
     from fla.ops.simple_gla import chunk_simple_gla
 
     dtype = kernel_dtype(v)
-    q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
+    H = v.shape[2]  # shared queries and keys go to the kernel once per head
+    q, k, v = (t.to(dtype).expand(*t.shape[:2], H, t.shape[-1]).contiguous() for t in (q, k, v))
     o, S = chunk_simple_gla(
         q, k, v, g=g.float().contiguous(), scale=scale,
         initial_state=None if state is None else state.float(), output_final_state=True,

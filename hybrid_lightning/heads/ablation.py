@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.eval.heads import RetrievalHeads, attention_layers
+from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
 from hybrid_lightning.eval.report import pool
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
+from hybrid_lightning.records import row
 
 SELECTIONS = {"top": "--mask-top", "random": "--mask-random", "list": "--mask"}  # selection -> its CLI option
 
@@ -120,14 +121,14 @@ def ablate(model, ev: LongContextEval, heads: list[tuple[int, int]], *, selectio
     rows = []
     for task, length in dict.fromkeys((r["task"], r["length"]) for r in base):
         b, a = pool(base, task=task, length=length), pool(after, task=task, length=length)
-        rows.append({
-            "step": step, "tokens": tokens, "selection": selection, "k": k, "seed": seed,
-            "masked": [list(h) for h in heads], "task": task, "length": length, "n": b["n"],
-            "accuracy": b["accuracy"], "masked_accuracy": a["accuracy"],
-            "token_accuracy": b["token_accuracy"], "masked_token_accuracy": a["token_accuracy"],
-            "answer_loss": b["answer_loss"], "masked_answer_loss": a["answer_loss"],
-            "chance_token_accuracy": b["chance_token_accuracy"], "chance_loss": b["chance_loss"],
-        })
+        rows.append(row(
+            "ablation", step=step, tokens=tokens, selection=selection, k=k, seed=seed, draw=None,
+            masked=[list(h) for h in heads], task=task, length=length, n=b["n"],
+            accuracy=b["accuracy"], masked_accuracy=a["accuracy"],
+            token_accuracy=b["token_accuracy"], masked_token_accuracy=a["token_accuracy"],
+            answer_loss=b["answer_loss"], masked_answer_loss=a["answer_loss"],
+            chance_token_accuracy=b["chance_token_accuracy"], chance_loss=b["chance_loss"],
+        ))
     return rows
 
 

@@ -1,7 +1,8 @@
-"""Generation-scored exact match: greedy decoding through the model's incremental states, the decoded
-text compared with the answer. This is how clients that only generate (lm-evaluation-harness's
-``generate_until`` tasks, RULER's scripts) score a probe; the teacher-forced exact match of
-``scoring.py`` equals it whenever the answer's tokens are what the tokenizer makes of the answer text.
+"""Generation-scored exact match, for the tests of the export: greedy decoding through the model's
+incremental states, the decoded text compared with the answer. This is how clients that only generate
+(lm-evaluation-harness's ``generate_until`` tasks, RULER's scripts) score a probe; the teacher-forced
+exact match of ``eval/scoring.py`` equals it whenever the answer's tokens are what the tokenizer makes
+of the answer text.
 
 Probes come as ``hybrid-lightning probes`` writes them (``{"text", "task", "length", "depth",
 "answer"}`` lines, ``text`` ending with ``answer``); the prompt is ``text`` without the answer.
@@ -9,13 +10,11 @@ Probes come as ``hybrid-lightning probes`` writes them (``{"text", "task", "leng
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
-PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of eval/export.py's probes file
+from hybrid_lightning.eval.scoring import evaluating
 
 
 @torch.no_grad()
@@ -41,41 +40,19 @@ def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop_id: i
     return torch.stack(out, dim=1) if out else prompt.new_zeros(prompt.shape[0], 0)
 
 
-def read_probes(path: str | Path) -> list[dict]:
-    """The probes of a ``hybrid-lightning probes`` file, each with its ``prompt`` (``text`` less the answer)."""
-    if not Path(path).is_file():
-        raise ValueError(f"probes file not found: {path}")
-    rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        missing = [k for k in PROBE_KEYS if k not in row]
-        if missing:
-            raise ValueError(f"{path}:{n}: no {missing}; is this a 'hybrid-lightning probes' file?")
-        if not row["text"].endswith(row["answer"]):
-            raise ValueError(f"{path}:{n}: the text does not end with its answer; is this a 'hybrid-lightning probes' file?")
-        rows.append(row | {"prompt": row["text"][: len(row["text"]) - len(row["answer"])]})
-    if not rows:
-        raise ValueError(f"{path}: no probes")
-    return rows
-
-
 def score_probes(model, tokenizer, probes: list[dict], chunk: int = 2048) -> list[dict]:
     """Greedy-generation exact match of every probe: as many tokens as the answer takes, stopped at the
     end-of-document token, decoded and compared with the answer. Returns one record per probe:
     ``task``, ``length``, ``depth``, ``generated`` (text) and ``exact`` (0 or 1)."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     records = []
-    for p in probes:
-        prompt = torch.from_numpy(tokenizer.encode(p["prompt"])).to(device)[None]  # (1, T)
-        ids = greedy_generate(model, prompt, len(tokenizer.encode(p["answer"])), tokenizer.eos_id, chunk)
-        text = tokenizer.decode(ids[0].tolist())
-        records.append({"task": p["task"], "length": p["length"], "depth": p["depth"], "generated": text,
-                        "exact": int(text == p["answer"])})
-    model.train(was_training)
+    with evaluating(model):
+        for p in probes:
+            prompt = torch.from_numpy(tokenizer.encode(p["prompt"])).to(device)[None]  # (1, T)
+            ids = greedy_generate(model, prompt, len(tokenizer.encode(p["answer"])), tokenizer.eos_id, chunk)
+            text = tokenizer.decode(ids[0].tolist())
+            records.append({"task": p["task"], "length": p["length"], "depth": p["depth"], "generated": text,
+                            "exact": int(text == p["answer"])})
     return records
 
 

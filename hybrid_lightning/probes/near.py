@@ -12,7 +12,7 @@ The second answer can be copied from the needle (far) or from the echo (``len(an
 tokens back: 22 for a 16-token answer and byte tokens, inside a window of 32). The echo is counted
 among the needles (Wu et al.'s token test looks there too) and, as every statement of the answer's
 value, among its copy sources (``heads.answer_targets``). Which sources a head of window W can reach,
-row by row, is recorded with its scores (``reach_steps``, ``reach_score`` in heads.py).
+row by row, is recorded with its scores (``reach_steps``, ``reach_score`` in heads/retrieval.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from hybrid_lightning.eval.tasks import GenContext, Sample, make_sample
+from hybrid_lightning.probes.tasks import GenContext, Sample, make_sample
 
 ECHO_CUE = "\nAgain:"
 MAX_TRIES = 8  # redraws of the inner probe until prompt + echo + cue + answer is exactly the length

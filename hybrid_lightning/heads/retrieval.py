@@ -28,7 +28,7 @@ averaged over samples (they keep samples answered with ROUGE-1 recall > 0.5); a 
   (``min_copy_precision``); ``locator`` = any other head whose argmax is in the span on most answer
   steps (``min_in_span``).
 
-- Reach: besides the task's probes, *echo* probes (near.py) state the answer again a few tokens
+- Reach: besides the task's probes, *echo* probes (probes/near.py) state the answer again a few tokens
   before it is asked, so a sliding-window head can reach a copy source. Every head records the
   answer steps whose source lay inside its window (``reach_steps``) and its score over those alone
   (``reach_score``): where retrieval heads lie is compared among heads that could reach a source.
@@ -43,17 +43,20 @@ cache's keys.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
 import numpy as np
 import torch
 
+from hybrid_lightning import records
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.eval.near import make_probe
+from hybrid_lightning.probes.near import make_probe
 from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
-from hybrid_lightning.eval.scoring import STATS, score_samples
-from hybrid_lightning.eval.tasks import NOISE, GenContext, Sample
+from hybrid_lightning.eval.scoring import STATS, evaluating, score_samples
+from hybrid_lightning.probes.haystack import NOISE
+from hybrid_lightning.probes.tasks import GenContext, Sample
 from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
 
@@ -198,7 +201,7 @@ class RetrievalHeads:
     def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray):
         self.cfg, h = cfg, cfg.heads
         self.ctx = GenContext(tokenizer, held_out, h.value_tokens, cfg.vt_example)
-        # echo probes (near.py) at the middle depth only: the echo, not the needle, is their near source
+        # echo probes (probes/near.py) at the middle depth only: the echo, not the needle, is their near source
         echo_depths = [h.depths[len(h.depths) // 2]] if h.echo else []
         self.specs = [(t, n, d, i, e) for n in h.lengths for t in h.tasks
                       for e, depths in ((False, h.depths), (True, echo_depths)) for d in depths for i in range(h.samples)]
@@ -209,14 +212,12 @@ class RetrievalHeads:
         The arguments are ``LongContextEval.run``'s: step of the last training batch, training tokens
         seen, autocast dtype (None = the model's precision), this process's rank and the process count."""
         device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
         heads = SumTable(len(model.layers) * model.cfg.n_heads, len(HEAD_STATS)).to(device)
         samples = SumTable(1, len(SAMPLE_STATS)).to(device)
-        for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank, world, device,
-                                                 make_probe):
-            self._score(model, probes, weight, dtype, device, heads, samples)
-        model.train(was_training)
+        with evaluating(model):
+            for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank, world,
+                                                     device, make_probe):
+                self._score(model, probes, weight, dtype, device, heads, samples)
         # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
         totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in (heads, samples)]
         return self.report(model, *totals, step, tokens)
@@ -263,7 +264,7 @@ class RetrievalHeads:
             t = dict(zip(HEAD_STATS, heads[layer * H + head].tolist()))
             spec = model.plan[layer]
             row = {"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": spec.mixer, "window": spec.window,
-                   "pos": spec.pos}
+                   "pos": spec.pos}  # the fields of records.HeadScores
             if n["kept"]:
                 row |= {k: t[k] / n["kept"] for k in ("score", "token_score", "in_span", "span_mass", "source_mass")}
                 row["copy_precision"] = t["hits"] / t["in_span_steps"] if t["in_span_steps"] else None
@@ -277,12 +278,12 @@ class RetrievalHeads:
             copy = row["retrieval"] and (row["copy_precision"] or 0.0) >= h.min_copy_precision
             locator = not copy and row["in_span"] is not None and row["in_span"] >= h.min_in_span
             row["role"] = "copy" if copy else "locator" if locator else None
-            rows.append(row)
+            rows.append(records.row("heads", **row))
         layers = []
         for spec in model.plan:
             mine = [r for r in rows if r["layer"] == spec.index]
-            layers.append({"step": step, "tokens": tokens, "layer": spec.index, "kind": spec.mixer, "window": spec.window,
-                           "pos": spec.pos, "applicable": spec.index in scored, **counts(mine, scored=spec.index in scored)})
+            layers.append(records.row("layers", step=step, tokens=tokens, layer=spec.index, kind=spec.mixer, window=spec.window,
+                                      pos=spec.pos, applicable=spec.index in scored, **counts(mine, scored=spec.index in scored)))
         return {
             "step": step, "tokens": tokens, "settings": h.model_dump(mode="json"), "samples": int(n["samples"]),
             "kept": int(n["kept"]), "accuracy": n["exact"] / n["samples"] if n["samples"] else None,
@@ -296,15 +297,14 @@ def counts(rows: list[dict], scored: bool = True) -> dict:
     could see a copy source and those of them above the threshold there (None where nothing is
     scored: a layer that is not attention, or no sample kept)."""
     if not scored:
-        return dict.fromkeys(("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score", "reaching_heads",
-                              "reach_retrieval_heads"))
+        return dataclasses.asdict(records.HeadCounts(*[None] * len(dataclasses.fields(records.HeadCounts))))
     scores = [r["score"] for r in rows if r["score"] is not None]
-    return {
-        "retrieval_heads": sum(r["retrieval"] for r in rows),
-        "reaching_heads": sum(r["reach_steps"] > 0 for r in rows),  # heads that could see a copy source
-        "reach_retrieval_heads": sum(r["reach_retrieval"] for r in rows),
-        "copy_heads": sum(r["role"] == "copy" for r in rows),
-        "locator_heads": sum(r["role"] == "locator" for r in rows),
-        "max_score": max(scores) if scores else None,
-        "mean_score": sum(scores) / len(scores) if scores else None,
-    }
+    return dataclasses.asdict(records.HeadCounts(
+        retrieval_heads=sum(r["retrieval"] for r in rows),
+        reaching_heads=sum(r["reach_steps"] > 0 for r in rows),  # heads that could see a copy source
+        reach_retrieval_heads=sum(r["reach_retrieval"] for r in rows),
+        copy_heads=sum(r["role"] == "copy" for r in rows),
+        locator_heads=sum(r["role"] == "locator" for r in rows),
+        max_score=max(scores) if scores else None,
+        mean_score=sum(scores) / len(scores) if scores else None,
+    ))

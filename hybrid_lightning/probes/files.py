@@ -1,5 +1,6 @@
 """Probes as text documents (``hybrid-lightning probes``): a JSON-lines file with one probe and its
-answer per line, e.g. to train a small model on retrieval in the probes' own format, or to read them."""
+answer per line (``export_probes``), e.g. to train a small model on retrieval in the probes' own format,
+or to score a model on them elsewhere (``read_probes``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import numpy as np
 from hybrid_lightning.config import DataConfig
 from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.eval.tasks import GenContext, check_tasks, make_sample
+from hybrid_lightning.probes.tasks import GenContext, check_tasks, make_sample
+
+PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of the probes file
 
 
 def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples: int, seed: int,
@@ -43,3 +46,23 @@ def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return len(lines)
+
+
+def read_probes(path: str | Path) -> list[dict]:
+    """The probes of a ``hybrid-lightning probes`` file, each with its ``prompt`` (``text`` less the answer)."""
+    if not Path(path).is_file():
+        raise ValueError(f"probes file not found: {path}")
+    rows = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        missing = [k for k in PROBE_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{n}: no {missing}; is this a 'hybrid-lightning probes' file?")
+        if not row["text"].endswith(row["answer"]):
+            raise ValueError(f"{path}:{n}: the text does not end with its answer; is this a 'hybrid-lightning probes' file?")
+        rows.append(row | {"prompt": row["text"][: len(row["text"]) - len(row["answer"])]})
+    if not rows:
+        raise ValueError(f"{path}: no probes")
+    return rows

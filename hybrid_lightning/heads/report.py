@@ -1,6 +1,6 @@
-"""Reports of retrieval-head scores (heads.py) and head ablations (ablation.py): TensorBoard scalars,
+"""Reports of retrieval-head scores (retrieval.py) and head ablations (ablation.py): TensorBoard scalars,
 the layer x head score image, printed tables and the ``eval/heads_step_<k>.json`` files (format in
-README.md)."""
+docs/run-directory.md)."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def control_table(test: dict) -> str:
 
 def single_table(report: dict) -> str:
     """Plain text: the token accuracy drop of masking each attention head alone, pooled over the probes."""
-    from hybrid_lightning.eval.ablation import harm
+    from hybrid_lightning.heads.ablation import harm
 
     by_head: dict[str, list[dict]] = {}
     for r in report["ablation"]:

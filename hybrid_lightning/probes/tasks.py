@@ -21,7 +21,7 @@ independent uniform depths, in chain order), one statement, drawn at random, at 
 Every sample is exactly ``length`` tokens (prompt + answer). The haystack is made of whole units,
 never cut inside a sentence, up to the token budget left by the fixed text: noise blocks (the
 last one ends after its last sentence that fits), sentences of the essay text (text without a
-sentence end for ``LONG_SENTENCE`` characters, such as source code, counts its lines as sentences)
+sentence end for ``haystack.LONG_SENTENCE`` characters, such as source code, counts its lines as sentences)
 or distractor needles. The tokens still missing (less than a sentence) are single spaces, or blank
 lines after a unit that ends a line, spread over the unit boundaries. Needles sit at the unit
 boundary nearest their depth x haystack tokens. Text is tokenized piece by piece (instruction,
@@ -37,9 +37,7 @@ its task, for the generation score (scoring.py).
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-import re
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator
@@ -47,7 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+from hybrid_lightning.probes.haystack import NOISE, Piece, assemble, count, essay_units, fill, noise_units
+
 PASSKEY_HEAD = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                 "I will quiz you about the important information there.\n")
 PASSKEY_RANGE = (1, 50000)
@@ -63,11 +62,8 @@ RULER_DEPTHS = np.round(np.linspace(0, 100, 40)) / 100  # RULER's depth grid (it
 # Tokens to generate: RULER's tokens_to_generate per task family (scripts/data/synthetic/constants.py);
 # passkey, not a RULER task, Mohtashami & Jaggi's max_new_tokens (landmark-attention, llama/run_test.py).
 GENERATE_TOKENS = {"niah": 128, "vt": 30, "passkey": 10}
-SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+|\n[ \t]*\n\s*")  # a sentence's end, its trailing whitespace included
-LONG_SENTENCE = 256  # characters: longer pieces without a sentence end are cut at line ends
 MAX_REDRAWS = 100
 MAX_UNITS = 256  # how far long_value lengthens a value before giving up
-MAX_SKIPS = 64  # haystack units tried after one whose first sentence overruns the budget
 
 
 @dataclass(frozen=True)
@@ -113,94 +109,6 @@ class Sample:
         pred = len(self.prompt) - 1 + np.arange(len(self.answer))
         has = self.answer_source >= 0
         return bool((pred[has] - self.answer_source[has] < window).all())
-
-
-class Piece:
-    """Token ids of a text built piece by piece; labelled pieces remember their span."""
-
-    def __init__(self, tok, parts: list[str | tuple[str, str]]):
-        ids, self.spans = [], {}
-        n = 0
-        for part in parts:
-            text, label = part if isinstance(part, tuple) else (part, None)
-            t = tok.encode(text)
-            if label is not None:
-                self.spans[label] = (n, n + len(t))
-            ids.append(t)
-            n += len(t)
-        self.ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-
-
-def sentences(text: str) -> list[str]:
-    """``text`` cut after every sentence end (and paragraph break), each piece keeping its trailing
-    whitespace; the last piece is what follows the last end (possibly an unfinished sentence). Text
-    with no sentence end for ``LONG_SENTENCE`` characters (source code, tables) is cut at its line ends."""
-    ends = [m.end() for m in SENTENCE_END.finditer(text)]
-    pieces = [text[a:b] for a, b in zip([0, *ends], [*ends, len(text)]) if b > a]
-    return [line for p in pieces for line in (p.splitlines(keepends=True) if len(p) > LONG_SENTENCE else [p])]
-
-
-def _pad_tokens(tok) -> dict[bool, np.ndarray]:
-    """The single tokens that pad a haystack to its exact budget: {ends with a newline: a newline
-    token (a blank line), otherwise: a space}; a space everywhere when a newline is not one token."""
-    space, newline = tok.encode(" "), tok.encode("\n")
-    if len(space) != 1:
-        raise ValueError("data.tokenizer: ' ' is not a single token; probes cannot be filled to an exact length")
-    return {False: space, True: newline if len(newline) == 1 else space}
-
-
-def _fill(tok, units: Iterable[list[np.ndarray]], budget: int) -> list[np.ndarray]:
-    """Whole units (each a list of tokenized sentences), in order, totalling exactly ``budget`` tokens.
-    The first unit that overruns the budget is cut after its last sentence that fits and ends the
-    haystack; a unit whose first sentence alone overruns it is skipped for the next ones (at most
-    ``MAX_SKIPS``). The tokens still missing are pad tokens appended to the units, spread evenly."""
-    hay, n, skips = [], 0, 0
-    for unit in units:
-        lengths = np.cumsum([len(x) for x in unit])
-        fit = int((lengths <= budget - n).sum())
-        if fit:
-            hay.append(np.concatenate(unit[:fit]))
-            n += int(lengths[fit - 1])
-        if 0 < fit < len(unit) or n == budget:
-            break
-        skips += not fit
-        if skips > MAX_SKIPS:
-            break
-    pads, missing = _pad_tokens(tok), budget - n
-    if not hay:
-        return [np.repeat(pads[False], missing)]
-    extra = np.full(len(hay), missing // len(hay))
-    extra[np.linspace(0, len(hay) - 1, missing % len(hay)).round().astype(int)] += 1
-    return [np.concatenate([u, np.repeat(pads[tok.decode(u[-1:]).endswith("\n")], k)]) for u, k in zip(hay, extra)]
-
-
-def _assemble(head: Piece, hay: list[np.ndarray], inserts: list[tuple[float, Piece]],
-              tail: Piece) -> tuple[np.ndarray, list[dict]]:
-    """head + haystack units with each insert at the unit boundary nearest its depth + tail; returns
-    the tokens and each insert's spans (in absolute positions, key "_" for the whole insert) in the
-    order of ``inserts`` (which also orders inserts at the same boundary), then {"haystack": its span}."""
-    bounds = np.cumsum([0] + [len(u) for u in hay])  # token offset of each unit boundary
-    out, placed, pos, k0 = [head.ids], [{} for _ in inserts], len(head.ids), 0
-    for i in sorted(range(len(inserts)), key=lambda i: inserts[i][0]):  # stable: equal depths keep their order
-        d, piece = inserts[i]
-        k = max(k0, int(np.abs(bounds - d * bounds[-1]).argmin()))
-        out += hay[k0:k]
-        pos += int(bounds[k] - bounds[k0])
-        out.append(piece.ids)
-        placed[i] = {lab: (s + pos, e + pos) for lab, (s, e) in piece.spans.items()} | {"_": (pos, pos + len(piece.ids))}
-        pos += len(piece.ids)
-        k0 = k
-    out += hay[k0:] + [tail.ids]
-    ids = np.concatenate(out).astype(np.int64)
-    placed.append({"haystack": (len(head.ids), len(ids) - len(tail.ids))})
-    return ids, placed
-
-
-def _count(hay: np.ndarray, needle: np.ndarray) -> int:
-    if len(needle) > len(hay):
-        return 0
-    windows = np.lib.stride_tricks.sliding_window_view(hay, len(needle))
-    return int((windows == needle).all(axis=1).sum())
 
 
 @functools.cache
@@ -250,26 +158,6 @@ class GenContext:
     vt_example: bool = True
 
 
-def _noise_units(tok, end: str) -> Iterator[list[np.ndarray]]:
-    """The noise block (as its tokenized sentences) endlessly, its last sentence ending with ``end``."""
-    return itertools.repeat([tok.encode(s) for s in sentences(NOISE + end)])
-
-
-def _essay_units(ctx: GenContext, rng: np.random.Generator, budget: int) -> list[list[np.ndarray]]:
-    """Whole sentences of held-out text from a random offset (wrapping around), one unit each,
-    re-tokenized one by one: the text read from there is cut into sentences and the first and last,
-    which may be cut off, are dropped; the stretch read doubles until its sentences exceed the budget."""
-    if ctx.essay is None or len(ctx.essay) < 2:
-        raise ValueError("essay haystacks need held-out text (the run's validation split)")
-    pos, span = int(rng.integers(len(ctx.essay))), 4 * budget + 256
-    while True:
-        block = np.take(ctx.essay, np.arange(pos, pos + span), mode="wrap")
-        units = [[ctx.tok.encode(s)] for s in sentences(ctx.tok.decode(block))[1:-1]]
-        if sum(len(u[0]) for u in units) > budget or span > 8 * (len(ctx.essay) + budget):
-            return units
-        span *= 2
-
-
 def _other_depths(rng: np.random.Generator, depth: float, n: int) -> list[float]:
     """``n`` depths of RULER's grid, drawn without repeats and without the grid point nearest ``depth``."""
     grid = np.delete(RULER_DEPTHS, np.abs(RULER_DEPTHS - depth).argmin())
@@ -310,13 +198,13 @@ class Niah:
         answered = [facts[i][1][0] for q in queried for i in range(len(facts)) if facts[i][0] == q]  # in any order: same tokens
         budget = _budget(length, task, head, tail, _answer(tok, answered), needles)
         if self.haystack == "noise":
-            units = _noise_units(tok, "\n")
+            units = noise_units(tok, "\n")
         elif self.haystack == "essay":
-            units = _essay_units(ctx, rng, budget)
+            units = essay_units(ctx, rng, budget)
         else:
             units = self._distractors(ctx, rng, keys)
         order = rng.permutation(len(needles)).tolist()  # needles at one boundary: in shuffled order, as RULER shuffles them
-        prompt, placed = _assemble(head, _fill(tok, units, budget), [(depths[i], needles[i]) for i in order], tail)
+        prompt, placed = assemble(head, fill(tok, units, budget), [(depths[i], needles[i]) for i in order], tail)
         placed = [placed[order.index(i)] for i in range(len(needles))] + placed[-1:]  # back to fact order
         # per queried key (query order), its values in context order
         answer_of = [i for q in queried for i in sorted((i for i, f in enumerate(facts) if f[0] == q), key=lambda i: placed[i]["_"])]
@@ -396,7 +284,7 @@ class Passkey:
         head, tail = Piece(tok, [PASSKEY_HEAD]), Piece(tok, ["\nWhat is the pass key? The pass key is"])
         answer = _answer(tok, [key])
         budget = _budget(length, task, head, tail, answer, needle)
-        prompt, placed = _assemble(head, _fill(tok, _noise_units(tok, " "), budget), [(depth, needle)], tail)
+        prompt, placed = assemble(head, fill(tok, noise_units(tok, " "), budget), [(depth, needle)], tail)
         return _sample(task, length, depth, prompt, answer, placed, [placed[0]["value"]], log_n, [key], self.generate_tokens)
 
 
@@ -424,7 +312,7 @@ class VariableTracking:
         anchor = int((others < depth).sum())  # the statement at ``depth``: its rank among the chain's depths
         depths = sorted(others.tolist())
         depths.insert(anchor, depth)
-        prompt, placed = _assemble(head, _fill(tok, _noise_units(tok, "\n"), budget), list(zip(depths, chain)), tail)
+        prompt, placed = assemble(head, fill(tok, noise_units(tok, "\n"), budget), list(zip(depths, chain)), tail)
         order = [anchor] + [i for i in range(len(chain)) if i != anchor]
         chance = len(names) * VT_VAR_LETTERS * math.log(26)
         return _sample(task, length, depth, prompt, answer, [placed[i] for i in order] + placed[-1:],
@@ -480,7 +368,7 @@ def answer_is_unique(s: Sample) -> bool:
     """Every value the answer copies occurs in the prompt only inside the needles."""
     for a, b in s.value_spans:
         v = s.prompt[a:b]
-        if _count(s.prompt, v) != sum(_count(s.prompt[x:y], v) for x, y in s.needle_spans):
+        if count(s.prompt, v) != sum(count(s.prompt[x:y], v) for x, y in s.needle_spans):
             return False
     return True
 

@@ -53,7 +53,7 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     data = LMDataModule(cfg)
     data.setup()
     return Checkpoint(cfg, model, data, int(state["global_step"]) - 1, int(state["tokens_seen"]),
-                      autocast_dtype(resolve_precision(cfg.train)))
+                      autocast_dtype(resolve_precision(cfg.train, cfg.model)))
 
 
 def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:
@@ -83,9 +83,9 @@ def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overri
     probes (``ablation.ablations``: heads chosen on held-out probes, ``controls`` layer-matched random
     draws against the top K, every head alone). Writes ``eval/heads_step_<k>.json`` and returns the
     report, its ``ablation`` rows and ``ablation_tests`` included."""
-    from hybrid_lightning.eval.ablation import ablations
-    from hybrid_lightning.eval.heads import RetrievalHeads, check_heads_probes
-    from hybrid_lightning.eval.heads_report import write_heads
+    from hybrid_lightning.heads.ablation import ablations
+    from hybrid_lightning.heads.retrieval import RetrievalHeads, check_heads_probes
+    from hybrid_lightning.heads.report import write_heads
 
     run = load_checkpoint(run_dir, ckpt, overrides)
     tok, held_out = run.data.tokenizer, run.data.val_tokens

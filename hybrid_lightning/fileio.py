@@ -1,0 +1,213 @@
+"""File I/O that the run directory, the grid, the token store and the checkpoints share: a write that
+replaces its target all at once (``write_atomic``), errors that say what to do (``IOFailure``), and the
+one-writer lock of a run directory (``RunLock``)."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+TMP_SUFFIX = ".tmp"  # temporaries are hidden: .<target name>.<random>.tmp, beside their target
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def temporary_beside(path: Path) -> tuple[int, Path]:
+    """A new, uniquely named temporary file in ``path``'s own folder (so that ``os.replace`` onto
+    ``path`` is a rename on one filesystem, never a copy): (open descriptor, its path)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # the mode of a plain new file, not mkstemp's 0600
+    return fd, Path(tmp)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Makes a rename or a new file in ``folder`` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Replaces ``path`` with ``text`` (or bytes) all at once: a unique temporary beside it, fsynced, renamed onto
+    it, the folder fsynced. On any failure (or interruption) the temporary is removed and ``path``
+    is untouched."""
+    fd, tmp = temporary_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:  # a write's error names no file: name the one written
+            raise IOFailure(e.errno, path, e.strerror or str(e)) from None
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def io_error_hint(code: int | None, path: Path | str | None = None) -> str:
+    """What to do about a failed write of ``path`` with errno ``code``."""
+    where = f" {path}" if path else ""
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"free space (or quota) on the filesystem of{where}, then rerun the same command to resume"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"make{where} writable for this user (or use another --run-dir), then rerun the same command"
+    if code == errno.EROFS:
+        return f"the filesystem of{where} is read-only: use another --run-dir"
+    return "check the filesystem, then rerun the same command to resume from the last checkpoint"
+
+
+class IOFailure(OSError):
+    """An ``OSError`` whose message is complete: the path, the reason, the errno and what to do."""
+
+    def __init__(self, code: int, path: Path | str, reason: str):
+        name = errno.errorcode.get(code, str(code))
+        super().__init__(code, f"{path}: {reason} (errno {code} {name}); {io_error_hint(code, path)}")
+        self.filename = str(path)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    @classmethod
+    def of(cls, e: OSError) -> IOFailure:
+        return e if isinstance(e, IOFailure) else cls(e.errno, e.filename or "?", e.strerror or str(e))
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _describe_holder(holder: dict) -> str:
+    job = f", SLURM job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
+    return f"pid {holder.get('pid')} on {holder.get('host')}{job}, since {holder.get('since')}"
+
+
+class RunLock:
+    """One writer per run directory: an exclusive ``flock`` on ``<run_dir>/.lock`` held for the
+    whole run, the file naming its holder (host, pid, SLURM job id).
+
+    A second command on a locked directory is refused with a ``ValueError`` naming the holder. A
+    holder that is gone is taken over with a message: the OS releases the lock of a dead process, so
+    a lock found free is stale whatever its record says; a lock still held by an earlier run of this
+    same SLURM job (a requeue whose old node has not released it yet) is taken over too. On a
+    filesystem without locks the record alone decides: a dead pid on this host or this
+    SLURM job id is stale, anything else refuses. ``acquire`` creates the directory; ``release``
+    removes the directory again when it holds nothing but the lock (a run that failed to start).
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+        self._created = False
+
+    def _is_current(self, fd: int) -> bool:
+        """Whether ``fd`` is still the file at the lock's path."""
+        try:
+            return os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    @staticmethod
+    def _read_record(fd: int) -> dict:
+        try:
+            return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> None:
+        self._created = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                held = self._try_lock(fd)
+                if held and not self._is_current(fd):
+                    continue  # the file was replaced meanwhile (a takeover or a release): lock the new one
+                holder = self._read_record(fd)
+                stale = self._stale(holder, me, held)
+                if held is False and stale:
+                    print(f"{self.run_dir}: taking over the lock of an earlier run of this job ({_describe_holder(holder)})")
+                    self.path.unlink(missing_ok=True)  # it holds a lock on the old file; ours is a new one
+                    continue
+                if not stale:
+                    raise ValueError(f"{self.run_dir} is in use by another command ({_describe_holder(holder)}); "
+                                     f"wait for it to end, or use another --run-dir (if that process is gone, delete {self.path})")
+                if holder:
+                    print(f"{self.run_dir}: taking over a stale lock ({_describe_holder(holder)}; that process is gone)")
+                since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                record = json.dumps({**me, "since": since}).encode()
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, record, 0)
+                os.fsync(fd)
+                self._fd, fd = fd, None
+                return
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+    @staticmethod
+    def _try_lock(fd: int) -> bool | None:
+        """True: locked; False: another process holds it; None: this filesystem has no locks."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                return False
+            if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return None
+            raise
+
+    @staticmethod
+    def _stale(holder: dict, me: dict, held: bool | None) -> bool:
+        """Whether the recorded holder is gone (``held`` as from ``_try_lock``)."""
+        if me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]:
+            return True  # an earlier start of this job: SLURM has ended it
+        if held is not None:
+            return held
+        return not holder or (holder.get("host") == me["host"] and not pid_alive(int(holder.get("pid") or 0)))
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            if self._is_current(self._fd):
+                self.path.unlink()
+        finally:
+            os.close(self._fd)  # closing drops the lock
+            self._fd = None
+        if self._created:
+            try:
+                self.run_dir.rmdir()  # only if nothing but the lock was ever written
+            except OSError:
+                pass
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

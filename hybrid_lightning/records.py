@@ -1,0 +1,218 @@
+"""The evaluation records of a run directory, defined once (torch-free): the rows of
+``eval/step_<k>.json`` (long-context cells, position losses, LongPPL) and of
+``eval/heads_step_<k>.json`` (heads, layers, ablations). The writers build their rows with ``row``,
+analysis takes its columns from ``columns``, the docs' tables come from ``docs_row``; and the one
+pooling of long-context cells (``weighted_sums``, ``pooled``) that the evaluation's scalars and
+analysis's scores both use.
+
+A record kind is a tuple of frozen dataclasses whose fields, in order, are the row's keys; a field's
+``doc`` (metadata) is its note in the docs, and a class's docstring says what one row is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+
+def _doc(text: str = ""):
+    return dataclasses.field(metadata={"doc": text})
+
+
+@dataclasses.dataclass(frozen=True)
+class LongContextCell:
+    """one row per (task, length, depth, in_window) cell"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    task: str = _doc()
+    length: int = _doc()
+    depth: float = _doc()
+    in_window: bool | None = _doc("bool, null without SWA")
+    n: int = _doc("samples")
+    accuracy: float = _doc("exact match")
+    answer_tokens: int = _doc()
+    token_accuracy: float = _doc()
+    answer_loss: float = _doc()
+    chance_token_accuracy: float = _doc()
+    chance_loss: float = _doc()
+    distance: float = _doc("mean tokens from the needle value to the first answer prediction")
+    generated: int = _doc("samples decoded")
+    generated_exact: float | None = _doc()
+    match_all: float | None = _doc()
+    match_part: float | None = _doc("generation scores, means over them; null when none was decoded")
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionLoss:
+    """one row per bucket"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    length: int = _doc()
+    position_lo: int = _doc()
+    position_hi: int = _doc("positions lo <= p < hi")
+    loss: float = _doc()
+    n: int = _doc("tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class LongPPL:
+    """one row"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    length: int = _doc()
+    context: int = _doc()
+    alpha: float = _doc()
+    beta: float = _doc()
+    longppl: float | None = _doc("null without key tokens")
+    key_tokens: int | None = _doc("null without an evaluator")
+    scored_tokens: int = _doc()
+    ppl: float = _doc()
+    evaluator: str | None = _doc("the checkpoint that chose the key tokens, null: none")
+    reason: str | None = _doc("why LongPPL is null, else null")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadScores:
+    """one row per attention head"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    layer: int = _doc()
+    head: int = _doc()
+    kind: str = _doc("`full`, `swa`")
+    window: int | None = _doc()
+    pos: str = _doc()
+    score: float | None = _doc()
+    token_score: float | None = _doc()
+    in_span: float | None = _doc()
+    copy_precision: float | None = _doc("null when the argmax never fell in the span")
+    span_mass: float | None = _doc()
+    source_mass: float | None = _doc("scores null when no probe was kept")
+    answer_steps: int = _doc()
+    reach_steps: int = _doc("answer steps whose copy source lay inside the head's window")
+    reach_score: float | None = _doc("hits / `reach_steps`, null when 0")
+    reach_retrieval: bool = _doc("bool")
+    retrieval: bool = _doc("bool")
+    role: str | None = _doc("`copy`, `locator` or null")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlace:
+    """one row per layer"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    layer: int = _doc()
+    kind: str = _doc()
+    window: int | None = _doc()
+    pos: str = _doc()
+    applicable: bool = _doc("false: not attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadCounts:
+    """the head counts of a layer, or (``total``) of all attention heads"""
+
+    retrieval_heads: int | None = _doc()
+    copy_heads: int | None = _doc()
+    locator_heads: int | None = _doc()
+    max_score: float | None = _doc()
+    mean_score: float | None = _doc()
+    reaching_heads: int | None = _doc("heads with `reach_steps` > 0")
+    reach_retrieval_heads: int | None = _doc("null where not applicable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+    """rows of `heads` ablations on this checkpoint, one per (task, length) of the evaluation"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    selection: str = _doc("`top`, `random`, `list`, `control`: a random draw from the top K's layers, "
+                          "`single`: one head alone")
+    k: int | None = _doc()
+    seed: int | None = _doc("random and control only")
+    draw: int | None = _doc("control only: the draw's index")
+    masked: list = _doc("[layer, head] pairs")
+    task: str = _doc()
+    length: int = _doc()
+    n: int = _doc()
+    accuracy: float = _doc()
+    masked_accuracy: float = _doc()
+    token_accuracy: float = _doc()
+    masked_token_accuracy: float = _doc()
+    answer_loss: float = _doc()
+    masked_answer_loss: float = _doc()
+    chance_token_accuracy: float = _doc()
+    chance_loss: float = _doc()
+
+
+# The record kinds: the key of each list in its file -> the dataclasses making up one of its rows.
+LONG_CONTEXT = {"records": (LongContextCell,), "position_loss": (PositionLoss,), "longppl": (LongPPL,)}
+HEADS = {"heads": (HeadScores,), "layers": (LayerPlace, HeadCounts), "ablation": (Ablation,)}
+KINDS = {**LONG_CONTEXT, **HEADS}
+# What the docs add after a kind's fields.
+NOTES = {"ablation": "a new ablation with the same selection, K, seed and heads replaces its rows, others are kept"}
+# Measure of a long-context cell -> the field that weighs it when cells are pooled (over depths, the
+# window split, tasks): samples weigh exact match, answer tokens the token measures, decoded samples
+# the generation measures.
+POOL_WEIGHTS = {"accuracy": "n", "token_accuracy": "answer_tokens", "answer_loss": "answer_tokens",
+                "chance_loss": "answer_tokens", "generated_exact": "generated", "match_all": "generated",
+                "match_part": "generated"}
+
+
+def columns(kind: str) -> tuple[str, ...]:
+    """The keys of a row of ``kind`` (a key of ``KINDS``), in order."""
+    return tuple(f.name for part in KINDS[kind] for f in dataclasses.fields(part))
+
+
+def row(kind: str, /, **values) -> dict:
+    """A row of ``kind`` as the JSON files hold it: every field, in order. A missing or unknown field is
+    a ``TypeError`` (a writer out of step with this definition)."""
+    out: dict = {}
+    for part in KINDS[kind]:
+        names = {f.name for f in dataclasses.fields(part)}
+        out |= dataclasses.asdict(part(**{k: v for k, v in values.items() if k in names}))
+    unknown = values.keys() - out.keys()
+    if unknown:
+        raise TypeError(f"{kind}: no fields {sorted(unknown)}")
+    return out
+
+
+def docs_row(kind: str) -> str:
+    """The Markdown table row that documents ``kind``: ``| `kind` | what a row is: `field` (note), ... |``."""
+    parts = []
+    for part in KINDS[kind]:
+        parts += [f"`{f.name}`" + (f" ({f.metadata['doc']})" if f.metadata["doc"] else "") for f in dataclasses.fields(part)]
+    note = f"; {NOTES[kind]}" if kind in NOTES else ""
+    return f"| `{kind}` | {KINDS[kind][0].__doc__}: {', '.join(parts)}{note} |"
+
+
+def weighted_sums(rows: list[dict]) -> dict:
+    """Of long-context cells: each weight (``POOL_WEIGHTS``' values) summed, and each measure times its
+    weight summed (rows without the weight left out, as cells without generations)."""
+    sums = {w: sum(r.get(w) or 0 for r in rows) for w in dict.fromkeys(POOL_WEIGHTS.values())}
+    return sums | {m: sum(r[m] * r[w] for r in rows if r.get(w)) for m, w in POOL_WEIGHTS.items()}
+
+
+def pooled(sums: Mapping) -> dict:
+    """The pooled measures from ``weighted_sums`` (numbers, or pandas columns of sums): exact match,
+    token accuracy, answer loss, chance loss, the chance accuracy exp(-chance loss), and ``score`` =
+    token accuracy minus its chance level; with ``generated`` among the sums, the generation measures
+    too (None where nothing was decoded)."""
+    tokens = sums["answer_tokens"]
+    chance_loss = sums["chance_loss"] / tokens
+    token_accuracy = sums["token_accuracy"] / tokens
+    chance = np.exp(-chance_loss)
+    out = {"n": sums["n"], "accuracy": sums["accuracy"] / sums["n"], "token_accuracy": token_accuracy,
+           "answer_loss": sums["answer_loss"] / tokens, "chance_token_accuracy": chance, "chance_loss": chance_loss,
+           "score": token_accuracy - chance}
+    if "generated" in sums:
+        gen = sums["generated"]
+        out |= {"generated": gen, **{m: sums[m] / gen if gen else None for m, w in POOL_WEIGHTS.items() if w == "generated"}}
+    return out

@@ -1,0 +1,75 @@
+"""Each config key's role is tagged once in the schema (config/roles.py); the resume check and analysis's
+architectures follow from the tags, so they cannot disagree."""
+
+import pytest
+
+from hybrid_lightning.analysis.load import _identity
+from hybrid_lightning.config import RunConfig, config_to_dict, flatten
+from hybrid_lightning.config.resolve import _check_same
+from hybrid_lightning.config.roles import NOT_IDENTITY, RESUMABLE_CHANGES, ROLES, role_of, roles_table
+from hybrid_lightning.config.schema import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE
+
+CFG = RunConfig.model_validate({"model": {"pattern": "EEEF", "mixer": "swa", "vocab_size": 256}})
+
+
+def _changed(key: str) -> dict:
+    """The config as a nested dict with ``key`` set to a value it never has."""
+    raw = config_to_dict(CFG)
+    *sections, last = key.split(".")
+    d = raw
+    for s in sections:
+        d = d[s]
+    d[last] = "<changed>"
+    return raw
+
+
+@pytest.mark.parametrize("key", sorted(ROLES))
+def test_a_resume_refuses_exactly_the_keys_that_are_fixed_for_a_run(key, tmp_path):
+    if role_of(key) in (RESUMABLE, BOOKKEEPING):
+        _check_same(tmp_path, _changed(key), CFG, "config.yaml")
+        assert key in RESUMABLE_CHANGES
+    else:
+        with pytest.raises(ValueError, match=f"{key}: '<changed>'"):
+            _check_same(tmp_path, _changed(key), CFG, "config.yaml")
+
+
+def test_analysis_tells_architectures_apart_by_the_identity_keys():
+    """With every layer kind present (E, F, a window), the architecture holds exactly the identity and
+    resumable keys; the bookkeeping and label keys are left out."""
+    flat = flatten(config_to_dict(CFG))
+    arch = _identity(flat, ["swa"], True)
+    assert set(arch) == {k for k in flat if role_of(k) in (IDENTITY, RESUMABLE)}
+    assert not set(arch) & NOT_IDENTITY
+    # the keys where the old lists disagreed: the store's and the backends' now agree with the resume check
+    for key in ("data.store", "data.shard_mb", "data.prepare_workers", "model.attn_backend", "train.val_batches"):
+        assert key in RESUMABLE_CHANGES and key in NOT_IDENTITY
+    assert role_of("train.max_steps") == RESUMABLE and role_of("seed") == role_of("name") == LABEL
+    assert role_of("eval.some_future_key") == BOOKKEEPING and role_of("model.some_future_key") == IDENTITY
+
+
+def test_the_roles_table_names_every_tagged_key():
+    table = roles_table()
+    assert "`eval.*`" in table and "`train.max_steps`" in table and "`seed`" in table
+    for key in RESUMABLE_CHANGES | NOT_IDENTITY:
+        if not key.startswith("eval."):
+            assert f"`{key}`" in table, key
+
+
+def test_tokens_per_step_is_the_train_configs_alone():
+    """One formula (``TrainConfig.tokens_per_step``): no other module multiplies batch size by sequence length."""
+    import ast
+
+    from conftest import REPO
+    from hybrid_lightning.config import TrainConfig
+
+    t = TrainConfig(batch_size=4, seq_len=8, devices=2, num_nodes=3)
+    assert t.planned_world_size() == 6 and t.tokens_per_step(6, accumulate=2) == 4 * 8 * 6 * 2
+    assert TrainConfig().planned_world_size() == 1  # devices: auto
+    found = []
+    for path in sorted([*(REPO / "hybrid_lightning").rglob("*.py"), *(REPO / "analysis").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+                names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "value", None) for n in ast.walk(node)}
+                if {"batch_size", "seq_len"} <= names and path.name != "schema.py":
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, found

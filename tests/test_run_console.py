@@ -1,0 +1,59 @@
+"""During and after a run: the last step logged and validated whatever the intervals, start and end
+lines and text progress on the console, no third-party banners, gradient norm and peak memory."""
+
+import pytest
+
+from hybrid_lightning.config import load_config
+from hybrid_lightning.rundir import read_events
+from hybrid_lightning.training.run import train
+
+from conftest import TINY, run_cli
+
+NO_EVAL = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
+           "--set", "eval.heads.at_end=false"]
+
+
+def steps(run_dir) -> dict[str, list[int]]:
+    acc = read_events(run_dir)
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_a_3_step_run_logs_and_validates_its_step_and_prints_no_banners(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *NO_EVAL, "--set", "train.max_steps=3",
+                "--set", "train.warmup_steps=0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    logged = steps(run_dir)
+    for tag in ("train/loss", "train/lr", "train/tokens", "train/grad_norm", "train/peak_memory_gib", "val/loss", "val/ppl"):
+        assert logged[tag] == [2], tag
+    assert "epoch" not in logged
+    assert f"{run_dir}: " in r.stdout and "tokens in 3 steps, from step 0" in r.stdout
+    assert "step 3/3  train/loss" in r.stdout  # the progress line of a run without a progress bar
+    assert f"{run_dir}: done at step 3: train/loss" in r.stdout and "val/loss" in r.stdout
+    assert f"tensorboard --logdir {run_dir}" in r.stdout
+    for banner in ("GPU available", "TPU available", "Trainer.fit", "weights_only"):
+        assert banner not in r.stdout + r.stderr, banner
+
+
+@pytest.mark.slow
+def test_a_40_step_run_validates_at_its_end_and_prints_progress(tmp_path, capsys):
+    cfg = load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=40", "train.warmup_steps=2"])
+    run_dir = train(cfg, tmp_path / "run")
+    logged = steps(run_dir)
+    assert logged["train/loss"] == [9, 19, 29, 39] and logged["train/grad_norm"] == [9, 19, 29, 39]
+    assert logged["val/loss"] == [39]  # val_every_n_steps is 100
+    out = capsys.readouterr().out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["10/40", "20/40", "30/40", "40/40"]
+    train(load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=45", "train.warmup_steps=2"]), run_dir)
+    out = capsys.readouterr().out
+    assert "tokens in 45 steps, resuming at step 40" in out and "done at step 45" in out
+    assert steps(run_dir)["train/loss"] == [9, 19, 29, 39, 44]
+
+
+def test_the_start_and_end_lines_print_beside_a_progress_bar(tmp_path, capsys):
+    cfg = load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=2", "train.warmup_steps=0", "train.progress_bar=true"])
+    train(cfg, tmp_path / "run")
+    lines = capsys.readouterr().out.replace("\r", "\n").splitlines()
+    assert any(line.startswith(f"{tmp_path / 'run'}: ") and line.endswith("tokens in 2 steps, from step 0") for line in lines)
+    assert any(line.startswith(f"{tmp_path / 'run'}: done at step 2: train/loss") for line in lines)
+    assert not any(line.startswith("step 2/2") for line in lines)  # the bar shows the progress

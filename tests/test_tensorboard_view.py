@@ -1,0 +1,92 @@
+"""What TensorBoard shows, read through a real TensorBoard server's HTTP API: no ``epoch`` scalar, the
+resolved config as text, images no wider than their cards, an HParams session for a plain ``train`` run
+and for every grid cell with the keys a study varies, and no stray run ``.`` at a grid's root."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from hybrid_lightning.config import load_config
+from hybrid_lightning.eval.callback import CARD_PX
+from hybrid_lightning.grid import load_grid
+from hybrid_lightning.grid.tensorboard import write_hparams
+from hybrid_lightning.training.callbacks import HPARAMS_METRICS, STUDY_KEYS
+from hybrid_lightning.training.run import train
+
+from conftest import TINY
+from test_grid import write_grid
+
+
+class Server:
+    def __init__(self, logdir: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(logdir),
+                                      "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "1"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def get(self, route: str, body: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base + route, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def wait_for(self, runs: set[str], timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if runs <= set(self.get("/data/runs")):
+                    return
+            except OSError:
+                pass
+            assert time.time() < deadline and self.proc.poll() is None, "TensorBoard did not list the runs"
+            time.sleep(1)
+
+
+def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tmp_path):
+    evaluations = ["eval.every_n_steps=0", "eval.tasks=[passkey]", "eval.lengths=[256]", "eval.position_sequences=0",
+                   "eval.heads.every_n_steps=0", "eval.heads.tasks=[passkey]", "eval.heads.lengths=[512]"]
+    cfg = load_config(None, [*TINY[1::2], *evaluations, "train.max_steps=3", "train.warmup_steps=0", "seed=7"])
+    train(cfg, tmp_path / "plain")
+    grid = load_grid(write_grid(tmp_path, axes={"model.window": [8, 16]}))  # sessions only: nothing trained
+    write_hparams(grid)
+    server = Server(tmp_path)
+    cells = [f"runs/g/{c.name}" for c in grid.cells]
+    try:
+        server.wait_for({"plain", *cells})
+        assert set(server.get("/data/runs")) == {"plain", *cells}  # no "." nor "runs/g" at the grid's root
+        tags = server.get("/data/plugin/scalars/tags")["plain"]
+        assert "train/loss" in tags and "val/loss" in tags and "epoch" not in tags
+        assert server.get("/data/plugin/text/tags") == {"plain": ["config/text_summary"]}
+        text = server.get("/data/plugin/text/text?run=plain&tag=config/text_summary")[0]["text"]
+        assert "window: 32" in text and "seed: 7" in text
+        for tag in ("longctx/heatmap", "heads/scores"):  # images no wider than their cards
+            query = server.get(f"/data/plugin/images/images?run=plain&tag={urllib.parse.quote(tag)}")[-1]["query"]
+            with urllib.request.urlopen(f"{server.base}/data/plugin/images/individualImage?{query}", timeout=10) as r:
+                png = r.read()
+            assert int.from_bytes(png[16:20], "big") <= CARD_PX, tag  # the PNG header's width
+        experiment = server.get("/data/plugin/hparams/experiment", {"experimentName": ""})
+        names = [h["name"] for h in experiment["hparamInfos"]]
+        assert sorted(names) == sorted(STUDY_KEYS)  # the axis model.window is one of them
+        assert [m["name"]["tag"] for m in experiment["metricInfos"]] == list(HPARAMS_METRICS)
+        groups = server.get("/data/plugin/hparams/session_groups", {
+            "experimentName": "", "startIndex": 0, "sliceSize": 100,
+            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+            "colParams": [{"hparam": k} for k in STUDY_KEYS] + [{"metric": {"group": "", "tag": "train/loss"}}],
+        })["sessionGroups"]
+        by_name = {g["name"]: g["hparams"] for g in groups}
+        assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": 32.0,
+                                    "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": 7.0}
+        assert [by_name[name]["model.window"] for name in cells] == [8.0, 16.0]
+        loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"] if m["name"]["tag"] == "train/loss")
+        assert loss["trainingStep"] == 2
+    finally:
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
