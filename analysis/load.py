@@ -117,6 +117,9 @@ def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
 
 def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
     config = read_config_dict(run_dir) or {}
+    if PROVENANCE_KEY not in config:  # training writes it last: a file without it was cut short
+        raise ValueError(f"{Path(run_dir) / CONFIG_FILE}: no {PROVENANCE_KEY} section, which training writes last: "
+                         "the file is cut short; train the run again (same command) to rewrite it")
     provenance = config.pop(PROVENANCE_KEY, None) or {}
     records, totals, heads, layers, ablations = read_evals(run_dir)
     return {"config": flat_config(config), "plan": provenance.get(LAYERS_KEY), "params": provenance.get(PARAMS_KEY) or {},

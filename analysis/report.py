@@ -36,8 +36,8 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     if not dirs:
         raise ValueError(f"DIR: no run directory (a folder with config.yaml) under {folder}")
     out = Path(out) if out is not None else folder / "analysis"
+    runs = load_runs(dirs, root=folder, workers=workers or min(4, os.cpu_count() or 1))  # every run read first
     out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(dirs, root=folder, workers=workers or min(4, os.cpu_count() or 1))
     sections = [f"# Analysis of {folder}\n",
                 f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
                 f"(`--metric {metric}`): {METRIC_TEXT[metric]}. Spread over seeds: min-max range (figures, "

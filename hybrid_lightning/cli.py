@@ -262,7 +262,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from hybrid_lightning.data.store import open_store
 
-    print(open_store(_load(args).data, workers=args.workers).summary())
+    print(open_store(_load(args).data, workers=args.workers, verify=True).summary())
     return 0
 
 

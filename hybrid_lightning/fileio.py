@@ -47,6 +47,11 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:  # a write's error names no file: name the one written
+            raise IOFailure(e.errno, path, e.strerror or str(e)) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -81,7 +86,7 @@ class IOFailure(OSError):
         return e if isinstance(e, IOFailure) else cls(e.errno, e.filename or "?", e.strerror or str(e))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
     try:
@@ -183,7 +188,7 @@ class RunLock:
             return True  # an earlier start of this job: SLURM has ended it
         if held is not None:
             return held
-        return not holder or (holder.get("host") == me["host"] and not _pid_alive(int(holder.get("pid") or 0)))
+        return not holder or (holder.get("host") == me["host"] and not pid_alive(int(holder.get("pid") or 0)))
 
     def release(self) -> None:
         if self._fd is None:

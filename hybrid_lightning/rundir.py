@@ -19,15 +19,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import yaml
-
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, dump_config, validate_config
-from hybrid_lightning.fileio import TMP_SUFFIX, write_atomic
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, dump_config, read_yaml, validate_config
+from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, write_atomic
 
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"
@@ -43,6 +42,7 @@ _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)
 # plan (one entry per layer with LAYER_FIELDS) and the parameter counts (PARAM_FIELDS).
 LAYERS_KEY, LAYER_FIELDS = "layers", ("layer", "kind", "letter", "window", "pos")
 PARAMS_KEY, PARAM_FIELDS = "params", ("embedding", "non_embedding", "total")
+DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of the data it was trained on
 CKPT_SUFFIX = ".ckpt"
 
 
@@ -59,10 +59,14 @@ def remove_temporaries(run_dir: Path) -> list[Path]:
 
 
 def read_config_dict(run_dir: Path) -> dict | None:
+    """``config.yaml`` as plain data; None without one, a ``ValueError`` naming it when it does not read."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         return None
-    return yaml.safe_load(path.read_text()) or {}
+    raw = read_yaml(path.read_text(), path) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a YAML mapping; the file is damaged")
+    return raw
 
 
 def write_config(run_dir: Path, cfg: RunConfig, provenance: Mapping) -> None:
@@ -80,11 +84,17 @@ def read_run_config(run_dir: Path) -> RunConfig:
 
 
 def read_status(run_dir: Path) -> dict | None:
+    """``status.json``, or None while it cannot be read. A ``running`` status whose process is gone
+    (on this host) reads ``interrupted``: that process was killed without a chance to write."""
     path = Path(run_dir) / STATUS_FILE
     try:
-        return json.loads(path.read_text())
+        status = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    pid, host = int(status.get("pid") or 0), status.get("host")
+    if status.get("state") == "running" and host == socket.gethostname() and not pid_alive(pid):
+        status.update(state="interrupted", error=f"killed: its process (pid {pid} on {host}) ended without a word")
+    return status
 
 
 def write_status(run_dir: Path, **fields) -> None:
@@ -184,12 +194,14 @@ def checkpoint_is_valid(path: Path) -> bool:
 
 
 def read_checkpoint_meta(path: Path) -> dict:
-    """``{"step", "config"}`` of a checkpoint: its stored global step and the resolved run config it
-    was trained with (None for a checkpoint without one). Tensors are memory-mapped, not read."""
+    """``{"step", "config", "data"}`` of a checkpoint: its stored global step, the resolved run config
+    it was trained with and the fingerprint of its data (None where it has none). Tensors are
+    memory-mapped, not read."""
     import torch
 
     ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    return {"step": int(ckpt["global_step"]), "config": (ckpt.get("hyper_parameters") or {}).get("config")}
+    return {"step": int(ckpt["global_step"]), "config": (ckpt.get("hyper_parameters") or {}).get("config"),
+            "data": ckpt.get(DATA_FINGERPRINT)}
 
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, int] | None:

@@ -28,7 +28,8 @@ def json_steps(run_dir):
 
 
 def train(run_dir, max_steps):
-    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *EVAL, "--set", f"train.max_steps={max_steps}")
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *EVAL, "--set", f"train.max_steps={max_steps}",
+                "--set", "train.schedule=constant")  # extended below: a schedule that allows it
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 

@@ -27,7 +27,7 @@ from conftest import REPO, run_cli
 # A model small enough that a cell trains in seconds on 2 cores.
 TINY_BASE = {
     "model": {"n_layers": 2, "d_model": 64, "n_heads": 2, "pattern": "EF", "window": 32},
-    "train": {"max_steps": 20, "batch_size": 8, "seq_len": 128, "warmup_steps": 2, "progress_bar": False,
+    "train": {"max_steps": 20, "batch_size": 8, "seq_len": 128, "warmup_steps": 2, "progress_bar": False, "schedule": "constant",
               "log_every_n_steps": 1, "checkpoint_every_n_steps": 10, "val_every_n_steps": 1000},
     "data": {"max_tokens": 2_000_000},
     "eval": {"every_n_steps": 0, "at_end": False},  # the long-context evaluation is tested on its own
@@ -121,7 +121,8 @@ def test_presets_zip_and_long_names(tmp_path):
         ({"axes": {"model.window": [8]}, "zip": [{"model.window": [8]}]}, "varied more than once"),
         ({"axis": {"model.window": [8]}}, "unknown grid key 'axis'; did you mean 'axes'"),
         ({"base": "missing.yaml"}, "base: config file not found"),
-        ({"axes": {"seed": [1, "1"]}}, "two cells are both named"),
+        ({"axes": {"seed": [1, "1"]}}, 'seed: takes numbers, not the string "1"'),
+        ({"axes": {"model.window": [16, 16.0]}}, "are one run (window=16)"),
         ({"axes": {"eval.at_end": [True], "eval.lengths": [[1024], [200]]}}, "eval.lengths: 200 tokens is too short"),
         ({"axes": {"eval.heads.at_end": [True], "eval.heads.lengths": [[256]]}}, "eval.heads.lengths"),
     ],

@@ -80,7 +80,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     assert proc.poll() is None, "run finished before it could be killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert read_status(killed)["state"] == "running"
+    assert read_status(killed)["state"] == "interrupted"  # its process is gone
 
     r = run_cli("train", "--run-dir", str(killed), *args)
     assert r.returncode == 0, r.stderr[-3000:]

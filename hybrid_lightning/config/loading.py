@@ -8,6 +8,7 @@ resume check and analysis all use it.
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -45,10 +46,20 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), read_yaml(raw, f"--set {item}") if raw.strip() else None
 
 
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load`` with YAML 1.2's numbers: ``3e-4`` is a float (PyYAML's YAML 1.1 rules make
+    it the string "3e-4", which the strict number check would refuse)."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                              list("-+0123456789."))
+
+
 def read_yaml(text: str, source: str | Path) -> Any:
-    """``yaml.safe_load(text)``; a syntax error is a ``ValueError`` naming ``source``, line and column."""
+    """``yaml.safe_load(text)`` (YAML 1.2 numbers); a syntax error is a ``ValueError`` naming ``source``,
+    line and column."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

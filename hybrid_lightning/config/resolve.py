@@ -1,6 +1,8 @@
 """What a run is, before it trains: the config resolved (vocabulary size, name, step budget), the run
 directory it defaults to, the provenance written beside it, and whether a run directory holds the
-same run (the keys a resume may change)."""
+same run: the keys a resume may change, the data it trained on (its fingerprint, recorded in
+config.yaml's provenance and in each checkpoint) and when ``train.max_steps`` may change
+(``check_extension``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 from hybrid_lightning import __version__
 from hybrid_lightning.config.loading import config_to_dict, flatten, validate_config
 from hybrid_lightning.config.roles import may_change_on_resume
+from hybrid_lightning.config.schedule import lr_factor
 from hybrid_lightning.config.schema import PROVENANCE_KEY, RunConfig
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
@@ -31,6 +34,9 @@ from hybrid_lightning.rundir import (
 
 if TYPE_CHECKING:
     from hybrid_lightning.model import HybridLM
+
+DATA_KEY = "data"  # config.yaml's provenance: the fingerprint of the data the run trains on
+
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """Fills what follows from other settings: the vocabulary size from the tokenizer, the name, and
@@ -111,3 +117,28 @@ def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
     if blocking:
         diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
         raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another --run-dir")
+
+
+def check_extension(cfg: RunConfig, checkpoint: Path | None, step: int) -> None:
+    """A changed ``train.max_steps`` is taken only where every step already trained keeps its learning
+    rate under the new schedule (constant; WSD before its decay began; cosine within its warmup), so
+    that the run ends as one trained with the new ``train.max_steps`` from the start; else a ``ValueError``."""
+    old = read_checkpoint_meta(checkpoint)["config"] if checkpoint is not None else None
+    if old is None or old["train"]["max_steps"] == cfg.train.max_steps:
+        return
+    before, after = validate_config(old).train, cfg.train
+    changed = next((s for s in range(step) if lr_factor(s, before) != lr_factor(s, after)), None)
+    if changed is not None:
+        raise ValueError(
+            f"train.max_steps: {before.max_steps} -> {after.max_steps} would change the learning rate of step {changed}, "
+            f"already trained, under train.schedule={after.schedule} (it depends on train.max_steps"
+            f"{' once its decay began' if after.schedule == 'wsd' else ''}): the run would not equal one trained for "
+            f"{after.max_steps} steps; train that as a new run (another --run-dir), or plan runs to extend with "
+            "train.schedule=constant or wsd")
+
+
+def recorded_data(run_dir: Path, checkpoint: Path | None) -> dict | None:
+    """The data fingerprint (``data.integrity.fingerprint``) a run recorded: the checkpoint's it resumes
+    from, else config.yaml's; None for a new run."""
+    stored = read_checkpoint_meta(checkpoint).get("data") if checkpoint is not None else None
+    return stored or ((read_config_dict(run_dir) or {}).get(PROVENANCE_KEY) or {}).get(DATA_KEY)

@@ -8,6 +8,7 @@ Reading YAML, overrides and turning validation errors into one ``ValueError`` li
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
@@ -24,16 +25,19 @@ def role(name: str) -> dict:
     return {"json_schema_extra": {ROLE_KEY: name}}
 
 
-def _not_a_bool(value):
+def _a_number(value):
     if isinstance(value, bool):
         raise ValueError(f"input should be a number, not {str(value).lower()}")
+    if isinstance(value, str):
+        raise ValueError(f"takes numbers, not the string {json.dumps(value)}; write it without quotes")
     return value
 
 
-# Numbers that are not YAML's true/false; otherwise read as pydantic reads them ("3e-4", a string to
-# YAML 1.1, is a number).
-Number = Annotated[float, BeforeValidator(_not_a_bool)]
-Whole = Annotated[int, BeforeValidator(_not_a_bool)]
+# Numbers as written: neither YAML's true/false nor a quoted number ("32" would otherwise pass as 32,
+# and a grid would name it apart from 32). Configs are read with YAML 1.2's number rules
+# (config/loading.read_yaml), so an unquoted 3e-4 is a float.
+Number = Annotated[float, BeforeValidator(_a_number)]
+Whole = Annotated[int, BeforeValidator(_a_number)]
 
 
 class _Frozen(BaseModel):
@@ -289,6 +293,8 @@ class TrainConfig(_Frozen):
         if self.warmup_steps >= self.max_steps and self.max_steps > 1 and not budget_pending:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}: "
                              f"set train.warmup_steps to at most {self.max_steps - 1} (e.g. --set train.warmup_steps=0)")
+        if self.devices != "auto" and self.devices < 1:
+            raise ValueError(f"train.devices must be at least 1 (or auto), got {self.devices}")
         if self.tokens_per_param is not None and self.devices == "auto":
             raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on it")
         return self

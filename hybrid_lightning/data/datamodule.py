@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.corpus import iter_documents
-from hybrid_lightning.data.store import TokenStream, open_store
+from hybrid_lightning.data.integrity import fingerprint
+from hybrid_lightning.data.store import Store, TokenStream, open_store
 from hybrid_lightning.data.synthetic import RetrievalSynth
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
@@ -111,8 +112,9 @@ class LMDataModule(L.LightningDataModule):
         self.cfg = cfg
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.train_tokens: TokenStream | None = None  # the store's shards, memory-mapped
-        self.val_tokens: np.ndarray | None = None
         self.text_val_tokens: np.ndarray | None = None  # data.text_val_files, for val/text_loss
+        self.store: Store | None = None
+        self.fingerprint: dict | None = None  # of the data (data.store.fingerprint), saved in checkpoints
 
     def prepare_data(self) -> None:
         open_store(self.cfg.data, tokenizer=self.tokenizer)  # prepares the token store once (local rank 0)
@@ -122,9 +124,14 @@ class LMDataModule(L.LightningDataModule):
             return
         store = open_store(self.cfg.data, tokenizer=self.tokenizer)
         store.check_fits(self.cfg.train.seq_len)
-        self.train_tokens, self.val_tokens = store.train, store.val
+        self.store, self.train_tokens, self.fingerprint = store, store.train, fingerprint(store.manifest)
         if self.cfg.data.text_val_files:
             self.text_val_tokens = self._text_val_tokens()
+
+    @property
+    def val_tokens(self) -> np.ndarray | None:
+        """The validation split, memory-mapped (checked when first used)."""
+        return self.store.val if self.store is not None else None
 
     def _text_val_tokens(self) -> np.ndarray:
         """The documents of ``data.text_val_files``, tokenized and joined by end-of-document tokens."""

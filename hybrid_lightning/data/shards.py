@@ -7,16 +7,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 
 from hybrid_lightning.config import DataConfig
+from hybrid_lightning.data.integrity import sha256_file
+from hybrid_lightning.data.store_folder import own, owned, remove
 
 GOLDEN = 0.6180339887498949  # documents i with frac(i * GOLDEN) < val_fraction are held out: evenly spread
 COPY_TOKENS = 1 << 24  # tokens per chunk when files are joined
-STORE_FILE = re.compile(r"(train|val|shard)_\w+\.(bin|docs\.npy|json)(\.tmp)?|(val|val\.docs|manifest)\.\w+(\.tmp)?")
 
 
 def finished_shards(folder: Path, plan_id: str) -> list[dict]:
@@ -30,29 +30,27 @@ def finished_shards(folder: Path, plan_id: str) -> list[dict]:
         except (OSError, ValueError):
             break
         if record.get("plan") != plan_id or not all(
-            sha256(folder / name) == digest for name, digest in record["sha256"].items()
+            sha256_file(folder / name) == digest for name, digest in record["sha256"].items()
         ):
             break
         records.append(record)
     keep = {name for r in records for name in r["sha256"]} | {f"shard_{k:05d}.json" for k in range(len(records))}
-    for path in folder.iterdir():
-        if STORE_FILE.fullmatch(path.name) and path.name not in keep:
-            path.unlink()
+    remove(folder, owned(folder) - keep)
     return records
 
 
-def sha256(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
-        return None
-
-
 def write_with(path: Path, write) -> None:
+    """Writes ``path`` through ``write(f)`` into ``<path>.tmp``, then renames it; the name is listed as
+    the store's (data/store_folder.own) before anything is written."""
+    own(path.parent, path.name)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+    except OSError as e:
+        if e.filename is None:  # a write's error (a full disk) names no file: name the one written
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     os.replace(tmp, path)
 
 
@@ -75,7 +73,7 @@ def write_shard(folder: Path, k: int, tokens: np.ndarray, lengths: np.ndarray, d
         name = f"{split}_{k:05d}"
         digests[f"{name}.bin"], counts[split] = write_tokens(folder / f"{name}.bin", tokens, token_runs(lengths, docs))
         write_with(folder / f"{name}.docs.npy", lambda f, a=lengths[docs]: np.save(f, a))
-        digests[f"{name}.docs.npy"] = sha256(folder / f"{name}.docs.npy")
+        digests[f"{name}.docs.npy"] = sha256_file(folder / f"{name}.docs.npy")
     record = {"unit": k, "plan": plan_id, "docs": int(lengths.size), "train_tokens": counts["train"],
               "val_tokens": counts["val"], "last": last, "sha256": digests}
     write_with(folder / f"shard_{k:05d}.json", lambda f: f.write(json.dumps(record).encode()))

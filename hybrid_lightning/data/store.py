@@ -7,17 +7,23 @@ A store is a folder::
     val.bin          val.docs.npy           the validation documents, in corpus order
     shard_00000.json ...                    one record per finished unit (counts, SHA-256 of its files)
     manifest.json                           written last and atomically: the store is whole
+    .hybrid-lightning-store                 the marker: the names of the files the package wrote here
 
 Each unit of the sources (``data/corpus.py``) is read and tokenized by a worker process and
 becomes one shard; the main process splits it into training and validation documents (document i
 of the corpus is held out when frac(i x golden ratio) < ``data.val_fraction``), stops once
 ``data.max_tokens`` training tokens are reached, and writes the shard. At most ``workers``
 units are in memory at once, whatever the corpus size. A killed prepare resumes from its
-finished shards (their checksums verified); a store without a manifest is never read.
+finished shards (their checksums verified); a store without a manifest is never read. Only files
+the package wrote are ever removed (``data/store_folder.py``); a non-empty folder that is not a
+store is refused. Each shard's checksum and token ids are checked when it is first read, so a
+damaged shard is an error naming it (and ``data prepare`` rebuilds the store), while opening a
+store costs the same whatever its size.
 
 The store lives in ``data.store`` when set, else in ``<cache>/store/<fingerprint>``; the
 fingerprint covers the source files (path, size, mtime), the tokenizer's hash and every setting
 that changes the tokens. Concurrent runs share it: one builds under a file lock, the others wait.
+A run records the store's ``fingerprint`` and resumes only on the same data.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -37,23 +42,34 @@ import numpy as np
 
 from hybrid_lightning.config import DataConfig, RunConfig
 from hybrid_lightning.data.corpus import Unit, cache_root, check_sources, hub_units, plan_units, read_unit, source_files
-from hybrid_lightning.data.shards import finished_shards, join, sha256, split_lengths, write_shard, write_with
+from hybrid_lightning.data.integrity import check_same_data, check_shard, fingerprint, sha256_file
+from hybrid_lightning.data.shards import finished_shards, join, split_lengths, write_shard, write_with
+from hybrid_lightning.data.store_folder import LOCK, claim, discard, missing_folders, refuse_foreign, remove
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the folder carries the marker of data/store_folder.py
 MANIFEST = "manifest.json"
 ENCODE_CHARS = 1 << 20  # characters per batch-encode call inside a worker
 
 
 class TokenStream:
     """Shards read as one flat token array: ``size``, ``len`` and slicing (a copy only where a slice
-    spans two shards), by memory map; O(shards) memory. Pickles as paths (dataloader workers)."""
+    spans two shards), by memory map; O(shards) memory. Pickles as paths (dataloader workers). Each
+    shard is checked (``check_shard``) when first read, so the cost of the first batch does not grow
+    with the number of shards."""
 
-    def __init__(self, paths: list[Path], sizes: list[int], dtype: str):
+    def __init__(self, paths: list[Path], sizes: list[int], dtype: str, sha256: list[str | None] | None = None,
+                 vocab_size: int | None = None):
         self.paths, self.dtype = [str(p) for p in paths], np.dtype(dtype)
         self.ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
         self.size = int(self.ends[-1]) if len(sizes) else 0
-        self._maps: list[np.ndarray] | None = None
+        self.sha256, self.vocab_size = sha256 or [None] * len(self.paths), vocab_size
+        self._maps: list[np.ndarray | None] = [None] * len(self.paths)
+
+    def _shard(self, i: int) -> np.ndarray:
+        if self._maps[i] is None:
+            self._maps[i] = check_shard(Path(self.paths[i]), self.dtype, self.sha256[i], self.vocab_size)
+        return self._maps[i]
 
     def __len__(self) -> int:
         return self.size
@@ -62,14 +78,13 @@ class TokenStream:
         start, stop, step = key.indices(self.size)
         if step != 1:
             raise IndexError("a TokenStream takes contiguous slices only")
-        if self._maps is None:
-            self._maps = [np.memmap(p, dtype=self.dtype, mode="r") for p in self.paths]
         parts = []
         i = int(np.searchsorted(self.ends, start, side="right"))
         while start < stop:
-            begin = int(self.ends[i]) - self._maps[i].size
+            shard = self._shard(i)
+            begin = int(self.ends[i]) - shard.size
             take = min(stop, int(self.ends[i])) - start
-            parts.append(self._maps[i][start - begin : start - begin + take])
+            parts.append(shard[start - begin : start - begin + take])
             start += take
             i += 1
         return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, self.dtype)
@@ -78,22 +93,44 @@ class TokenStream:
         return np.asarray(self[:], dtype=dtype)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_maps": None}
+        return {**self.__dict__, "_maps": [None] * len(self.paths)}
 
 
 class Store:
-    """An opened, whole store: its folder, manifest, training stream and validation array."""
+    """An opened, whole store: its folder, manifest, training stream and validation array (checked
+    when first used). ``made``: the folders that preparing it created, None when it was there."""
 
-    def __init__(self, folder: Path, manifest: dict):
-        self.folder, self.manifest = folder, manifest
-        shards = manifest["shards"]
-        self.train = TokenStream([folder / s["file"] for s in shards], [s["tokens"] for s in shards], manifest["dtype"])
-        val = manifest["val"]
-        self.val = np.memmap(folder / val["file"], dtype=manifest["dtype"], mode="r") if val["tokens"] else np.zeros(0, manifest["dtype"])
+    def __init__(self, folder: Path, manifest: dict, made: list[Path] | None = None):
+        self.folder, self.manifest, self.made = folder, manifest, made
+        shards, vocab = manifest["shards"], manifest["vocab_size"]
+        self.train = TokenStream([folder / s["file"] for s in shards], [s["tokens"] for s in shards], manifest["dtype"],
+                                 [s.get("sha256") for s in shards], vocab)
+        self._val: np.ndarray | None = None
+
+    @property
+    def val(self) -> np.ndarray:
+        if self._val is None:
+            val, dtype = self.manifest["val"], np.dtype(self.manifest["dtype"])
+            self._val = (check_shard(self.folder / val["file"], dtype, val.get("sha256"), self.manifest["vocab_size"])
+                         if val["tokens"] else np.zeros(0, dtype))
+        return self._val
+
+    def damaged(self) -> str | None:
+        """The first file that fails its check (every shard read now), or None."""
+        for i, path in enumerate(self.train.paths):
+            try:
+                self.train._shard(i)
+            except ValueError:
+                return path
+        try:
+            self.val
+        except ValueError:
+            return str(self.folder / self.manifest["val"]["file"])
+        return None
 
     def check_fits(self, seq_len: int) -> None:
         """Both splits must hold at least one window of ``seq_len + 1`` tokens."""
-        for name, size in (("training", self.train.size), ("validation", self.val.size)):
+        for name, size in (("training", self.train.size), ("validation", self.manifest["val"]["tokens"])):
             if size < seq_len + 1:
                 raise ValueError(
                     f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = {seq_len + 1}; "
@@ -130,24 +167,44 @@ def default_workers() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0))))
 
 
-def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, tokenizer=None) -> Store:
+def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, tokenizer=None,
+               verify: bool = False) -> Store:
     """The whole store for ``cfg``, prepared first when there is none and ``build`` (one process
     builds under a file lock; the others wait and then read it). Opening reads the manifest and
-    checks the shards' sizes: its cost does not grow with the store."""
-    from filelock import FileLock
-
+    checks the shards' sizes: its cost does not grow with the store. ``verify`` (``data prepare``):
+    every shard is checked now, and a damaged store is prepared again."""
     tok = tokenizer or load_tokenizer(cfg.tokenizer)
     ident = identity(cfg, tok.name)
     folder = store_folder(cfg, ident)
+    refuse_foreign(folder)  # a file, or a folder of other files
     manifest = _read_manifest(folder, ident)
-    if manifest is None:
-        if not build:
-            raise ValueError(f"data: no token store at {folder}; prepare it with `hybrid-lightning data prepare`")
-        check_sources(cfg)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder.parent / f".{folder.name}.lock")):
-            manifest = _read_manifest(folder, ident) or _build(cfg, tok, folder, ident, workers or cfg.prepare_workers or default_workers())
-    return Store(folder, manifest)
+    if manifest is not None and (not verify or Store(folder, manifest).damaged() is None):
+        return Store(folder, manifest)
+    if not build:
+        raise ValueError(f"data: no token store at {folder}; prepare it with `hybrid-lightning data prepare`")
+    return _prepared(cfg, tok, folder, ident, workers or cfg.prepare_workers or default_workers())
+
+
+def _prepared(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> Store:
+    """The store in ``folder`` prepared under its lock, unless another process did meanwhile; a damaged
+    one is prepared again. On bad input the store is removed, with the folders it created."""
+    from filelock import FileLock
+
+    check_sources(cfg)
+    made = missing_folders(folder)
+    claim(folder)
+    with FileLock(str(folder / LOCK)):
+        manifest = _read_manifest(folder, ident)
+        if manifest is not None and (bad := Store(folder, manifest).damaged()) is None:
+            return Store(folder, manifest)
+        if manifest is not None:
+            print(f"data: {bad} is damaged; preparing the store again")
+            remove(folder, [MANIFEST, *(s["file"] for s in manifest["shards"]), manifest["val"]["file"]])
+        try:
+            return Store(folder, _prepare(cfg, tok, folder, ident, workers), made)
+        except ValueError:  # bad input: leave nothing behind
+            discard(folder, made)
+            raise
 
 
 def _read_manifest(folder: Path, ident: dict) -> dict | None:
@@ -223,17 +280,6 @@ class _InProcess:
         pass
 
 
-def _build(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> dict:
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        return _prepare(cfg, tok, folder, ident, workers)
-    except ValueError:  # bad input: leave nothing behind that was not there
-        if created:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-
-
 def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> dict:
     t0 = time.perf_counter()
     unit_bytes = max(1, int(cfg.shard_mb * 2**20))
@@ -289,32 +335,39 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
         join(folder, val_pieces, dtype, folder / "train_tail.bin", 0, cut)
         join(folder, val_pieces, dtype, folder / "val.bin", cut)
         head, val_lengths = split_lengths(val_lengths, cut)
-        np.save(folder / "train_tail.docs.npy", head)
+        write_with(folder / "train_tail.docs.npy", lambda f: np.save(f, head))
         shards = [{"file": "train_tail.bin", "docs": "train_tail.docs.npy", "tokens": cut,
-                   "sha256": sha256(folder / "train_tail.bin")}]
+                   "sha256": sha256_file(folder / "train_tail.bin")}]
         train_tokens, val_tokens = cut, val_tokens - cut
     else:
         join(folder, val_pieces, dtype, folder / "val.bin")
         shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy", "tokens": r["train_tokens"],
                    "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"]} for r in records if r["train_tokens"]]
-    np.save(folder / "val.docs.npy", val_lengths)
+    write_with(folder / "val.docs.npy", lambda f: np.save(f, val_lengths))
     manifest = {
         "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
-        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256(folder / "val.bin")},
+        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin")},
     }
     write_with(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-    for name in val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)]:
-        (folder / name).unlink(missing_ok=True)
+    remove(folder, val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)])
     print(f"data: prepared the token store {folder} in {seconds:.1f} s")
     return manifest
 
 
-def ensure_store(cfg: RunConfig) -> Store:
+def ensure_store(cfg: RunConfig, recorded: dict | None = None) -> Store:
     """The run's store, prepared when missing, checked to hold a window of ``train.seq_len + 1``
-    tokens in each split. ``train`` calls it before the run directory exists."""
+    tokens in each split and, when the run ``recorded`` a ``fingerprint``, to be that data (a
+    difference is refused, naming what differs). A store this call prepared is removed again when
+    it is refused. ``train`` calls it before the run directory exists."""
     store = open_store(cfg.data)
-    store.check_fits(cfg.train.seq_len)
+    try:
+        store.check_fits(cfg.train.seq_len)
+        check_same_data(recorded, fingerprint(store.manifest))
+    except ValueError:
+        if store.made is not None:
+            discard(store.folder, store.made)
+        raise
     return store
 
 

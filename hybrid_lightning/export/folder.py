@@ -48,11 +48,14 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
         force: replace a non-empty ``out``.
         probes: a ``hybrid-lightning probes`` file to write as lm-evaluation-harness tasks in ``out/lm_eval``.
     Returns the folder. Raises ``ValueError`` (nothing written) for a run without checkpoint, a missing
-    ``ckpt``, a bad probes file or a non-empty ``out`` without ``force``.
+    ``ckpt``, a bad probes file, a non-empty ``out`` without ``force``, or an ``out`` that is, holds
+    or lies inside the run directory or a file the export reads (even with ``force``).
     """
     run_dir, out = Path(run_dir), Path(out)
     cfg = read_run_config(run_dir)
     ckpt = checkpoint_of(run_dir, ckpt)
+    tokenizer = [Path(cfg.data.tokenizer)] if cfg.data.tokenizer != "byte" else []
+    check_apart(out, [run_dir, ckpt, *tokenizer, *([Path(probes)] if probes is not None else [])])
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -72,6 +75,17 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     if rows is not None:  # after the move: the tasks name their data files by absolute path
         write_probe_tasks(rows, tok, out / LM_EVAL_DIR)
     return out
+
+
+def check_apart(out: Path, sources: list[Path]) -> None:
+    """A ``ValueError`` when ``out`` is, contains or lies inside one of ``sources`` (replacing it
+    would delete what the export reads, or the run itself)."""
+    target = out.resolve()
+    for source in sources:
+        src = source.resolve()
+        if target == src or target in src.parents or src in target.parents:
+            raise ValueError(f"--out {out} is, contains or lies inside {source}, which the export reads; "
+                             "choose a folder apart from the run and its files")
 
 
 def share_modes(folder: Path) -> None:

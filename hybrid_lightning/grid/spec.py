@@ -8,7 +8,9 @@ the config section dropped from keys when that stays unambiguous (``model.window
 
 A name that would be long or hold characters unsafe in a path is cut and suffixed with a hash
 of the cell's values, so it is still unique and the same on every machine. Resubmitting a grid
-therefore finds each cell's run directory again and resumes it.
+therefore finds each cell's run directory again and resumes it. Values are named as the validated
+config holds them (``16`` and ``16.0`` of an integer field are one cell, ``window=16``); two cells
+whose configs are equal are refused, naming both.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hybrid_lightning.config import (
     EvalConfig,
     RunConfig,
@@ -31,6 +31,7 @@ from hybrid_lightning.config import (
     config_to_dict,
     flatten,
     load_config,
+    read_yaml,
     resolve_paths,
     suggest,
     validate_config,
@@ -107,10 +108,10 @@ def load_grid(path: str | Path, root: str | Path | None = None) -> Grid:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"grid file not found: {path}")
+    raw = read_yaml(path.read_text(), path)
     try:
-        raw = yaml.safe_load(path.read_text())
         spec = validate_grid_config(raw)
-    except (ValueError, yaml.YAMLError) as e:
+    except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     name = spec.name or path.stem
     root = Path(root or spec.root or Path("runs") / name).absolute()
@@ -135,18 +136,36 @@ def load_grid(path: str | Path, root: str | Path | None = None) -> Grid:
         if hits:
             continue
         overrides = _merge([option.assignment for option in combo], path)
+        cfg = _cell_config(base, overrides, cell_name_for(labels, short), path)
+        labels = _normalised(labels, cfg)
         cell_name = cell_name_for(labels, short)
-        cells.append(Cell(cell_name, labels, overrides, _cell_config(base, overrides, cell_name, path), root / cell_name))
+        cells.append(Cell(cell_name, labels, overrides, cfg.model_copy(update={"name": cell_name}), root / cell_name))
     for i, hit in enumerate(matched):
         if not hit:
             raise ValueError(f"{path}: exclude[{i}] {dict(spec.exclude[i])} matches no cell")
-    names = [c.name for c in cells]
-    for n in names:
-        if names.count(n) > 1:
-            raise ValueError(f"{path}: two cells are both named {n!r}; make the axis values distinct")
+    _check_distinct(cells, path)
     if not cells:
         raise ValueError(f"{path}: the exclusions leave no cell")
     return Grid(name, path, root, cells, label_values)
+
+
+def _normalised(labels: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
+    """Each label of a config key as the validated config holds it (16.0 of an integer field is 16);
+    a preset's name stays."""
+    values = flatten(config_to_dict(cfg))
+    return {k: values.get(k, v) for k, v in labels.items()}
+
+
+def _check_distinct(cells: list[Cell], grid_path: Path) -> None:
+    """Refuses two cells that are one run: the same name, or equal configs under two names."""
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        key = json.dumps({**config_to_dict(cell.config), "name": None}, sort_keys=True)
+        first = seen.setdefault(key, cell)
+        if first is not cell or sum(c.name == cell.name for c in cells) > 1:
+            other = first if first is not cell else next(c for c in cells if c.name == cell.name and c is not cell)
+            raise ValueError(f"{grid_path}: cells {other.overrides} and {cell.overrides} are one run "
+                             f"({other.name}); drop the duplicate value")
 
 
 def cell_name_for(labels: dict[str, Any], short: dict[str, str] | None = None) -> str:

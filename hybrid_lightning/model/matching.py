@@ -39,6 +39,18 @@ class ParamMatch:
 
 
 @functools.cache
+def layer_samples(cfg: ModelConfig) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]:
+    """The model of ``cfg`` in pieces whose cost does not grow with ``model.n_layers``: the model
+    without layers, and one single-layer model per distinct layer (its index aside) with the number of
+    layers it stands for; on the meta device, without allocating. A count that sums over layers
+    (parameters, FLOPs) is the bare model's plus each sample's share times its number."""
+    cfg = cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2})
+    kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
+    with torch.device("meta"):
+        return HybridLM(cfg, ()), tuple((HybridLM(cfg, (spec,)), n) for spec, n in kinds.items())
+
+
+@functools.cache
 def non_embedding_params(cfg: ModelConfig) -> int:
     """``count_params(model)["non_embedding"]`` without building the model: one block of each kind of layer
     the plan holds, on the meta device, so that the time does not grow with ``model.n_layers``."""

@@ -77,6 +77,20 @@ def _commit(trainer: L.Trainer) -> None:
         io.commit()
 
 
+class SaveAtEnd(L.Callback):
+    """Saves ``checkpoint`` and gives it its name when training reaches ``max_steps``, before the
+    end-of-training evaluations (callbacks after this one), unless the periodic save (every
+    ``every`` steps) just did: a stop during those evaluations keeps the last step."""
+
+    def __init__(self, checkpoint: Path, every: int):
+        self.checkpoint, self.every = checkpoint, every
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step >= trainer.max_steps and trainer.global_step % self.every:
+            trainer.save_checkpoint(self.checkpoint)
+            _commit(trainer)
+
+
 class OnOptimizerSteps(L.Callback):
     """A callback whose ``on_train_batch_end`` acts only on the micro-batch that ended an optimizer step
     (``stepped``): with gradient accumulation the other micro-batches end inside a step."""
@@ -296,19 +310,24 @@ class StopOnRequest(OnOptimizerSteps):
         # skipped by a single process).
         asked = self.request.is_set()
         if trainer.world_size > 1:
-            asked = trainer.strategy.reduce_boolean_decision(asked, all=False)
+            asked = self.any_rank(trainer, pl_module, asked)
         if asked:
             trainer.save_checkpoint(self.checkpoint, weights_only=False)
             trainer.should_stop = True
             if trainer.global_step < trainer.max_steps:  # not the end: no end-of-training evaluations
                 trainer.state.status = TrainerStatus.INTERRUPTED
 
+    def any_rank(self, trainer: L.Trainer, pl_module: L.LightningModule, asked: bool) -> bool:
+        """Whether any rank was asked (a collective)."""
+        return trainer.strategy.reduce_boolean_decision(asked, all=False)
+
 
 class StopOnSignals(StopOnRequest):
     """SIGTERM and SIGINT where nobody else handles them (a local run; under submitit, SLURM's
     signals stay submitit's): the first one during training stops at the end of the current step
     with a checkpoint; one before training starts, or a second one, raises ``Stopped`` at once
-    (a checkpoint being written is abandoned, the previous one stays).
+    (a checkpoint being written is abandoned, the previous one stays). With several ranks, every
+    rank learns the signal that one of them received (``signum``), so each exits by it.
 
     ``install`` before anything else, ``restore`` at the end; ``signum`` is the signal received.
     """
@@ -332,6 +351,13 @@ class StopOnSignals(StopOnRequest):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+    def any_rank(self, trainer: L.Trainer, pl_module: L.LightningModule, asked: bool) -> bool:
+        """Whether any rank received a signal; the one received (the largest number) becomes ``signum``."""
+        received = trainer.strategy.reduce(torch.tensor(float(self.signum or 0), device=pl_module.device), reduce_op="max")
+        if int(received) and self.signum is None:
+            self.signum = int(received)
+        return asked or bool(int(received))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._training = True

@@ -11,9 +11,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.config.resolve import check_same_run, default_run_dir, provenance, resolve_config
+from hybrid_lightning.config.resolve import (
+    DATA_KEY,
+    check_extension,
+    check_same_run,
+    default_run_dir,
+    provenance,
+    recorded_data,
+    resolve_config,
+)
+from hybrid_lightning.data.integrity import fingerprint
 from hybrid_lightning.data.store import ensure_store
+from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.fileio import IOFailure, RunLock
+from hybrid_lightning.heads.retrieval import check_probes
 from hybrid_lightning.model.memory import check_fits
 from hybrid_lightning.rundir import (
     CKPT_DIR,
@@ -30,6 +41,17 @@ if TYPE_CHECKING:
     import lightning as L
 
     from hybrid_lightning.training.callbacks import StopOnSignals
+
+
+def check_devices(cfg: RunConfig) -> None:
+    """Refuses, before anything is prepared, devices that this machine cannot give."""
+    import torch
+
+    t = cfg.train
+    if t.accelerator == "gpu" and not torch.cuda.is_available():
+        raise ValueError("train.accelerator=gpu, but torch sees no GPU on this machine; use train.accelerator=auto or cpu")
+    if t.accelerator == "gpu" and t.devices != "auto" and t.devices > torch.cuda.device_count():
+        raise ValueError(f"train.devices={t.devices}, but this machine has {torch.cuda.device_count()} GPUs")
 
 
 def is_rank_zero() -> bool:
@@ -51,6 +73,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     cfg = resolve_config(cfg)
     check_fits(cfg)  # a size beyond the machine's memory is refused before anything is allocated
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
+    check_devices(cfg)
     from hybrid_lightning.training.callbacks import StopOnSignals
 
     signals = StopOnSignals(run_dir / CKPT_DIR / LAST_CKPT)
@@ -70,13 +95,16 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
     resume = find_resume_checkpoint(run_dir)
     check_same_run(run_dir, cfg, resume[0] if resume else None)
     step = resume[1] if resume else 0
+    check_extension(cfg, resume[0] if resume else None, step)
     if step >= cfg.train.max_steps:
         print(f"{run_dir}: already complete ({step}/{cfg.train.max_steps} steps)")
         if is_rank_zero():  # the process that trained it stays recorded
-            write_status(run_dir, **{**(read_status(run_dir) or {}), "state": "done", "step": step,
-                                     "max_steps": cfg.train.max_steps})
+            old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
+            write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
         return run_dir
-    ensure_store(cfg)  # the token store: prepared (or awaited) before the run directory exists
+    check_probes(cfg.eval, load_tokenizer(cfg.data.tokenizer))  # before any store or directory exists
+    # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
+    store = ensure_store(cfg, recorded_data(run_dir, resume[0] if resume else None))
     # Imported here: Lightning is slow to import and not needed to validate.
     from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
     from hybrid_lightning.training.trainer import build_trainer, fit
@@ -88,15 +116,13 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
     status.write = lambda n: io.later(lambda: _status(trainer, run_dir, "running", n, cfg))
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(run_dir, cfg, provenance(module.model))
+        write_config(run_dir, cfg, {**provenance(module.model), DATA_KEY: fingerprint(store.manifest)})
     if resume is not None:
         print(f"{run_dir}: resuming from {resume[0].name} at step {step}")
     _status(trainer, run_dir, "running", step, cfg)
     try:
-        fit(trainer, module, datamodule, resume[0] if resume else None)
+        fit(trainer, module, datamodule, resume[0] if resume else None)  # saves the last step (SaveAtEnd)
         finished = trainer.global_step >= cfg.train.max_steps
-        if finished and trainer.global_step % cfg.train.checkpoint_every_n_steps:
-            trainer.save_checkpoint(run_dir / CKPT_DIR / LAST_CKPT, weights_only=False)  # the periodic save missed the last step
         io.wait()  # every checkpoint on disk under its name, or the failure raised
     except BaseException as e:  # an error fails the run; a signal or an exit interrupts it
         io.teardown()
@@ -105,20 +131,31 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
             reason = str(IOFailure.of(e))
         else:
             reason = str(e) if isinstance(e, Stopped) else f"{type(e).__name__}: {e}"
+        saved = saved_step(run_dir)  # where a rerun resumes, not the step training had reached
         with contextlib.suppress(OSError):  # a full disk may refuse this too; the error is raised anyway
-            _status(trainer, run_dir, state, trainer.global_step, cfg, error=reason)
+            _status(trainer, run_dir, state, saved, cfg, error=reason)
         if isinstance(e, Stopped):
-            e.step = trainer.global_step
+            e.step = saved
         raise
     io.teardown()
     if finished:
         _status(trainer, run_dir, "done", trainer.global_step, cfg)
         return run_dir
-    stopped = Stopped(signals.signum, trainer.global_step) if signals.signum is not None else None
-    _status(trainer, run_dir, "interrupted", trainer.global_step, cfg, **({"error": str(stopped)} if stopped else {}))
+    saved = saved_step(run_dir)
+    stopped = Stopped(signals.signum, saved) if signals.signum is not None else None  # on any rank (StopOnSignals)
+    _status(trainer, run_dir, "interrupted", saved, cfg, **({"error": str(stopped)} if stopped else {}))
     if stopped:
         raise stopped
     return run_dir
+
+
+def saved_step(run_dir: Path) -> int:
+    """The step a rerun resumes from: the newest valid checkpoint's (0 without one)."""
+    try:
+        found = find_resume_checkpoint(run_dir)
+    except ValueError:  # every checkpoint damaged
+        return 0
+    return found[1] if found else 0
 
 
 def _status(trainer, run_dir: Path, state: str, step: int, cfg: RunConfig, **extra) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import lightning as L
@@ -11,27 +10,12 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
-from hybrid_lightning.config import RunConfig, TrainConfig, validate_config
+from hybrid_lightning.config import RunConfig, validate_config
+from hybrid_lightning.config.schedule import lr_factor
 from hybrid_lightning.data.datamodule import document_ids
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model import build_model
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier on train.lr at optimizer step ``step`` (0-based)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    floor = cfg.min_lr_ratio
-    if cfg.schedule == "constant":
-        return 1.0
-    if cfg.schedule == "cosine":
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    # WSD (warmup, stable, decay): constant, then linear decay over the last decay_fraction of steps.
-    decay_start = cfg.max_steps - max(1, round(cfg.decay_fraction * cfg.max_steps))
-    if step < decay_start:
-        return 1.0
-    return 1.0 - (1 - floor) * min(1.0, (step - decay_start + 1) / (cfg.max_steps - decay_start))
+from hybrid_lightning.rundir import DATA_FINGERPRINT
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -137,6 +121,7 @@ class LMSystem(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokens_seen"] = self.tokens_at(self.global_step)  # for evaluations of the checkpoint
+        checkpoint[DATA_FINGERPRINT] = getattr(self.trainer.datamodule, "fingerprint", None)  # resumed on this data only
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["rng"] = {  # plain types and tensors only, so weights-only loading accepts them
             "torch": torch.get_rng_state(),

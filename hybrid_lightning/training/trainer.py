@@ -15,12 +15,13 @@ from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.precision import resolve_precision
-from hybrid_lightning.rundir import CKPT_DIR
+from hybrid_lightning.rundir import CKPT_DIR, LAST_CKPT
 from hybrid_lightning.training.callbacks import (
     Console,
     LastStep,
     PeakMemory,
     RunSummary,
+    SaveAtEnd,
     StepCheckpoints,
     StepProgressBar,
     Throughput,
@@ -64,8 +65,9 @@ def build_trainer(
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
     throughput = Throughput(t.tokens_per_step(1, t.accumulate_grad_batches), t.log_every_n_steps)  # per rank
     datamodule = LMDataModule(cfg)
-    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir),
-                 *extra_callbacks]
+    # SaveAtEnd before the evaluations: a stop during the end-of-training ones keeps the last step
+    callbacks = [checkpoints, SaveAtEnd(run_dir / CKPT_DIR / LAST_CKPT, t.checkpoint_every_n_steps), throughput,
+                 PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir), *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
