@@ -76,14 +76,16 @@ def test_grid_plan_of_a_huge_model_does_not_hang(tmp_path):
 
 def test_counts_from_layer_samples_equal_the_whole_model():
     from hybrid_lightning.config import validate_config
-    from hybrid_lightning.grid.report import _model_counts
+    from hybrid_lightning.grid.report import _flops_per_token
     from hybrid_lightning.model import build_model, count_params, model_flops_per_token, resolve_model_config
+    from hybrid_lightning.model.matching import non_embedding_params
 
     for model in ({"pattern": "SGMLF", "n_layers": 10, "match_params": "F"}, {"pattern": "EF", "tie_embeddings": True}):
         cfg = resolve_model_config(validate_config({"model": model}).model)
         with torch.device("meta"):
             whole = build_model(cfg)
-        assert _model_counts(cfg, 256) == (count_params(whole)["non_embedding"], model_flops_per_token(whole, 256))
+        assert non_embedding_params(cfg) == count_params(whole)["non_embedding"]
+        assert _flops_per_token(cfg, 256) == model_flops_per_token(whole, 256)
 
 
 def test_user_errors_are_one_line_and_leave_nothing(tmp_path):

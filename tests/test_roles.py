@@ -7,7 +7,7 @@ from hybrid_lightning.analysis.load import _identity
 from hybrid_lightning.config import RunConfig, config_to_dict, flatten
 from hybrid_lightning.config.resolve import _check_same
 from hybrid_lightning.config.roles import NOT_IDENTITY, RESUMABLE_CHANGES, ROLES, role_of, roles_table
-from hybrid_lightning.config.schema import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE
+from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE
 
 CFG = RunConfig.model_validate({"model": {"pattern": "EEEF", "mixer": "swa", "vocab_size": 256}})
 

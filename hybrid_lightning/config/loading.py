@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hybrid_lightning.config.schema import PROVENANCE_KEY, RunConfig, _Frozen
+from hybrid_lightning.config.fields import _Frozen
+from hybrid_lightning.config.schema import PROVENANCE_KEY, RunConfig
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from hybrid_lightning.config.schema import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, ROLE_KEY, RunConfig
+from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, ROLE_KEY
+from hybrid_lightning.config.schema import RunConfig
 
 ROLE_NOTES = {
     IDENTITY: "tells architectures apart; a resume refuses a change",
