@@ -37,14 +37,16 @@ def test_a_3_step_run_logs_and_validates_its_step_and_prints_no_banners(tmp_path
 
 @pytest.mark.slow
 def test_a_40_step_run_validates_at_its_end_and_prints_progress(tmp_path, capsys):
-    cfg = load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=40", "train.warmup_steps=2"])
+    cfg = load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=40", "train.warmup_steps=2",
+                                  "train.schedule=constant"])  # constant: the run may be extended
     run_dir = train(cfg, tmp_path / "run")
     logged = steps(run_dir)
     assert logged["train/loss"] == [9, 19, 29, 39] and logged["train/grad_norm"] == [9, 19, 29, 39]
     assert logged["val/loss"] == [39]  # val_every_n_steps is 100
     out = capsys.readouterr().out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["10/40", "20/40", "30/40", "40/40"]
-    train(load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=45", "train.warmup_steps=2"]), run_dir)
+    train(load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=45", "train.warmup_steps=2",
+                                "train.schedule=constant"]), run_dir)
     out = capsys.readouterr().out
     assert "tokens in 45 steps, resuming at step 40" in out and "done at step 45" in out
     assert steps(run_dir)["train/loss"] == [9, 19, 29, 39, 44]

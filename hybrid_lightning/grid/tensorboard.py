@@ -47,14 +47,42 @@ def write_hparams(grid: Grid) -> None:
 
     sessions = [_session_values(grid, cell) for cell in grid.cells]
     domains = {key: list(dict.fromkeys(values[key] for values in sessions)) for key in sessions[0]}
-    for folder in [grid.root, *(cell.run_dir for cell in grid.cells)]:
-        for old in folder.glob(f"events.out.tfevents.*{SUFFIX}"):
-            old.unlink()
+    for old in grid.root.glob(f"events.out.tfevents.*{SUFFIX}"):
+        old.unlink()
     experiment, _, _ = hparams(sessions[0], dict.fromkeys(METRICS, 0.0), domains)
     for i, (cell, values) in enumerate(zip(grid.cells, sessions)):
-        cell.run_dir.mkdir(parents=True, exist_ok=True)
         _, session, _ = hparams(values, {})
-        _write(cell.run_dir, [experiment, session] if i == 0 else [session])
+        experiment, session = _timeless(experiment), _timeless(session)
+        _rewrite(cell.run_dir, [experiment, session] if i == 0 else [session])
+
+
+def _timeless(summary):
+    """``summary`` with its creation time set to 0, so that the same grid writes the same bytes."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    for value in summary.value:
+        data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+        kind = data.WhichOneof("data")
+        if kind == "experiment":
+            data.experiment.time_created_secs = 0
+        elif kind == "session_start_info":
+            data.session_start_info.start_time_secs = 0
+        value.metadata.plugin_data.content = data.SerializeToString()
+    return summary
+
+
+def _rewrite(folder: Path, summaries: list) -> None:
+    """Writes ``summaries`` as the folder's one hparams file, unless it already holds exactly them: a
+    resubmitted grid leaves the files of its finished cells untouched."""
+    olds = list(folder.glob(f"events.out.tfevents.*{SUFFIX}"))
+    if len(olds) == 1:
+        data = olds[0].read_bytes()  # each Event embeds its Summary's bytes, which name "hparams" twice
+        if all(s.SerializeToString() in data for s in summaries) and data.count(b"hparams") == 2 * len(summaries):
+            return
+    for old in olds:
+        old.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(folder, summaries)
 
 
 def _session_values(grid: Grid, cell) -> dict[str, Any]:
