@@ -41,7 +41,7 @@ def _write(folder: Path, summaries: list) -> None:
 
 
 def write_hparams(grid: Grid) -> None:
-    """(Re)writes every cell's session and, with the first cell's, the experiment summary (call under
+    """Writes every cell's session and, with the first cell's, the experiment summary (call under
     the grid's lock). Files of an older layout at the grid's root are removed."""
     from torch.utils.tensorboard.summary import hparams
 
@@ -52,35 +52,14 @@ def write_hparams(grid: Grid) -> None:
     experiment, _, _ = hparams(sessions[0], dict.fromkeys(METRICS, 0.0), domains)
     for i, (cell, values) in enumerate(zip(grid.cells, sessions)):
         _, session, _ = hparams(values, {})
-        experiment, session = _timeless(experiment), _timeless(session)
         _rewrite(cell.run_dir, [experiment, session] if i == 0 else [session])
 
 
-def _timeless(summary):
-    """``summary`` with its creation time set to 0, so that the same grid writes the same bytes."""
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    for value in summary.value:
-        data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
-        kind = data.WhichOneof("data")
-        if kind == "experiment":
-            data.experiment.time_created_secs = 0
-        elif kind == "session_start_info":
-            data.session_start_info.start_time_secs = 0
-        value.metadata.plugin_data.content = data.SerializeToString()
-    return summary
-
-
 def _rewrite(folder: Path, summaries: list) -> None:
-    """Writes ``summaries`` as the folder's one hparams file, unless it already holds exactly them: a
-    resubmitted grid leaves the files of its finished cells untouched."""
-    olds = list(folder.glob(f"events.out.tfevents.*{SUFFIX}"))
-    if len(olds) == 1:
-        data = olds[0].read_bytes()  # each Event embeds its Summary's bytes, which name "hparams" twice
-        if all(s.SerializeToString() in data for s in summaries) and data.count(b"hparams") == 2 * len(summaries):
-            return
-    for old in olds:
-        old.unlink()
+    """Writes ``summaries`` as the folder's hparams file unless it has one: a resubmitted grid leaves the
+    files of its cells, finished ones included, untouched (as their names, their values do not change)."""
+    if any(folder.glob(f"events.out.tfevents.*{SUFFIX}")):
+        return
     folder.mkdir(parents=True, exist_ok=True)
     _write(folder, summaries)
 
