@@ -87,7 +87,7 @@ class SaveAtEnd(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step >= trainer.max_steps and trainer.global_step % self.every:
-            trainer.save_checkpoint(self.checkpoint)
+            trainer.save_checkpoint(self.checkpoint, weights_only=False)
             _commit(trainer)
 
 
