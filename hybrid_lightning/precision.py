@@ -11,6 +11,16 @@ from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, by_letter
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
+# Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, by a substring of the device's name; the MFU
+# logged in training and in the GPU benchmark divides by these. Lightning's own table
+# (lightning.fabric.utilities.throughput.get_available_flops) knows "H200" only with an SXM/NVL suffix.
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device by its name (``torch.cuda.get_device_name``); None when unknown."""
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in device_name), None)
+
 # A CPU training step's fp32 time over its bf16-autocast time (one thread, batch 8; 4 layers, T = 512 at
 # d=128 and T = 256 at d=64), by d_model and by the efficient mixer of the 3 : 1 hybrid ("full": all
 # layers full attention). Measured by bench section (c), its "CPU, one thread" rows, committed in

@@ -39,14 +39,14 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     train(run_dir, 35)  # evaluations after steps 10, 20, 30 and at the end (35)
     acc = events(run_dir)
     steps = [9, 19, 29, 34]  # the step of the last training batch, as TensorBoard shows train/loss
-    for tag in ("longctx/match_all", "longctx/passkey/match_all", "longctx/niah_single_2/match_part"):
+    for tag in ("val_longctx/match_all", "val_longctx/passkey/match_all", "val_longctx/niah_single_2/match_part"):
         assert [e.step for e in acc.Scalars(tag)] == [19, 34], tag  # generation at multiples of 20 steps and at the end
-    for tag in ("longctx/passkey/len_512", "longctx/niah_single_2/len_512", "longctx/score_beyond", "longctx/exact",
-                "longctx/passkey/exact",
-                "longctx/passkey/token_acc_out_window", "longctx/passkey/answer_loss_out_window",
-                "longctx/passkey/chance_loss", "longctx/position_loss/000256-000400", "longctx/ppl_long"):
+    for tag in ("val_longctx/passkey/len_512", "val_longctx/niah_single_2/len_512", "val_longctx/score_beyond", "val_longctx/exact",
+                "val_longctx/passkey/exact",
+                "val_longctx/passkey/token_acc_out_window", "val_longctx/passkey/answer_loss_out_window",
+                "val_longctx/passkey/chance_loss", "val_longctx/position_loss/000256-000400", "val_longctx/ppl_long"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag
-    images = acc.Images("longctx/heatmap")
+    images = acc.Images("val_longctx/heatmap")
     assert [e.step for e in images] == steps
     png = Image.open(io.BytesIO(images[-1].encoded_image_string))
     assert png.size[0] > 200 and png.size[1] > 100
@@ -60,28 +60,28 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     # the headline is the graded score, exact match and the generation score beside it; the probes' 512
     # tokens are beyond train.seq_len 128, so the score within the training length has nothing to average
     graded = [pool(first["records"], task=t, length=512) for t in ("passkey", "niah_single_2")]
-    assert first["seq_len"] == 128 and first["score"] is None and "longctx/score" not in acc.Tags()["scalars"]
+    assert first["seq_len"] == 128 and first["score"] is None and "val_longctx/score" not in acc.Tags()["scalars"]
     assert first["score_beyond"] == pytest.approx(sum(p["token_accuracy"] - p["chance_token_accuracy"] for p in graded) / 2)
     assert first["exact"] == pytest.approx(sum(p["accuracy"] for p in graded) / 2)
     assert first["match_all"] is None and rec["generated"] == 0 and rec["match_all"] is None  # no generation at step 30
     generated = json.loads((run_dir / "eval" / "step_19.json").read_text())
     assert 0 <= generated["match_all"] <= 1 and all(r["generated"] == r["n"] for r in generated["records"])
-    assert acc.Scalars("longctx/score_beyond")[2].value == pytest.approx(first["score_beyond"])
+    assert acc.Scalars("val_longctx/score_beyond")[2].value == pytest.approx(first["score_beyond"])
     assert {(r["task"], r["depth"]) for r in first["records"]} == {(t, d) for t in ("passkey", "niah_single_2") for d in (0.0, 1.0)}
 
     # a crash after the evaluation at step 30 but before any later checkpoint: resume from step 20
     (run_dir / "checkpoints" / "last.ckpt").unlink()
     assert "resuming from step_0000020.ckpt at step 20" in train(run_dir, 35).stdout
     acc = events(run_dir)
-    assert [e.step for e in acc.Scalars("longctx/score_beyond")] == steps  # no duplicates
-    assert [e.step for e in acc.Images("longctx/heatmap")] == steps
+    assert [e.step for e in acc.Scalars("val_longctx/score_beyond")] == steps  # no duplicates
+    assert [e.step for e in acc.Images("val_longctx/heatmap")] == steps
     again = json.loads((run_dir / "eval" / "step_29.json").read_text())
     assert again["records"] == first["records"]  # the exact resume re-evaluates the same weights
 
     # training further continues the series
     train(run_dir, 45)
     steps += [39, 44]
-    assert [e.step for e in events(run_dir).Scalars("longctx/score_beyond")] == steps
+    assert [e.step for e in events(run_dir).Scalars("val_longctx/score_beyond")] == steps
     assert json_steps(run_dir) == steps
 
     # the eval command on the final checkpoint: the callback's numbers, printed and written again

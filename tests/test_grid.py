@@ -183,11 +183,11 @@ def test_status_reads_the_last_loss_and_a_long_context_score_when_present(tmp_pa
     writer = SummaryWriter(str(with_score.run_dir))
     for step in range(5):
         writer.add_scalar("train/loss", 3.0 - step / 4, step)
-    writer.add_scalar("longctx/score", 0.375, 4)
+    writer.add_scalar("val_longctx/score", 0.375, 4)
     writer.close()
     writer = SummaryWriter(str(without.run_dir))
     writer.add_scalar("train/loss", 2.5, 0)
-    writer.add_scalar("longctx/score_beyond", 0.125, 0)
+    writer.add_scalar("val_longctx/score_beyond", 0.125, 0)
     writer.close()
     rows = cell_states(grid)
     assert (rows[0].step, rows[0].loss, rows[0].longctx, rows[0].longctx_beyond) == (5, 2.0, 0.375, None)

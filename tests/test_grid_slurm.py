@@ -177,7 +177,7 @@ def test_tensorboard_server_lists_every_cell_with_hparams(finished_grid):
         experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
         assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(STUDY_KEYS)  # the axis is one of them
         assert "." not in get("/data/runs")  # the grid's root holds no event file
-        assert {m["name"]["tag"] for m in experiment["metricInfos"]} >= {"train/loss", "val/loss", "longctx/score"}
+        assert {m["name"]["tag"] for m in experiment["metricInfos"]} >= {"train/loss", "val/loss", "val_longctx/score"}
         groups = get("/data/plugin/hparams/session_groups", {
             "experimentName": "", "startIndex": 0, "sliceSize": 100,
             "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],

@@ -129,8 +129,8 @@ def test_d1_the_copy_head_scores_one_and_every_other_head_zero():
     grid = score_grid(report)
     assert np.isnan(grid[0]).all() and grid[2, COPY_HEAD] == 1.0
     tags = heads_scalars(report)
-    assert tags["heads/retrieval_heads"] == 1 and tags["heads/layer_02/max_score"] == 1.0
-    assert "heads/layer_00/retrieval_heads" not in tags
+    assert tags["val_longctx_heads/retrieval_heads"] == 1 and tags["val_longctx_heads/layer_02/max_score"] == 1.0
+    assert "val_longctx_heads/layer_00/retrieval_heads" not in tags
     text = heads_table(report)
     assert "1.000*C" in text and "0 swa/32 (n/a)" in text
 

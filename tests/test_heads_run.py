@@ -30,11 +30,11 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     steps = [9, 14]  # after steps 10 and 15 (the end), at the step of the last training batch
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
-    for tag in ("heads/retrieval_heads", "heads/copy_heads", "heads/max_score", "heads/mean_score", "heads/seconds",
-                "heads/layer_00/retrieval_heads", "heads/layer_01/mean_score", "heads/probe_token_accuracy"):
+    for tag in ("val_longctx_heads/retrieval_heads", "val_longctx_heads/copy_heads", "val_longctx_heads/max_score", "val_longctx_heads/mean_score", "val_longctx_heads/seconds",
+                "val_longctx_heads/layer_00/retrieval_heads", "val_longctx_heads/layer_01/mean_score", "val_longctx_heads/probe_token_accuracy"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag
-    assert "longctx/score" not in acc.Tags()["scalars"]
-    images = acc.Images("heads/scores")
+    assert "val_longctx/score" not in acc.Tags()["scalars"]
+    images = acc.Images("val_longctx_heads/scores")
     assert [e.step for e in images] == steps
     assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_14.json", "heads_step_9.json"]

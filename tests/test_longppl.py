@@ -102,7 +102,7 @@ def test_without_an_evaluator_longppl_is_not_reported(tmp_path):
     assert row["longppl"] is None and row["key_tokens"] is None and row["evaluator"] is None
     assert "eval.longppl_evaluator is null" in row["reason"] and row["ppl"] > 1
     tags = scalars(report)
-    assert "longctx/longppl" not in tags and "longctx/key_token_share" not in tags and "longctx/ppl_long" in tags
+    assert "val_longctx/longppl" not in tags and "val_longctx/key_token_share" not in tags and "val_longctx/ppl_long" in tags
     assert "LongPPL not reported: no evaluator model" in table(report)
     # an evaluator still training is not used either: its newest checkpoint would change
     unfinished = save_run(tmp_path / "training", model(0), done=False)

@@ -1,9 +1,12 @@
 """During and after a run: the last step logged and validated whatever the intervals, start and end
-lines and text progress on the console, no third-party banners, gradient norm and peak memory."""
+lines and text progress on the console, no third-party banners, gradient norm, throughput (tokens/s,
+model TFLOP/s, MFU where the peak is known) and peak memory."""
 
 import pytest
 
 from hybrid_lightning.config import load_config
+from hybrid_lightning.model import BYTE_VOCAB, build_model, model_flops_per_token
+from hybrid_lightning.precision import peak_bf16_tflops
 from hybrid_lightning.rundir import read_events
 from hybrid_lightning.training.run import train
 
@@ -24,15 +27,26 @@ def test_a_3_step_run_logs_and_validates_its_step_and_prints_no_banners(tmp_path
                 "--set", "train.warmup_steps=0")
     assert r.returncode == 0, r.stderr[-3000:]
     logged = steps(run_dir)
-    for tag in ("train/loss", "train/lr", "train/tokens", "train/grad_norm", "train/peak_memory_gib", "val/loss", "val/ppl"):
+    for tag in ("train/loss", "train/lr", "train/tokens", "train/grad_norm", "train/peak_memory_gib", "val/loss", "val/ppl",
+                "train/tokens_per_sec", "train/tflops_per_sec"):
         assert logged[tag] == [2], tag
-    assert "epoch" not in logged
+    assert "epoch" not in logged and "train/mfu" not in logged  # no MFU without a GPU of known peak
+    acc = read_events(run_dir)
+    tokens_per_sec, tflops = (acc.Scalars(t)[0].value for t in ("train/tokens_per_sec", "train/tflops_per_sec"))
+    cfg = load_config(None, [*TINY[1::2]])
+    flops = model_flops_per_token(build_model(cfg.model, BYTE_VOCAB), cfg.train.seq_len)
+    assert tflops * 1e12 / tokens_per_sec == pytest.approx(flops, rel=1e-5)  # one device: its model FLOPs per second
     assert f"{run_dir}: " in r.stdout and "tokens in 3 steps, from step 0" in r.stdout
     assert "step 3/3  train/loss" in r.stdout  # the progress line of a run without a progress bar
     assert f"{run_dir}: done at step 3: train/loss" in r.stdout and "val/loss" in r.stdout
     assert f"tensorboard --logdir {run_dir}" in r.stdout
     for banner in ("GPU available", "TPU available", "Trainer.fit", "weights_only"):
         assert banner not in r.stdout + r.stderr, banner
+
+
+def test_the_mfu_peak_is_known_by_the_device_name():
+    assert peak_bf16_tflops("NVIDIA H200") == peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and peak_bf16_tflops("Tesla T4") is None
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""What TensorBoard shows, read through a real TensorBoard server's HTTP API: no ``epoch`` scalar, the
+"""What TensorBoard shows, read through a real TensorBoard server's HTTP API: no ``epoch`` scalar, tag
+groups ordered training, validation, long-context probes, per-layer heads; the
 resolved config as text, images no wider than their cards, an HParams session for a plain ``train`` run
 and for every grid cell with the keys a study varies, and no stray run ``.`` at a grid's root."""
 
@@ -15,6 +16,7 @@ from hybrid_lightning.config import load_config
 from hybrid_lightning.eval.callback import CARD_PX
 from hybrid_lightning.grid import load_grid
 from hybrid_lightning.grid.tensorboard import write_hparams
+from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
 from hybrid_lightning.training.callbacks import HPARAMS_METRICS, STUDY_KEYS
 from hybrid_lightning.training.run import train
 
@@ -64,10 +66,16 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
         assert set(server.get("/data/runs")) == {"plain", *cells}  # no "." nor "runs/g" at the grid's root
         tags = server.get("/data/plugin/scalars/tags")["plain"]
         assert "train/loss" in tags and "val/loss" in tags and "epoch" not in tags
+        # TensorBoard shows tag groups (the part before the first "/") in name order: training and
+        # validation first, then the probes' scores, then the per-layer head cards, all in one group
+        images = server.get("/data/plugin/images/tags")["plain"]
+        groups = sorted({tag.split("/")[0] for tag in [*tags, *images]})
+        assert groups == ["train", "val", LONGCTX_TAGS, HEADS_TAGS], groups
+        assert any(t.startswith(f"{HEADS_TAGS}/layer_01/") for t in tags)
         assert server.get("/data/plugin/text/tags") == {"plain": ["config/text_summary"]}
         text = server.get("/data/plugin/text/text?run=plain&tag=config/text_summary")[0]["text"]
         assert "window: 32" in text and "seed: 7" in text
-        for tag in ("longctx/heatmap", "heads/scores"):  # images no wider than their cards
+        for tag in ("val_longctx/heatmap", "val_longctx_heads/scores"):  # images no wider than their cards
             query = server.get(f"/data/plugin/images/images?run=plain&tag={urllib.parse.quote(tag)}")[-1]["query"]
             with urllib.request.urlopen(f"{server.base}/data/plugin/images/individualImage?{query}", timeout=10) as r:
                 png = r.read()

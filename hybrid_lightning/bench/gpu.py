@@ -42,6 +42,7 @@ from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
 from hybrid_lightning.model import build_model, count_params, model_flops_per_token
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
+from hybrid_lightning.precision import peak_bf16_tflops
 
 TOLERANCE = 2e-2  # relative RMS error allowed in bf16 (its unit roundoff is 2**-8 = 3.9e-3)
 # (T, window, cached keys before the queries, heads, kv heads): full, windows, a ragged T, GQA, a KV cache
@@ -68,7 +69,6 @@ GPU = Sizes(CASES, MFU_MODEL, MFU_SEQ, MFU_BATCH, MFU_WARMUP, MFU_STEPS, 512, 3)
 REHEARSAL = Sizes([(64, None, 0, 4, 4), (96, 16, 0, 4, 2), (50, 20, 10, 4, 2)],
                   {"n_layers": 4, "d_model": 64, "n_heads": 2, "vocab_size": 257, "tie_embeddings": True},
                   128, 2, 1, 2, 32, 1)  # compiling takes 1-4 minutes a model on one CPU core
-PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}  # dense, no sparsity
 
 
 def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device("cpu" if args.rehearse else "cuda")
     name = "CPU rehearsal" if args.rehearse else torch.cuda.get_device_name(device)
-    peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    peak = args.peak_tflops or peak_bf16_tflops(name)
     sizes = REHEARSAL if args.rehearse else GPU
     result = {"device": name, **checks(device, sizes, peak)}
     stem = "rehearsal" if args.rehearse else "gpu"

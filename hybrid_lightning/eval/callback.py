@@ -24,6 +24,7 @@ from hybrid_lightning.eval.longppl import evaluator_key_tokens
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval, check_lengths
 from hybrid_lightning.precision import autocast_dtype
+from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
 
 CARD_PX = 340  # the width of an image card in TensorBoard's Images dashboard (2.21, seen in a browser), in pixels
 
@@ -104,7 +105,7 @@ class LongContextEvaluation(PeriodicEvaluation):
 
     def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
         check_lengths(cfg.eval, tokenizer)  # a bad eval.lengths fails before the run directory exists
-        super().__init__(cfg.eval.every_n_steps, cfg.eval.at_end, "longctx", on_time)
+        super().__init__(cfg.eval.every_n_steps, cfg.eval.at_end, LONGCTX_TAGS, on_time)
         self.cfg, self.run_dir, self.tokenizer = cfg, Path(run_dir), tokenizer
         self._eval: LongContextEval | None = None
 
@@ -131,12 +132,12 @@ class LongContextEvaluation(PeriodicEvaluation):
         for tag, value in scalars(report).items():
             writer.add_scalar(tag, value, step)
         if report["records"]:
-            writer.add_figure("longctx/heatmap", fit_card(heatmap(report)), step, close=False)
+            writer.add_figure(f"{self.tag}/heatmap", fit_card(heatmap(report)), step, close=False)
 
 
 class RetrievalHeadsEvaluation(PeriodicEvaluation):
-    """Retrieval scores of every attention head (``eval.heads:``), logged under ``heads/`` with the
-    layer x head image ``heads/scores``, written to ``eval/heads_step_<k>.json``.
+    """Retrieval scores of every attention head (``eval.heads:``), logged under ``val_longctx_heads/`` with the
+    layer x head image ``val_longctx_heads/scores``, written to ``eval/heads_step_<k>.json``.
 
     Args:
         cfg: the run config (its ``eval.heads:`` section drives the callback).
@@ -147,7 +148,7 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
 
     def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
         check_heads_probes(cfg.eval, tokenizer)  # a bad eval.heads.lengths fails before the run directory exists
-        super().__init__(cfg.eval.heads.every_n_steps, cfg.eval.heads.at_end, "heads", on_time)
+        super().__init__(cfg.eval.heads.every_n_steps, cfg.eval.heads.at_end, HEADS_TAGS, on_time)
         self.cfg, self.run_dir, self.tokenizer = cfg, Path(run_dir), tokenizer
         self._heads: RetrievalHeads | None = None
 
@@ -163,4 +164,4 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
     def log_report(self, writer, report: dict, step: int) -> None:
         for tag, value in heads_scalars(report).items():
             writer.add_scalar(tag, value, step)
-        writer.add_figure("heads/scores", fit_card(score_image(report)), step, close=False)
+        writer.add_figure(f"{self.tag}/scores", fit_card(score_image(report)), step, close=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.records import pooled, weighted_sums
+from hybrid_lightning.records import LONGCTX_TAGS, pooled, weighted_sums
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 # Record field -> the generation statistic (scoring.STATS) it averages over the cell's generated samples.
@@ -43,11 +43,11 @@ def within(report: dict, beyond: bool = False) -> list[dict]:
 
 
 def score(report: dict, beyond: bool = False) -> float | None:
-    """``longctx/score``, the headline: answer-token accuracy above chance (teacher-forced, the
+    """``val_longctx/score``, the headline: answer-token accuracy above chance (teacher-forced, the
     accuracy of a predictor that knows the answer's format but retrieves nothing subtracted,
     probes/chance.py; 0 = no retrieval), averaged over (task, length) up to the training length
     (retrieval, not extrapolation), each pooled over depths; with ``beyond`` over the longer lengths
-    (``longctx/score_beyond``). It moves long before exact match does."""
+    (``val_longctx/score_beyond``). It moves long before exact match does."""
     return mean_over_cells(within(report, beyond), "score")
 
 
@@ -65,25 +65,25 @@ def scalars(report: dict) -> dict[str, float]:
     records = report["records"]
     for task in dict.fromkeys(r["task"] for r in records):
         for length in sorted({r["length"] for r in records if r["task"] == task}):
-            out[f"longctx/{task}/len_{length}"] = pool(records, task=task, length=length)["score"]
+            out[f"{LONGCTX_TAGS}/{task}/len_{length}"] = pool(records, task=task, length=length)["score"]
         p = pool(records, task=task)
-        out[f"longctx/{task}/exact"] = p["accuracy"]
-        out.update({f"longctx/{task}/{k}": p[k] for k in ("match_all", "match_part") if p[k] is not None})
-        out[f"longctx/{task}/chance_token_acc"], out[f"longctx/{task}/chance_loss"] = p["chance_token_accuracy"], p["chance_loss"]
+        out[f"{LONGCTX_TAGS}/{task}/exact"] = p["accuracy"]
+        out.update({f"{LONGCTX_TAGS}/{task}/{k}": p[k] for k in ("match_all", "match_part") if p[k] is not None})
+        out[f"{LONGCTX_TAGS}/{task}/chance_token_acc"], out[f"{LONGCTX_TAGS}/{task}/chance_loss"] = p["chance_token_accuracy"], p["chance_loss"]
         splits = {"": {}} if report["window"] is None else {"_in_window": {"in_window": True}, "_out_window": {"in_window": False}}
         for suffix, where in splits.items():
             p = pool(records, task=task, **where)
             if p is not None:
-                out[f"longctx/{task}/token_acc{suffix}"], out[f"longctx/{task}/answer_loss{suffix}"] = p["token_accuracy"], p["answer_loss"]
-    out.update({f"longctx/{k}": v for k, v in headline(report).items() if v is not None})
+                out[f"{LONGCTX_TAGS}/{task}/token_acc{suffix}"], out[f"{LONGCTX_TAGS}/{task}/answer_loss{suffix}"] = p["token_accuracy"], p["answer_loss"]
+    out.update({f"{LONGCTX_TAGS}/{k}": v for k, v in headline(report).items() if v is not None})
     for row in report["position_loss"]:
-        out[f"longctx/position_loss/{row['position_lo']:06d}-{row['position_hi'] - 1:06d}"] = row["loss"]
+        out[f"{LONGCTX_TAGS}/position_loss/{row['position_lo']:06d}-{row['position_hi'] - 1:06d}"] = row["loss"]
     for row in report["longppl"]:
         if row["longppl"] is not None:
-            out["longctx/longppl"] = row["longppl"]
+            out[f"{LONGCTX_TAGS}/longppl"] = row["longppl"]
         if row["key_tokens"] is not None:
-            out["longctx/key_token_share"] = row["key_tokens"] / row["scored_tokens"]
-        out["longctx/ppl_long"] = row["ppl"]
+            out[f"{LONGCTX_TAGS}/key_token_share"] = row["key_tokens"] / row["scored_tokens"]
+        out[f"{LONGCTX_TAGS}/ppl_long"] = row["ppl"]
     return out
 
 

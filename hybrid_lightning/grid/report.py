@@ -102,7 +102,7 @@ def dry_run_table(grid: Grid) -> str:
 
 
 def status_table(rows: list[CellState]) -> str:
-    # score, beyond: the last longctx/score (lengths up to train.seq_len) and longctx/score_beyond (longer ones)
+    # score, beyond: the last val_longctx/score (lengths up to train.seq_len) and val_longctx/score_beyond (longer ones)
     table = [["cell", "state", "step", "loss", "score", "beyond", "job", "log"]]
     for r in rows:
         table.append([

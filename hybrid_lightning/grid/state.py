@@ -26,6 +26,7 @@ from filelock import FileLock
 
 from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
+from hybrid_lightning.records import LONGCTX_TAGS
 from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.rundir import read_events, read_status
 
@@ -42,8 +43,8 @@ class CellState:
     step: int | None
     max_steps: int
     loss: float | None
-    longctx: float | None  # the last longctx/score (probe lengths up to train.seq_len)
-    longctx_beyond: float | None  # the last longctx/score_beyond (longer probe lengths)
+    longctx: float | None  # the last val_longctx/score (probe lengths up to train.seq_len)
+    longctx_beyond: float | None  # the last val_longctx/score_beyond (longer probe lengths)
     job_id: str | None
     log: str | None
     reason: str | None
@@ -118,13 +119,13 @@ def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live
     """``record`` is the cell's newest job record, ``executor`` the one that wrote it, ``live`` its live state."""
     status = read_status(cell.run_dir) or {}
     max_steps = cell.config.train.max_steps
-    scalars = _last_scalars(cell.run_dir, ("train/loss", "longctx/score", "longctx/score_beyond"))
+    scalars = _last_scalars(cell.run_dir, ("train/loss", f"{LONGCTX_TAGS}/score", f"{LONGCTX_TAGS}/score_beyond"))
     step = status.get("step")
     if "train/loss" in scalars:
         step = max(step or 0, scalars["train/loss"][0] + 1)  # the loss of step s is logged at index s
     row = CellState(
         cell.name, "not submitted", False, step, max_steps, scalars.get("train/loss", (0, None))[1],
-        scalars.get("longctx/score", (0, None))[1], scalars.get("longctx/score_beyond", (0, None))[1], None, None, None,
+        scalars.get(f"{LONGCTX_TAGS}/score", (0, None))[1], scalars.get(f"{LONGCTX_TAGS}/score_beyond", (0, None))[1], None, None, None,
         str(cell.run_dir),
     )
     if record is not None and (job_id := executor.job_id(record)) is not None:

@@ -7,8 +7,8 @@ summary (each hparam with its values, and the metrics to compare), so that the g
 event file, which TensorBoard would list as a stray run ``.``. The HParams plugin reads a session's
 metrics from the newest value of those scalars in the cell's run, so the table holds each cell's final
 ``train/loss``, validation metrics (``val/text_loss`` with ``data.text_val_files``) and, when the long-context
-evaluation ran, ``longctx/score`` (lengths up to ``train.seq_len``), ``longctx/score_beyond`` (longer ones) and
-``longctx/longppl`` (absent values stay empty).
+evaluation ran, ``val_longctx/score`` (lengths up to ``train.seq_len``), ``val_longctx/score_beyond`` (longer ones) and
+``val_longctx/longppl`` (absent values stay empty).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.records import ABLATION_KEY
+from hybrid_lightning.records import ABLATION_KEY, HEADS_TAGS
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
@@ -27,15 +27,15 @@ def layer_label(row: dict) -> str:
 
 
 def heads_scalars(report: dict) -> dict[str, float]:
-    """TensorBoard scalars, tag -> value: totals under ``heads/``, each attention layer's under
-    ``heads/layer_<ll>/``, and the probes' exact match and token accuracy."""
-    out = {f"heads/{k}": float(v) for k, v in report["total"].items() if v is not None}
+    """TensorBoard scalars, tag -> value: totals under ``val_longctx_heads/``, each attention layer's under
+    ``val_longctx_heads/layer_<ll>/``, and the probes' exact match and token accuracy."""
+    out = {f"{HEADS_TAGS}/{k}": float(v) for k, v in report["total"].items() if v is not None}
     for layer in report["layers"]:
         if layer["applicable"]:
-            out |= {f"heads/layer_{layer['layer']:02d}/{k}": float(layer[k]) for k in MEASURES if layer[k] is not None}
+            out |= {f"{HEADS_TAGS}/layer_{layer['layer']:02d}/{k}": float(layer[k]) for k in MEASURES if layer[k] is not None}
     for k in ("accuracy", "token_accuracy"):
         if report[k] is not None:
-            out[f"heads/probe_{k}"] = report[k]
+            out[f"{HEADS_TAGS}/probe_{k}"] = report[k]
     return out
 
 

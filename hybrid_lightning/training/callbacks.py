@@ -23,7 +23,9 @@ from tqdm import tqdm
 
 from hybrid_lightning.config import RunConfig, config_to_dict, dump_config, flatten
 from hybrid_lightning.eval.report import headline, report_path
-from hybrid_lightning.model import count_params
+from hybrid_lightning.model import count_params, model_flops_per_token
+from hybrid_lightning.precision import peak_bf16_tflops
+from hybrid_lightning.records import LONGCTX_TAGS
 from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR, HPARAMS_SUFFIX
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.units import si
@@ -117,13 +119,22 @@ class StatusUpdates(OnOptimizerSteps):
 
 
 class Throughput(OnOptimizerSteps):
-    """Logs ``train/tokens_per_sec`` (all ranks) averaged over each logging interval."""
+    """Logs, averaged over each logging interval: ``train/tokens_per_sec`` (all ranks),
+    ``train/tflops_per_sec`` (model FLOPs a device does per second: ``model_flops_per_token`` at the
+    run's length times its tokens/s) and ``train/mfu`` (that over the device's dense bf16 peak, on a GPU
+    of known peak training in bf16-mixed only)."""
 
-    def __init__(self, tokens_per_step: int, every: int):
+    def __init__(self, tokens_per_step: int, every: int, seq_len: int):
         """tokens_per_step: tokens one rank consumes per optimizer step (every micro-batch of it)."""
-        self.tokens_per_step, self.every = tokens_per_step, every
+        self.tokens_per_step, self.every, self.seq_len = tokens_per_step, every, seq_len
         self._t0: float | None = None
         self._steps = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.flops_per_token = model_flops_per_token(pl_module.model, self.seq_len)
+        device = pl_module.device
+        gpu_bf16 = device.type == "cuda" and trainer.precision == "bf16-mixed"
+        self.peak_tflops = peak_bf16_tflops(torch.cuda.get_device_name(device)) if gpu_bf16 else None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
@@ -134,10 +145,13 @@ class Throughput(OnOptimizerSteps):
         if not self.stepped(trainer):
             return
         self._steps += 1
-        if self._steps >= self.every:
-            elapsed = time.perf_counter() - self._t0
-            tokens = self._steps * self.tokens_per_step * trainer.world_size
-            pl_module.log("train/tokens_per_sec", tokens / elapsed, prog_bar=True)
+        if self._steps >= self.every or trainer.global_step >= trainer.max_steps:  # the last step as well
+            per_device = self._steps * self.tokens_per_step / (time.perf_counter() - self._t0)  # tokens/s
+            tflops = per_device * self.flops_per_token / 1e12
+            pl_module.log("train/tokens_per_sec", per_device * trainer.world_size, prog_bar=True)
+            pl_module.log("train/tflops_per_sec", tflops)
+            if self.peak_tflops:
+                pl_module.log("train/mfu", tflops / self.peak_tflops)
             self._t0, self._steps = time.perf_counter(), 0
 
     def exclude(self, seconds: float) -> None:
@@ -211,7 +225,7 @@ class Console(L.Callback):
         end = "done" if trainer.global_step >= trainer.max_steps else "stopped"
         record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
         score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
-        scores = f"  longctx/score {score:.4g}" if score is not None else ""
+        scores = f"  val_longctx/score {score:.4g}" if score is not None else ""
         _say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
              f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
              f"tensorboard --logdir {self.run_dir}")
@@ -219,8 +233,8 @@ class Console(L.Callback):
 
 # The config keys a study of hybrids varies: the HParams dashboard compares runs by them, on these metrics.
 STUDY_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed")
-HPARAMS_METRICS = ("train/loss", "val/loss", "val/text_loss", "val/synthetic_loss", "val/retrieval_acc", "longctx/score",
-                   "longctx/score_beyond", "longctx/longppl")
+HPARAMS_METRICS = ("train/loss", "val/loss", "val/text_loss", "val/synthetic_loss", "val/retrieval_acc", f"{LONGCTX_TAGS}/score",
+                   f"{LONGCTX_TAGS}/score_beyond", f"{LONGCTX_TAGS}/longppl")
 
 
 def study_hparams(cfg: RunConfig) -> dict[str, float | str]:

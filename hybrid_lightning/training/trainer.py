@@ -63,7 +63,7 @@ def build_trainer(
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    throughput = Throughput(t.tokens_per_step(1, t.accumulate_grad_batches), t.log_every_n_steps)  # per rank
+    throughput = Throughput(t.tokens_per_step(1, t.accumulate_grad_batches), t.log_every_n_steps, t.seq_len)  # per rank
     datamodule = LMDataModule(cfg)
     # SaveAtEnd before the evaluations: a stop during the end-of-training ones keeps the last step
     callbacks = [checkpoints, SaveAtEnd(run_dir / CKPT_DIR / LAST_CKPT, t.checkpoint_every_n_steps), throughput,
