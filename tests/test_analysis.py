@@ -227,6 +227,7 @@ def test_user_errors_name_the_argument(tmp_path, capsys):
         find_runs(tmp_path / "absent")
 
 
+@pytest.mark.slow
 def test_analyze_reads_50_runs_of_1000_steps(tmp_path):
     """50 runs x 1000 logged steps (train/loss, train/lr, train/tokens each step; validation every 50
     steps; 10 evaluations and head scorings) all analysed; the time it took is printed, not asserted
@@ -279,6 +280,7 @@ TINY_GRID = {
 }
 
 
+@pytest.mark.slow
 def test_analyze_a_real_tiny_grid(tmp_path):
     """F2: a grid trained on CPU, analysed against a plan with one more seed: every figure and table, the
     cells not started, and labelled figures."""

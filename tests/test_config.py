@@ -56,6 +56,7 @@ def test_bad_values_name_the_field(raw, field):
     assert field in str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_input_on_the_command_line_leaves_no_run_dir(tmp_path):
     cases = [
         (["--set", "model.windw=3"], "did you mean 'model.window'"),

@@ -10,6 +10,7 @@ from hybrid_lightning.data.datamodule import document_ids
 from hybrid_lightning.model import build_model, resolve_model_config
 from hybrid_lightning.model.attention import attend
 from hybrid_lightning.model.documents import by_document, cu_seqlens, document_positions
+from hybrid_lightning.model.ops import ShortConv
 
 VOCAB = 40
 # Two rows of 300 tokens, documents of every kind of length: shorter than the window, longer than a
@@ -180,3 +181,18 @@ def test_the_doc_mask_grid_crosses_every_arch_with_the_switch(tmp_path):
     cells = load_grid(REPO / "ablations" / "doc-mask.yaml", tmp_path).cells
     pairs = {(c.labels["arch"], c.config.data.doc_mask) for c in cells}
     assert pairs == {(arch, on) for arch in ("full", "swa16", "gdn") for on in (False, True)}
+
+
+def test_the_short_convolution_restarts_at_each_document():
+    """``ShortConv`` with document positions (the fla path's convolution) equals each document alone,
+    outputs and gradients, fp64."""
+    ids = packed_ids()
+    conv = ShortConv(6, 4, bias=True).double()
+    x = torch.randn(2, 300, 6, dtype=torch.float64, requires_grad=True)
+    y = conv(x, positions=document_positions(ids))
+    w = torch.randn_like(y)
+    grads = torch.autograd.grad((y * w).sum(), [x, *conv.parameters()])
+    alone = torch.cat([conv(x[b:b + 1, s:e]) for b, s, e in documents(ids)], dim=1).view(2, 300, 6)
+    assert torch.allclose(y, alone, rtol=0, atol=1e-12)
+    expected = torch.autograd.grad((alone * w).sum(), [x, *conv.parameters()])
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-10) for a, b in zip(grads, expected))

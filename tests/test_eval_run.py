@@ -34,6 +34,7 @@ def train(run_dir, max_steps):
     return r
 
 
+@pytest.mark.slow
 def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     run_dir = tmp_path / "run"
     train(run_dir, 35)  # evaluations after steps 10, 20, 30 and at the end (35)
@@ -110,6 +111,7 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     assert r.returncode == 2 and "eval.longppl_evaluator: " in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_eval_command_user_errors(tmp_path):
     r = run_cli("eval", str(tmp_path))
     assert r.returncode == 2 and "no config.yaml" in r.stderr and "Traceback" not in r.stderr

@@ -155,6 +155,7 @@ def _ddp_eval(rank: int = 0, world: int = 1) -> dict:
     return LongContextEval(cfg, TOK, HELD_OUT).run(model, step=1, tokens=2, rank=rank, world=world)
 
 
+@pytest.mark.slow
 def test_ddp_split_and_sync_equal_one_process():
     """Two gloo processes each score their share of the probes (3 samples per cell: uneven) and
     the synced totals equal one process scoring everything."""

@@ -92,6 +92,7 @@ def mounts():
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_moved_run_directory_resumes_from_its_newest_step(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     keep = ("--set", "train.keep_checkpoints=2")
@@ -108,6 +109,7 @@ def test_moved_run_directory_resumes_from_its_newest_step(tmp_path):
     assert loss_steps(b) == list(range(25))
 
 
+@pytest.mark.slow
 def test_concurrent_train_is_refused_and_a_dead_holder_taken_over(tmp_path):
     run = tmp_path / "run"
     first = start(run, *args(100000, 5))
@@ -162,6 +164,7 @@ def _read_only(folder: Path, mounts: list) -> None:
             mounts.append(folder)
 
 
+@pytest.mark.slow
 def test_unwritable_checkpoints_fail_the_run(tmp_path, mounts):
     run = tmp_path / "run"
     assert train(run, *args(10, 5)).returncode == 0
@@ -175,6 +178,7 @@ def test_unwritable_checkpoints_fail_the_run(tmp_path, mounts):
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_full_disk_fails_cleanly_and_resumes_once_freed(tmp_path, mounts):
     disk = tmp_path / "disk"
     mount_tmpfs(disk, "6m")  # two 1.7 MB checkpoints and the run's small files; the fourth file does not fit
@@ -197,6 +201,7 @@ def test_full_disk_fails_cleanly_and_resumes_once_freed(tmp_path, mounts):
     assert loss_steps(run) == list(range(30))
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints(tmp_path):
     run = tmp_path / "run"
     assert train(run, *args(20, 10)).returncode == 0
@@ -214,6 +219,7 @@ def test_damaged_checkpoints(tmp_path):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.slow
 def test_signal_saves_the_step_reached(tmp_path, sig, code):
     run = tmp_path / "run"
     proc = start(run, *args(100000, 1000))
@@ -231,6 +237,7 @@ def test_signal_saves_the_step_reached(tmp_path, sig, code):
     assert loss_steps(run) == list(range(step + 3))
 
 
+@pytest.mark.slow
 def test_lost_config_yaml_resumes_only_the_same_model(tmp_path):
     run = tmp_path / "run"
     assert train(run, *args(10, 10)).returncode == 0
@@ -245,6 +252,7 @@ def test_lost_config_yaml_resumes_only_the_same_model(tmp_path):
     assert "Tip" not in r.stderr and "deprecated" not in r.stderr  # no third-party noise in the log
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_and_create_nothing(tmp_path):
     run = tmp_path / "run"
     bad = tmp_path / "bad.yaml"

@@ -86,6 +86,7 @@ def _corrupt(store, name="train_00000.bin", at=100):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_a_corrupted_shard_is_one_line_naming_it_and_prepare_rebuilds_it(tmp_path):
     corpus = write_jsonl(tmp_path / "src" / "c.jsonl", documents(300, seed=2))
     store = tmp_path / "store"
@@ -116,6 +117,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tmp_path):
         open_store(cfg).train[:]
 
 
+@pytest.mark.slow
 def test_resume_on_changed_data_is_refused_naming_the_difference(tmp_path):
     corpus = write_jsonl(tmp_path / "src" / "c.jsonl", documents(200, seed=3))
     run, cache = tmp_path / "run", tmp_path / "cache"
@@ -132,6 +134,7 @@ def test_resume_on_changed_data_is_refused_naming_the_difference(tmp_path):
     assert json.loads((run / "status.json").read_text())["step"] == 6
 
 
+@pytest.mark.slow
 def test_failing_train_leaves_no_store_and_no_lock(tmp_path):
     cache = tmp_path / "cache"
     tiny = write_jsonl(tmp_path / "tiny.jsonl", ["abcde"])  # 6 tokens with its end-of-document id

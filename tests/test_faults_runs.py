@@ -30,6 +30,7 @@ def trained(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_export_never_replaces_what_it_reads(trained, tmp_path):
     before = sorted(p.relative_to(trained) for p in trained.rglob("*"))
     probes = tmp_path / "probes" / "p.jsonl"
@@ -48,6 +49,7 @@ def write_grid(tmp_path, axes: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_grid_cells_are_normalised_and_duplicates_refused(tmp_path):
     grid = load_grid(write_grid(tmp_path, "  model.window: [16, 32.0]\n  train.lr: [3e-4, 1.0e-3]\n"))
     assert [c.name for c in grid.cells] == ["window=16,lr=0.0003", "window=16,lr=0.001", "window=32,lr=0.0003",
@@ -61,6 +63,7 @@ def test_grid_cells_are_normalised_and_duplicates_refused(tmp_path):
 
 @pytest.mark.parametrize("axis", ['model.window: ["32"]', 'train.lr: ["3e-4"]', 'eval.lengths: [["512"]]',
                                   'train.batch_size: [8, "8"]', 'seed: ["0"]'])
+@pytest.mark.slow
 def test_grid_numbers_are_strict(tmp_path, axis):
     line = one_line_error(run_cli("grid", "plan", str(write_grid(tmp_path, f"  {axis}\n"))))
     assert "not the string" in line and axis.split(":")[0].split(".")[-1] in line, line
@@ -88,6 +91,7 @@ def test_counts_from_layer_samples_equal_the_whole_model():
         assert _flops_per_token(cfg, 256) == model_flops_per_token(whole, 256)
 
 
+@pytest.mark.slow
 def test_user_errors_are_one_line_and_leave_nothing(tmp_path):
     cache = tmp_path / "cache"
     env = {"HYBRID_LIGHTNING_CACHE": str(cache)}
@@ -139,6 +143,7 @@ def test_a_killed_run_reads_interrupted(tmp_path):
     assert (run / LOCK_FILE).exists()
 
 
+@pytest.mark.slow
 def test_a_double_signal_names_the_checkpoints_step(tmp_path):
     run = tmp_path / "run"
     proc = start(run, *args(100000, 10))
@@ -153,6 +158,7 @@ def test_a_double_signal_names_the_checkpoints_step(tmp_path):
     assert f"at step {step};" in err, err[-2000:]
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_final_evaluation_keeps_the_last_step(tmp_path):
     run = tmp_path / "run"
     slow_eval = ["--set", "eval.at_end=true", "--set", "eval.lengths=[2048]", "--set", "eval.samples=6",
@@ -215,6 +221,7 @@ def test_extending_max_steps_is_exact_or_refused(tmp_path):
         assert stored_step(run / "checkpoints" / "last.ckpt") == 6
 
 
+@pytest.mark.slow
 def test_a_wsd_run_extends_before_its_decay(tmp_path):
     run = tmp_path / "run"
     wsd = ["--set", "train.schedule=wsd", "--set", "train.decay_fraction=0.5"]

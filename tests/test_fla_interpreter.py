@@ -20,7 +20,8 @@ MISSING = [name for name in ("triton", "fla") if importlib.util.find_spec(name) 
 def test_fla_kernels_match_chunked_path_under_the_interpreter(tmp_path):
     """Operators at a ragged T (37, 70) with K != V from a random initial state: outputs, final states,
     gradients of every input; each mixer: outputs, parameter gradients, the final states it carries,
-    and three pieces (one of a single step) fed with carried state. All within 1e-4 in fp32."""
+    three pieces (one of a single step) fed with carried state, and packed documents through fla's
+    ``cu_seqlens`` against each document alone. All within 1e-4 in fp32."""
     out = tmp_path / "rows.json"
     proc = subprocess.run(
         [sys.executable, "-m", "hybrid_lightning.bench.gpu_recurrent", "--interpret", "--out", str(out)],
@@ -33,6 +34,8 @@ def test_fla_kernels_match_chunked_path_under_the_interpreter(tmp_path):
     assert sum(c.startswith("gated_delta_rule") for c in checks) == 2
     assert {c.split()[1] for c in checks if c.startswith("mixer")} == {"mamba2", "gated_deltanet", "lightning"}
     assert all(r["ok"] for r in rows) and max(max(r["output"], r["state"], r["grad"]) for r in rows) < 1e-4
+    mixers = [r for r in rows if r["check"].startswith("mixer")]  # packed documents: fla's cu_seqlens vs each alone
+    assert max(max(r["documents"], r["documents_grad"]) for r in mixers) < 1e-4
 
 
 def test_untested_versions_are_refused_by_name(monkeypatch):

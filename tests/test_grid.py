@@ -46,6 +46,7 @@ def loss_steps(run_dir):
     return [e.step for e in acc.Scalars("train/loss")]
 
 
+@pytest.mark.slow
 def test_plan_lists_the_product_minus_exclusions_with_stable_names(tmp_path):
     """E1: 3 axes x 2-3 values, one exclusion; the same names in two separate processes."""
     path = write_grid(
@@ -136,6 +137,7 @@ def test_bad_grids_name_the_problem(tmp_path, spec, message):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_bad_grid_on_the_command_line_exits_2_and_submits_nothing(tmp_path):
     path = write_grid(tmp_path, axes={"model.window": [8, 0]})
     for args in (["plan", str(path)], ["submit", str(path), "--executor", "local"]):
@@ -214,6 +216,7 @@ def test_stop_on_request_saves_and_resumes_without_a_gap(tmp_path):
     assert loss_steps(run_dir) == list(range(12))
 
 
+@pytest.mark.slow
 def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
     """E9, E10 and idempotence on the local executor: a NaN cell fails with its diagnostic and
     keeps its good checkpoint; a corrupted last.ckpt resumes from the newest valid checkpoint;

@@ -142,6 +142,7 @@ def test_an_evaluator_with_another_vocabulary_is_refused(tmp_path):
         evaluate(run_config(tmp_path, str(run_dir)), model(1))
 
 
+@pytest.mark.slow
 def test_the_callback_scores_a_run_on_its_evaluators_key_tokens(tmp_path):
     """Two training runs: the first finishes and is the second's evaluator; the second's callback
     reports LongPPL on the key tokens the first chose."""

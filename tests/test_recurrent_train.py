@@ -30,6 +30,7 @@ def _train_falls(tmp_path, mixer, pos):
 
 
 @pytest.mark.parametrize("mixer, pos", QUICK)
+@pytest.mark.slow
 def test_recurrent_hybrid_loss_falls(tmp_path, mixer, pos):
     _train_falls(tmp_path, mixer, pos)
 
@@ -57,6 +58,7 @@ def _resume_is_exact(tmp_path, mixer):
     assert scalars(straight, "train/loss") == scalars(resumed, "train/loss")
 
 
+@pytest.mark.slow
 def test_resume_is_exact_gated_deltanet(tmp_path):
     _resume_is_exact(tmp_path, "gated_deltanet")
 

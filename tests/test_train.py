@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -27,6 +28,7 @@ def scalars(run_dir, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_train_200_steps_loss_falls(tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")
@@ -62,6 +64,7 @@ def _final_weights(run_dir):
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(tmp_path):
     args = [*TINY, "--set", "train.max_steps=60", "--set", "train.checkpoint_every_n_steps=20",
             "--set", "train.log_every_n_steps=1", "--set", "train.val_every_n_steps=25", "--set", "train.warmup_steps=5"]

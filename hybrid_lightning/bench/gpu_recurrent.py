@@ -9,8 +9,9 @@ arguments, layouts, states and gradients checked before any GPU is at hand.
 
 For each operator (on bf16 inputs; the reference computes in fp32 on the same values) and each
 recurrent mixer (under bf16 autocast, the same weights through both backends) it compares outputs,
-final states and every gradient, and checks that the fla path fed in pieces with carried state
-equals one call. Errors are relative: ||a - b|| / ||b||. A few minutes on one H200; exit status 0
+final states and every gradient, checks that the fla path fed in pieces with carried state
+equals one call, and that packed documents through fla's ``cu_seqlens`` equal each document run alone
+(the chunked path's ``by_document``), outputs and gradients. Errors are relative: ||a - b|| / ||b||. A few minutes on one H200; exit status 0
 when every check passes, 1 when one fails, 2 when there is no CUDA device or fla.
 """
 
@@ -88,7 +89,7 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
                  tol: tuple[float, float] = (OUTPUT_TOL, GRAD_TOL)) -> list[dict]:
     """Each recurrent mixer, same weights, through both backends (under ``dtype`` autocast unless fp32):
     outputs, every parameter's gradient and the final states it carries; then the candidate fed in three
-    pieces with carried state against its own full forward."""
+    pieces with carried state against its own full forward; then packed documents (``documents_check``)."""
     rows = []
     for name in RECURRENT:
         cfg = resolve_model_config({"d_model": d_model, "n_heads": max(1, d_model // 64), "n_layers": 4,
@@ -115,9 +116,31 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
             for piece in x.split([T // 3, 1, T - T // 3 - 1], dim=1):
                 pieces.append(mixer(piece, state))
         out, grad, piecewise = rel(y_c, y_r), max(rel(g_c[n], g_r[n]) for n in g_r), rel(torch.cat(pieces, 1), y_c)
+        doc_out, doc_grad = documents_check(mixer, x, candidate, reference, dtype)
         rows.append({"check": f"mixer {name} T={T} d_model={d_model}", "output": out, "grad": grad, "state": final,
-                     "pieces": piecewise, "ok": max(out, final, piecewise) <= tol[0] and grad <= tol[1]})
+                     "pieces": piecewise, "documents": doc_out, "documents_grad": doc_grad,
+                     "ok": max(out, final, piecewise, doc_out) <= tol[0] and max(grad, doc_grad) <= tol[1]})
     return rows
+
+
+def documents_check(mixer, x: torch.Tensor, candidate: str, reference: str, dtype: torch.dtype) -> tuple[float, float]:
+    """Packed documents (a first row of three, one of them a single token; a second row of one) through
+    ``candidate`` (fla: one call with ``cu_seqlens``) against ``reference`` (each document alone):
+    (output error, worst parameter-gradient error)."""
+    T = x.shape[1]
+    doc_ids = torch.stack([torch.repeat_interleave(torch.arange(3), torch.tensor([T // 3, 1, T - T // 3 - 1])),
+                           torch.zeros(T, dtype=torch.long)]).to(x.device)
+    results = {}
+    for backend in (candidate, reference):
+        mixer.backend = backend
+        mixer.zero_grad()
+        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            y = mixer(x, None, doc_ids)
+        y.float().pow(2).mean().backward()
+        results[backend] = (y.detach(), {n: p.grad.clone() for n, p in mixer.named_parameters()})
+    (y_c, g_c), (y_r, g_r) = results[candidate], results[reference]
+    mixer.backend = candidate
+    return rel(y_c, y_r), max(rel(g_c[n], g_r[n]) for n in g_r)
 
 
 def timings(device: str, T: int) -> list[dict]:

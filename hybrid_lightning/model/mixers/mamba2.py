@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
-from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, gated_linear_attention
+from hybrid_lightning.model.documents import by_document
+from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, fla_documents, gated_linear_attention
 
 if TYPE_CHECKING:
     from hybrid_lightning.config import ModelConfig
@@ -27,6 +28,8 @@ A_INIT = (1.0, 16.0)  # the reference module's initial range: A ~ U[1, 16] (Δ: 
 
 class Mamba2(nn.Module):
     """Args (via ``cfg.mamba2``): ``expand``, ``head_dim``, ``d_state``, ``conv_size``; see config.py."""
+
+    masks_documents = True  # takes doc_ids: fla's kernels with cu_seqlens, else each document alone
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec):
         super().__init__()
@@ -44,12 +47,20 @@ class Mamba2(nn.Module):
         self.out_proj = nn.Linear(self.inner, cfg.d_model, bias=False)
         self.out_proj.residual_out = True
 
-    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
-        """x: (B, T, D). ``state`` carries the convolution's last inputs and the SSM state (B, H, N, P)."""
+    def forward(self, x: torch.Tensor, state: dict | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, D). ``state`` carries the convolution's last inputs and the SSM state (B, H, N, P).
+        ``doc_ids`` (B, T): packed documents, each run as if alone (``ops.fla_documents``)."""
+        positions = cu = None
+        if doc_ids is not None:
+            packed = fla_documents(self.backend, x, state, doc_ids)
+            if packed is None:
+                return by_document(self.forward, x, doc_ids)  # each document alone, from a fresh state
+            positions, cu = packed
         B, T, _ = x.shape
         H, P, N = self.n_heads, self.head_dim, self.d_state
         z, xbc, dt = self.in_proj(x).split([self.inner, self.inner + 2 * N, H], dim=-1)
-        xs, b, c = self.conv(xbc, state).split([self.inner, N, N], dim=-1)
+        xs, b, c = self.conv(xbc, state, positions).split([self.inner, N, N], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
         xs = xs.view(B, T, H, P)
         y, ssm = gated_linear_attention(
@@ -58,6 +69,7 @@ class Mamba2(nn.Module):
             xs * dt[..., None],  # values: Δ·x, (B, T, H, P)
             dt * -self.A_log.exp(),  # log-decay Δ·A
             scale=1.0, state=None if state is None else state.get("ssm"), backend=self.backend, chunk_size=self.chunk,
+            cu_seqlens=cu,
         )
         if state is not None:
             state["ssm"] = ssm

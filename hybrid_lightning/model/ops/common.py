@@ -7,6 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from hybrid_lightning.model.documents import cu_seqlens, document_positions
 from hybrid_lightning.model.ops.interpreter import interpreting, patch
 
 BACKENDS = ("auto", "chunked", "recurrent", "fla")
@@ -22,6 +23,25 @@ def fla_available() -> bool:
     except Exception:  # ImportError, or triton failing to find a driver at import
         return False
     return True
+
+
+def fla_documents(backend: str, x: torch.Tensor, state: dict | None,
+                  doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """How a recurrent mixer on ``backend`` runs the packed documents ``doc_ids`` (B, T): fla's kernels
+    take them in one call, as (positions (B, T) in each document, for the short convolution; and
+    ``cu_seqlens``); None for the torch backends, which run each document alone (``by_document``)."""
+    if resolve_backend(backend, x) != "fla":
+        return None
+    if state is not None:
+        raise ValueError("packed documents (doc_ids) with a carried state: a state belongs to one sequence")
+    return document_positions(doc_ids), cu_seqlens(doc_ids)[0]
+
+
+def check_documents(backend: str, cu_seqlens: torch.Tensor | None, state: torch.Tensor | None) -> None:
+    """Packed documents (``cu_seqlens``) go to fla's kernels only, each document from a zero state."""
+    if cu_seqlens is not None and (backend != "fla" or state is not None):
+        raise ValueError(f"cu_seqlens needs the fla backend (not {backend!r}) and no initial state; the other "
+                         "backends run each document alone (model/documents.by_document)")
 
 
 def resolve_backend(backend: str, x: torch.Tensor) -> str:
@@ -65,6 +85,12 @@ def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a kernel should see: the autocast dtype when autocast is on, else ``x``'s."""
     device = x.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def end_to_end(x: torch.Tensor) -> torch.Tensor:
+    """(B, T, *F) -> (1, B*T, *F): the rows laid end to end, as fla's kernels take packed documents
+    (with ``cu_seqlens``)."""
+    return x.reshape(1, -1, *x.shape[2:])
 
 
 def to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 
 from hybrid_lightning.model.ops.common import (
+    check_documents,
     chunk_cost,
     compute_dtype,
+    end_to_end,
     from_chunks,
     kernel_dtype,
     resolve_backend,
@@ -27,7 +29,7 @@ from hybrid_lightning.model.ops.common import (
 
 def gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, scale: float,
-    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64,
+    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule by the implementation ``backend`` selects (see ``ops``).
 
@@ -35,9 +37,12 @@ def gated_delta_rule(
         beta: (B, T, H) writing strength in (0, 1).
     """
     backend = resolve_backend(backend, q)
+    check_documents(backend, cu_seqlens, state)
     if backend == "chunked":
         return chunked_delta_rule(q, k, v, g, beta, scale, state, chunk_size)
-    return {"recurrent": recurrent_delta_rule, "fla": fla_delta_rule}[backend](q, k, v, g, beta, scale, state)
+    if backend == "fla":
+        return fla_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens)
+    return recurrent_delta_rule(q, k, v, g, beta, scale, state)
 
 
 def recurrent_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):
@@ -102,14 +107,19 @@ def chunked_delta_rule_flops(T: int, chunk_size: int, H: int, K: int, V: int) ->
     return 6 * H * per_head * padding
 
 
-def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):
+def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
     """flash-linear-attention's ``chunk_gated_delta_rule`` Triton kernel (CUDA)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     dtype = kernel_dtype(v)
-    q, k, v, beta = (t.to(dtype).contiguous() for t in (q, k, v, beta))
+    B, T = v.shape[:2]
+    q, k, v, beta = (t.to(dtype) for t in (q, k, v, beta))
+    g = g.float()
+    if cu_seqlens is not None:
+        q, k, v, g, beta = (end_to_end(t) for t in (q, k, v, g, beta))
     o, S = chunk_gated_delta_rule(
-        q, k, v, g.float().contiguous(), beta, scale=scale,
+        q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), scale=scale,
         initial_state=None if state is None else state.float(), output_final_state=True,
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
     )
-    return o, S
+    return o.view(B, T, *o.shape[2:]), S

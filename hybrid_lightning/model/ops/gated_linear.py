@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 
 from hybrid_lightning.model.ops.common import (
+    check_documents,
     chunk_cost,
     compute_dtype,
+    end_to_end,
     from_chunks,
     kernel_dtype,
     resolve_backend,
@@ -27,7 +29,7 @@ from hybrid_lightning.model.ops.common import (
 
 def gated_linear_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, scale: float,
-    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64,
+    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The operator by the implementation ``backend`` selects (see ``ops``).
 
@@ -40,14 +42,20 @@ def gated_linear_attention(
         state: (B, H, K, V) state before the first step; None = zeros.
         backend: ``auto``, ``chunked``, ``recurrent`` or ``fla``.
         chunk_size: steps per chunk of the chunked implementation.
+        cu_seqlens: (N + 1,) packed documents of the B rows laid end to end (``documents.cu_seqlens``),
+            each from a zero state; fla only.
 
     Returns:
-        o (B, T, H, V) in v's dtype, and the final state (B, H, K, V) in fp32 (fp64 for fp64 input).
+        o (B, T, H, V) in v's dtype, and the final state (B, H, K, V) in fp32 (fp64 for fp64 input); with
+        ``cu_seqlens`` each document's, (N, H, K, V).
     """
     backend = resolve_backend(backend, q)
+    check_documents(backend, cu_seqlens, state)
     if backend == "chunked":
         return chunked_gla(q, k, v, g, scale, state, chunk_size)
-    return {"recurrent": recurrent_gla, "fla": fla_gla}[backend](q, k, v, g, scale, state)
+    if backend == "fla":
+        return fla_gla(q, k, v, g, scale, state, cu_seqlens)
+    return recurrent_gla(q, k, v, g, scale, state)
 
 
 def recurrent_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None):
@@ -100,15 +108,19 @@ def chunked_gla_flops(T: int, chunk_size: int, H: int, K: int, V: int, shared_qk
     return 6 * H * per_head * padding
 
 
-def fla_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None):
+def fla_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
     """flash-linear-attention's ``chunk_simple_gla`` Triton kernel (CUDA)."""
     from fla.ops.simple_gla import chunk_simple_gla
 
     dtype = kernel_dtype(v)
-    H = v.shape[2]  # shared queries and keys go to the kernel once per head
-    q, k, v = (t.to(dtype).expand(*t.shape[:2], H, t.shape[-1]).contiguous() for t in (q, k, v))
+    B, T, H = v.shape[:3]  # shared queries and keys go to the kernel once per head
+    q, k, v = (t.to(dtype).expand(B, T, H, t.shape[-1]) for t in (q, k, v))
+    g = g.float()
+    if cu_seqlens is not None:
+        q, k, v, g = (end_to_end(t) for t in (q, k, v, g))
     o, S = chunk_simple_gla(
-        q, k, v, g=g.float().contiguous(), scale=scale,
+        q.contiguous(), k.contiguous(), v.contiguous(), g=g.contiguous(), scale=scale,
         initial_state=None if state is None else state.float(), output_final_state=True,
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
     )
-    return o, S
+    return o.view(B, T, *o.shape[2:]), S

@@ -55,10 +55,17 @@ class ShortConv(nn.Module):
         self.size = size
         self.conv = nn.Conv1d(channels, channels, size, groups=channels, bias=bias)  # holds weight (C, 1, size) and bias
 
-    def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
-        """x: (B, T, C) -> (B, T, C). ``state["conv"]`` holds the last size-1 inputs (B, size-1, C)."""
+    def forward(self, x: torch.Tensor, state: dict | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, C) -> (B, T, C). ``state["conv"]`` holds the last size-1 inputs (B, size-1, C).
+        ``positions`` (B, T), each token's position in its document (packed documents): a tap that would
+        reach before the token's document reads zero, as at a sequence's start."""
         w = self.conv.weight[:, 0]  # (C, size)
-        if state is None:
+        if positions is not None:
+            y = x * w[:, -1]
+            for d in range(1, min(self.size, x.shape[1])):
+                shifted = F.pad(x, (0, 0, d, 0))[:, : x.shape[1]]  # (B, T, C): x[t - d], zeros before 0
+                y = y + shifted * w[:, -1 - d] * (positions >= d)[..., None]
+        elif state is None:
             y = CausalTaps.apply(x, w)  # (B, T, C)
         else:
             past = state.get("conv")
