@@ -18,7 +18,7 @@ from hybrid_lightning.eval.report import pool, scalars
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.eval.scoring import STATS, ruler_output, score_samples, string_match_all, string_match_part
 from hybrid_lightning.probes.tasks import GenContext, make_sample
-from hybrid_lightning.model.plan import LayerSpec
+from hybrid_lightning.model.options import LayerSpec, MixerOptions
 
 TOK = ByteTokenizer()
 HELD_OUT = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())
@@ -43,7 +43,7 @@ class CopyOracle(nn.Module):
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the evaluator a device
         self.samples, self.window, self.vocab = samples, window, vocab
-        self.plan = [LayerSpec(0, "swa", window, "rope", mlp_hidden=0)] if window else []
+        self.plan = [LayerSpec(0, "swa", window, "rope", mlp_hidden=0, options=MixerOptions(d_model=0, norm_eps=0.0))] if window else []
         alphabet = sorted({int(t) for s in samples for t in s.answer})
         self.guess = torch.full((vocab,), -30.0)
         self.guess[alphabet] = 0.0

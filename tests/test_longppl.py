@@ -35,15 +35,18 @@ def run_config(tmp_path, evaluator=None, **eval_kw):
                             "eval": {**EVAL, **eval_kw, "longppl_evaluator": evaluator}})
 
 
+MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 16, "init_std": 0.3}
+
+
 def model(seed: int):
     torch.manual_seed(seed)
-    return build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 16, "init_std": 0.3}).double()
+    return build_model(MODEL).double()
 
 
 def save_run(run_dir, m, done: bool = True):
-    """A run directory holding ``m`` as its last checkpoint (what ``train`` leaves)."""
+    """A run directory holding ``m`` (a model of ``MODEL``) as its last checkpoint (what ``train`` leaves)."""
     (run_dir / CKPT_DIR).mkdir(parents=True)
-    (run_dir / CONFIG_FILE).write_text(dump_config(validate_config({"model": {**m.cfg.model_dump(), "vocab_size": TOK.vocab_size}})))
+    (run_dir / CONFIG_FILE).write_text(dump_config(validate_config({"model": {**MODEL, "vocab_size": TOK.vocab_size}})))
     torch.save({"state_dict": {f"model.{k}": v for k, v in m.state_dict().items()}, "global_step": 5},
                run_dir / CKPT_DIR / LAST_CKPT)
     write_status(run_dir, state="done" if done else "running", step=5, max_steps=5)
@@ -131,10 +134,11 @@ def test_key_tokens_are_cached_per_evaluator_and_evaluation_set(tmp_path, monkey
 
 
 def test_an_evaluator_with_another_vocabulary_is_refused(tmp_path):
-    other = build_model({"n_layers": 1, "d_model": 32, "n_heads": 2, "pattern": "F", "vocab_size": 100})
+    settings = {"n_layers": 1, "d_model": 32, "n_heads": 2, "pattern": "F", "vocab_size": 100}
+    other = build_model(settings)
     run_dir = tmp_path / "other"
     (run_dir / CKPT_DIR).mkdir(parents=True)
-    (run_dir / CONFIG_FILE).write_text(dump_config(validate_config({"model": other.cfg.model_dump()})))
+    (run_dir / CONFIG_FILE).write_text(dump_config(validate_config({"model": settings})))
     torch.save({"state_dict": {f"model.{k}": v for k, v in other.state_dict().items()}, "global_step": 1},
                run_dir / CKPT_DIR / LAST_CKPT)
     write_status(run_dir, state="done")

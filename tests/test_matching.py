@@ -84,7 +84,7 @@ def test_match_params_excludes_a_fixed_width():
 
 def test_efficient_mlp_hidden_sets_only_non_full_layers():
     model = meta_model({"pattern": "EEEF", "mixer": "lightning", "efficient_mlp_hidden": 96})
-    assert [s.mlp_hidden for s in model.plan] == [96, 96, 96, model.cfg.mlp_width]
+    assert [s.mlp_hidden for s in model.plan] == [96, 96, 96, resolve_model_config({}).mlp_width]
 
 
 def test_params_command_reports_the_match():

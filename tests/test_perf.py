@@ -61,7 +61,7 @@ def test_plain_step_is_the_lightning_training_step(tmp_path):
 def test_model_flops_per_token_counts_matmuls_and_visible_keys():
     model = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "SF", "window": 3, "vocab_size": 20})
     T, d = 5, 32
-    weights = 2 * (4 * d * d + 3 * d * model.cfg.mlp_width) + 20 * d
+    weights = 2 * (4 * d * d + 3 * d * model.plan[0].mlp_hidden) + 20 * d
     keys_full, keys_window = (1 + 2 + 3 + 4 + 5) / T, (1 + 2 + 3 + 3 + 3) / T
     assert math.isclose(model_flops_per_token(model, T), 6 * weights + 12 * d * (keys_full + keys_window))
 

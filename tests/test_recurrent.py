@@ -119,7 +119,7 @@ def mixer(name, seed=0, **model):
     cfg = resolve_model_config({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name,
                                 "mamba2": {"head_dim": 16, "d_state": 8}, **model}, vocab_size=VOCAB)
     spec = layer_plan(cfg)[1]
-    return MIXERS[name](cfg, spec)
+    return MIXERS[name](spec.options, spec)
 
 
 @pytest.mark.parametrize("name", RECURRENT)

@@ -18,10 +18,10 @@ from hybrid_lightning.training.run import train
 class CumulativeMean(nn.Module):
     """y_t = W_o mean_{s <= t} W_v x_s: a causal mixer whose state is the running sum and count."""
 
-    def __init__(self, cfg, spec):
+    def __init__(self, opts, spec):  # opts: model/options.MixerOptions, the kind having no options of its own
         super().__init__()
-        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.v = nn.Linear(opts.d_model, opts.d_model, bias=False)
+        self.out = nn.Linear(opts.d_model, opts.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, state: dict | None = None) -> torch.Tensor:
         B, T, D = x.shape

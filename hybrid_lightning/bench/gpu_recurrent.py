@@ -95,7 +95,8 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
         cfg = resolve_model_config({"d_model": d_model, "n_heads": max(1, d_model // 64), "n_layers": 4,
                                     "pattern": "EEEF", "mixer": name})
         torch.manual_seed(0)
-        mixer = MIXERS[name](cfg, layer_plan(cfg)[1]).to(device)
+        spec = layer_plan(cfg)[1]
+        mixer = MIXERS[name](spec.options, spec).to(device)
         x = torch.randn(2, T, d_model, generator=torch.Generator(device="cpu").manual_seed(2)).to(device)
         results, finals = {}, {}
         for backend in (candidate, reference):

@@ -1,6 +1,7 @@
 """``hybrid-lightning export``: a run's checkpoint as a ``transformers`` model folder.
 
-    <out>/config.json              HybridLightningConfig: the resolved model: section and the layer plan
+    <out>/config.json              HybridLightningConfig: the model's options and the layer plan with each layer's
+                                   mixer options, as dicts (model/options.py)
     <out>/model.safetensors        the weights, fp32, as the run's HybridLM holds them under ``model.``
     <out>/configuration_hybrid_lightning.py, modeling_hybrid_lightning.py   the wrapper (trust_remote_code)
     <out>/hl_*.py                  the package's model source, copied (export/source.py)
@@ -19,14 +20,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hybrid_lightning.config import ModelConfig, RunConfig
+from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
 from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer
-from hybrid_lightning.kinds import KINDS
-from hybrid_lightning.model import HybridLM, load_trained
+from hybrid_lightning.model import HybridLM, LayerSpec, load_trained
 from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
 
 LM_EVAL_DIR = "lm_eval"  # the probes' lm-evaluation-harness tasks (--probes)
@@ -125,7 +125,7 @@ def write_folder(model: HybridLM, tok: ByteTokenizer | JsonTokenizer, out: Path)
     from hybrid_lightning.export.remote.configuration_hybrid_lightning import HybridLightningConfig
 
     config = HybridLightningConfig(
-        hybrid_model=exported_settings(model.cfg), layers=[dataclasses.asdict(s) for s in model.plan],
+        hybrid_model=dataclasses.asdict(model.opts), layers=[exported_layer(s) for s in model.plan],
         architectures=[MODEL_CLASS], auto_map=AUTO_MAP, eos_token_id=tok.eos_id, dtype="float32",
     )
     config.save_pretrained(out)
@@ -137,14 +137,9 @@ def write_folder(model: HybridLM, tok: ByteTokenizer | JsonTokenizer, out: Path)
     write_tokenizer(tok, out)
 
 
-def exported_settings(cfg: ModelConfig) -> dict:
-    """The ``model:`` section as the folder's model code reads it: values the package derives (key/value
-    heads, head width, the recurrent mixers' heads) filled in, backends ``auto`` (the fast path where the
-    loading machine has one, the torch path elsewhere)."""
-    settings = cfg.model_dump(mode="json")
-    settings.update(kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, attn_backend="auto", recurrent_backend="auto")
-    for kind in KINDS.values():
-        opts = getattr(cfg, kind.options) if kind.options else None
-        if opts is not None and hasattr(opts, "n_heads"):
-            settings[kind.options]["n_heads"], settings[kind.options]["head_dim"] = cfg.heads(opts)
-    return settings
+def exported_layer(spec: LayerSpec) -> dict:
+    """One layer of the plan as config.json stores it (``options.spec_from_dict`` rebuilds it), its mixer's
+    kernel ``auto``: the fast path where the loading machine has one, the torch path elsewhere."""
+    layer = dataclasses.asdict(spec)
+    layer["options"]["backend"] = "auto"
+    return layer

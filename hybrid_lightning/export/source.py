@@ -2,8 +2,8 @@
 flat beside the ``transformers`` wrapper with their package imports made relative, so that the
 folder runs with ``transformers`` and ``torch`` alone and computes exactly what the package does.
 
-A copied file imports either another copied file or one of ``REPLACED``, which the folder's
-configuration module stands in for (the pydantic config and the layer plan, stored in config.json).
+The model code takes plain frozen options (``model/options.py``), which the folder rebuilds from
+config.json, so the files are copied as they are: a copied file imports only other copied files.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ COPIED = (
     "hybrid_lightning.model.blocked",
     "hybrid_lightning.model.documents",
     "hybrid_lightning.model.init",
+    "hybrid_lightning.model.options",
     "hybrid_lightning.model.mixers",
     "hybrid_lightning.model.mixers.attention",
     "hybrid_lightning.model.mixers.gated_deltanet",
@@ -36,9 +37,6 @@ COPIED = (
     "hybrid_lightning.model.ops.interpreter",
     "hybrid_lightning.model.ops.short_conv",
 )
-# Package modules the copies import whose part the folder's configuration module plays.
-REPLACED = {"hybrid_lightning.config": CONFIG_MODULE, "hybrid_lightning.model.plan": CONFIG_MODULE}
-
 # The wrapper, written for the folder (export/remote/).
 REMOTE_FILES = (CONFIG_MODULE + ".py", "modeling_hybrid_lightning.py")
 
@@ -53,15 +51,13 @@ def flat_name(module: str) -> str:
 
 def relative_source(module: str) -> str:
     """The source of ``module`` with every import of the package turned into a relative import of the
-    folder's file that replaces it."""
+    folder's copy of that module."""
     text = Path(importlib.util.find_spec(module).origin).read_text()
 
     def relative(m: re.Match) -> str:
         indent, keyword, target = m.groups()
         if keyword == "import":
             raise RuntimeError(f"{module}: 'import {target}' cannot be exported; use 'from {target} import ...'")
-        if target in REPLACED:
-            return f"{indent}from .{REPLACED[target]}"
         if target not in COPIED:
             raise RuntimeError(f"{module} imports {target}, which the export does not carry: add it to COPIED")
         return f"{indent}from .{flat_name(target)}"

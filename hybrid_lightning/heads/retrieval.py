@@ -212,7 +212,7 @@ class RetrievalHeads:
         The arguments are ``LongContextEval.run``'s: step of the last training batch, training tokens
         seen, autocast dtype (None = the model's precision), this process's rank and the process count."""
         device = next(model.parameters()).device
-        heads = SumTable(len(model.layers) * model.cfg.n_heads, len(HEAD_STATS)).to(device)
+        heads = SumTable(len(model.layers) * model.opts.n_heads, len(HEAD_STATS)).to(device)
         samples = SumTable(1, len(SAMPLE_STATS)).to(device)
         with evaluating(model):
             for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank, world,
@@ -245,7 +245,7 @@ class RetrievalHeads:
             (weight * s["correct"]).sum()])[None])
         targets = [answer_targets(p, qlo, nq, L - 1) for p in probes]
         valid, source, span, token = (torch.from_numpy(np.stack(t)).to(device) for t in zip(*targets))
-        H = model.cfg.n_heads
+        H = model.opts.n_heads
         for (index, mixer), capture in zip(layers, captures):
             probs = attention_probs(capture.queries(), capture.keys(), mixer.window)  # (B, H, nq, nk)
             seen = source[..., capture.lo :]
@@ -256,7 +256,7 @@ class RetrievalHeads:
     def report(self, model, heads: torch.Tensor, samples: torch.Tensor, step: int, tokens: int) -> dict:
         """The tidy report: one row per attention head, one per layer (non-attention layers marked not
         applicable), and totals. Scores are None when no sample was kept."""
-        h, H = self.cfg.heads, model.cfg.n_heads
+        h, H = self.cfg.heads, model.opts.n_heads
         n = dict(zip(SAMPLE_STATS, samples[0].tolist()))
         scored = {i for i, _ in attention_layers(model)}
         rows = []

@@ -1,4 +1,8 @@
-"""Model code: plain torch, never imports Lightning."""
+"""Model code: plain torch, never imports Lightning.
+
+The network is built from frozen options (``model/options.py``) that the layer plan resolves from the
+``model:`` section (``model/plan.py``); only ``build_model`` and its helpers here validate a config.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from torch import nn
 from hybrid_lightning.config import ModelConfig, validate_config
 from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model.matching import matched_plan
-from hybrid_lightning.model.plan import LayerSpec, layer_plan, plan_string
+from hybrid_lightning.model.options import LayerSpec, ModelOptions
+from hybrid_lightning.model.plan import layer_plan, model_options, plan_string
 from hybrid_lightning.model.transformer import HybridLM, count_params
 
 BYTE_VOCAB = 257  # 256 bytes + end-of-document
@@ -40,10 +45,10 @@ def load_trained(cfg: ModelConfig | Mapping, path: str | Path, vocab_size: int |
 def build_model(cfg: ModelConfig | Mapping, vocab_size: int | None = None) -> HybridLM:
     """Builds the hybrid LM from the ``model:`` section (a dict or a ``ModelConfig``)."""
     cfg = resolve_model_config(cfg, vocab_size)
-    return HybridLM(cfg, matched_plan(cfg))
+    return HybridLM(model_options(cfg), matched_plan(cfg))
 
 
-__all__ = ["BYTE_VOCAB", "HybridLM", "LayerSpec", "build_model", "count_params", "layer_plan", "load_trained", "plan_string", "resolve_model_config"]
+__all__ = ["BYTE_VOCAB", "HybridLM", "LayerSpec", "ModelOptions", "build_model", "count_params", "layer_plan", "load_trained", "plan_string", "resolve_model_config"]
 
 
 def model_flops_per_token(model: HybridLM, T: int) -> float:
@@ -54,7 +59,7 @@ def model_flops_per_token(model: HybridLM, T: int) -> float:
     tests/test_perf.py checks the count against torch's FlopCounterMode."""
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))  # with the head
     sequence = 0.0
-    d = model.cfg.d_model
+    d = model.opts.d_model
     for spec, layer in zip(model.plan, model.layers):
         if KINDS[spec.mixer].attention:
             W = min(spec.window or T, T)

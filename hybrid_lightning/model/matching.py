@@ -6,6 +6,9 @@ an attention layer (Mamba-2 and Gated DeltaNet about 6·d², Lightning Attention
 the non-full layers, such that the non-embedding parameter count equals that of the same model with
 pattern ``F`` (all full attention). The full-attention layers keep their width, so they are the same
 layers in every architecture compared.
+
+The functions take the ``model:`` section, a validated ``ModelConfig`` read by attribute (``cfg``): the
+model layer imports no config class.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import dataclasses
 import functools
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from hybrid_lightning.config import ModelConfig
-from hybrid_lightning.model.plan import LayerSpec, layer_plan
+from hybrid_lightning.model.options import LayerSpec
+from hybrid_lightning.model.plan import layer_plan, model_options
 from hybrid_lightning.model.transformer import Block, HybridLM, count_params
 
 MATCH_TOLERANCE = 0.02  # largest accepted relative deviation from the reference
@@ -39,7 +43,7 @@ class ParamMatch:
 
 
 @functools.cache
-def layer_samples(cfg: ModelConfig) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]:
+def layer_samples(cfg: Any) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]:
     """The model of ``cfg`` in pieces whose cost does not grow with ``model.n_layers``: the model
     without layers, and one single-layer model per distinct layer (its index aside) with the number of
     layers it stands for; on the meta device, without allocating. A count that sums over layers
@@ -47,11 +51,12 @@ def layer_samples(cfg: ModelConfig) -> tuple[HybridLM, tuple[tuple[HybridLM, int
     cfg = cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2})
     kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
     with torch.device("meta"):
-        return HybridLM(cfg, ()), tuple((HybridLM(cfg, (spec,)), n) for spec, n in kinds.items())
+        opts = model_options(cfg)
+        return HybridLM(opts, ()), tuple((HybridLM(opts, (spec,)), n) for spec, n in kinds.items())
 
 
 @functools.cache
-def non_embedding_params(cfg: ModelConfig) -> int:
+def non_embedding_params(cfg: Any) -> int:
     """``count_params(model)["non_embedding"]`` without building the model: one block of each kind of layer
     the plan holds, on the meta device, so that the time does not grow with ``model.n_layers``."""
     kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
@@ -59,18 +64,18 @@ def non_embedding_params(cfg: ModelConfig) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def block_params(cfg: ModelConfig, spec: LayerSpec) -> int:
+def block_params(cfg: Any, spec: LayerSpec) -> int:
     """Parameters of one block (mixer, SwiGLU, norms) of ``spec`` in a model of ``cfg``."""
     with torch.device("meta"):
-        return sum(p.numel() for p in Block(cfg, spec).parameters())
+        return sum(p.numel() for p in Block(model_options(cfg), spec).parameters())
 
 
-def matched_plan(cfg: ModelConfig) -> tuple[LayerSpec, ...]:
+def matched_plan(cfg: Any) -> tuple[LayerSpec, ...]:
     """The layer plan of ``cfg``, its non-full layers at the matched width where ``cfg.match_params`` is set."""
     return layer_plan(cfg, match_params(cfg).width if cfg.match_params is not None else None)
 
 
-def param_report(cfg: ModelConfig) -> ParamMatch:
+def param_report(cfg: Any) -> ParamMatch:
     """This model against its reference: ``cfg.match_params`` when set (the matched model), else the
     all-full-attention model of the same size (pattern ``F``), for an unmatched comparison."""
     if cfg.match_params is not None:
@@ -81,7 +86,7 @@ def param_report(cfg: ModelConfig) -> ParamMatch:
 
 
 @functools.lru_cache(maxsize=64)
-def match_params(cfg: ModelConfig) -> ParamMatch:
+def match_params(cfg: Any) -> ParamMatch:
     """Solves for the non-full layers' SwiGLU width that matches ``cfg.match_params``'s count.
 
     The count is affine in that width, so two counts give the slope and a third checks the result.
@@ -117,15 +122,15 @@ def match_params(cfg: ModelConfig) -> ParamMatch:
     return match
 
 
-def _count(cfg: ModelConfig, efficient_width: int) -> int:
+def _count(cfg: Any, efficient_width: int) -> int:
     return non_embedding_params(cfg.model_copy(update={"match_params": None, "efficient_mlp_hidden": efficient_width}))
 
 
-def param_table(cfg: ModelConfig) -> str:
+def param_table(cfg: Any) -> str:
     """``hybrid-lightning params``: per-layer parameter counts of the resolved model ``cfg`` (built on the
     meta device, no weights allocated), the totals, and the comparison with its reference (``param_report``)."""
     with torch.device("meta"):
-        model = HybridLM(cfg, matched_plan(cfg))
+        model = HybridLM(model_options(cfg), matched_plan(cfg))
     counts = count_params(model)
     rows = [("layer", "kind", "window", "pos", "mixer", "mlp", "mlp width", "norm", "total")]
     for layer, spec in zip(counts["layers"], model.plan):

@@ -27,14 +27,15 @@ import functools
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hybrid_lightning.config import RunConfig
 from hybrid_lightning.model.matching import block_params, matched_plan
-from hybrid_lightning.model.plan import LayerSpec
+from hybrid_lightning.model.options import LayerSpec
+from hybrid_lightning.model.plan import model_options
 from hybrid_lightning.model.transformer import Block
 from hybrid_lightning.precision import autocast_dtype, resolve_precision
 
@@ -74,8 +75,9 @@ def gib(n: int) -> str:
     return f"{n / GIB:.3g} GiB" if n < 1000 * GIB else f"{n / GIB:,.0f} GiB"
 
 
-def estimate_memory(cfg: RunConfig) -> MemoryEstimate:
-    """The estimate for ``cfg`` (its vocabulary size resolved), in time independent of ``model.n_layers``."""
+def estimate_memory(cfg: Any) -> MemoryEstimate:
+    """The estimate for the run config ``cfg`` (a ``RunConfig``, its vocabulary size resolved), in time independent
+    of ``model.n_layers``."""
     m, t = cfg.model, cfg.train
     assert m.vocab_size is not None, "resolve the config first (the vocabulary size)"
     kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(m))
@@ -129,7 +131,7 @@ def _along_t(count: Callable[..., int], m, spec: LayerSpec | None, B: int, T: in
 @functools.lru_cache(maxsize=256)
 def _block_activations(m, spec: LayerSpec, B: int, T: int, dtype: torch.dtype | None) -> int:
     """Saved bytes of one block of ``spec`` on a (B, T, d_model) fp32 input."""
-    return _saved_bytes(lambda: (Block(m, spec), (torch.empty(B, T, m.d_model, requires_grad=True),)), dtype)
+    return _saved_bytes(lambda: (Block(model_options(m), spec), (torch.empty(B, T, m.d_model, requires_grad=True),)), dtype)
 
 
 class _Ends(torch.nn.Module):
@@ -155,7 +157,7 @@ def _ends_activations(m, spec: None, B: int, T: int, dtype: torch.dtype | None) 
     return _saved_bytes(build, dtype)
 
 
-def machine_memory(cfg: RunConfig) -> tuple[int, str]:
+def machine_memory(cfg: Any) -> tuple[int, str]:
     """(bytes, what they are) that one device of this run has here: the GPU's memory, or on CPU the
     machine's RAM shared by the run's processes (``train.devices``)."""
     t = cfg.train
@@ -168,7 +170,7 @@ def machine_memory(cfg: RunConfig) -> tuple[int, str]:
     return total // processes, f"this machine's {gib(total)} of RAM" + (f" shared by {processes} processes" if processes > 1 else "")
 
 
-def check_fits(cfg: RunConfig) -> MemoryEstimate:
+def check_fits(cfg: Any) -> MemoryEstimate:
     """The estimate, or a ``ValueError`` naming it when it exceeds what a device of this machine holds."""
     estimate = estimate_memory(cfg)
     available, what = machine_memory(cfg)

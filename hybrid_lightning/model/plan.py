@@ -5,41 +5,53 @@ named by ``model.mixer``) and the letter of any registered mixer (``S`` = SWA, .
 tiled to fill ``model.n_layers``: ``EEEF`` with 8 layers is ``EEEFEEEF``; ``SSMF`` mixes
 SWA and Mamba-2 layers explicitly. A parameter-matched model (``model.match_params``) gets its
 non-full width from ``model.matching.matched_plan``, which solves it by counting unmatched models.
+
+This is where the ``model:`` section (a validated ``ModelConfig``) becomes the options the model is
+built from (``model/options.py``): ``model_options`` and, per layer, ``mixer_options``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import Any
 
 from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, KINDS, by_letter
-
-if TYPE_CHECKING:
-    from hybrid_lightning.config import ModelConfig
+from hybrid_lightning.model.options import LayerSpec, MixerOptions, ModelOptions, options_class
 
 
-@dataclass(frozen=True)
-class LayerSpec:
-    index: int
-    mixer: str  # a key of kinds.KINDS (and of MIXERS)
-    window: int | None  # attention window in tokens (current token included); None = unbounded
-    pos: str | None  # "rope" | "nope" for attention layers; None for mixers without positions
-    mlp_hidden: int  # SwiGLU width of this layer
-
-    @property
-    def is_full(self) -> bool:
-        return self.mixer == FULL
-
-    @property
-    def letter(self) -> str:
-        return KINDS[self.mixer].letter
+def model_options(cfg: Any) -> ModelOptions:
+    """The model-wide numbers of the ``model:`` section ``cfg``, its vocabulary size set."""
+    if cfg.vocab_size is None:
+        raise ValueError("model.vocab_size must be set (build_model fills it from the tokenizer)")
+    return ModelOptions(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, vocab_size=cfg.vocab_size,
+                        norm_eps=cfg.norm_eps, init_std=cfg.init_std, tie_embeddings=cfg.tie_embeddings)
 
 
-def layer_plan(cfg: ModelConfig, efficient_width: int | None = None) -> tuple[LayerSpec, ...]:
+def mixer_options(cfg: Any, mixer: str) -> MixerOptions:
+    """The options of a ``mixer`` layer in the model of ``cfg``: each field of its options class takes the
+    value of that name among the model's settings, the attention or recurrent ones and the kind's own
+    ``model:`` section (``KINDS[mixer].options``), heads left open there resolved by ``cfg.heads``."""
+    kind = KINDS[mixer]
+    values = {"d_model": cfg.d_model, "norm_eps": cfg.norm_eps, "n_layers": cfg.n_layers}
+    if kind.attention:
+        values |= {"n_heads": cfg.n_heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "qk_norm": cfg.qk_norm,
+                   "rope_theta": cfg.rope_theta, "backend": cfg.attn_backend}
+    else:
+        values |= {"backend": cfg.recurrent_backend, "chunk": cfg.recurrent_chunk}
+    if kind.options is not None:
+        section = getattr(cfg, kind.options)
+        values |= section.model_dump()
+        if "n_heads" in values:
+            values["n_heads"], values["head_dim"] = cfg.heads(section)
+    cls = options_class(mixer)
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+def layer_plan(cfg: Any, efficient_width: int | None = None) -> tuple[LayerSpec, ...]:
     """Expands ``cfg.pattern`` into one spec per layer (``cfg`` is already validated).
 
     Args:
-        cfg: the ``model:`` section.
+        cfg: the ``model:`` section (a ``ModelConfig``).
         efficient_width: SwiGLU width of the non-full layers, required with ``cfg.match_params`` (the
             matched width, ``model.matching.matched_plan``); default ``cfg.efficient_mlp_width``.
             Full-attention layers get ``cfg.mlp_width``.
@@ -58,7 +70,8 @@ def layer_plan(cfg: ModelConfig, efficient_width: int | None = None) -> tuple[La
         pos = (cfg.pos.full if full else cfg.pos.efficient) if KINDS[mixer].uses_position else None
         window = cfg.window if KINDS[mixer].has_window else None
         hidden = cfg.mlp_width if full else efficient_width
-        specs.append(LayerSpec(index=i, mixer=mixer, window=window, pos=pos, mlp_hidden=hidden))
+        specs.append(LayerSpec(index=i, mixer=mixer, window=window, pos=pos, mlp_hidden=hidden,
+                               options=mixer_options(cfg, mixer)))
     return tuple(specs)
 
 

@@ -8,10 +8,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hybrid_lightning.config import ModelConfig
 from hybrid_lightning.model.documents import by_document
 from hybrid_lightning.model.mixers import MIXERS
-from hybrid_lightning.model.plan import LayerSpec, layer_plan
+from hybrid_lightning.model.options import LayerSpec, ModelOptions
 
 
 class SwiGLU(nn.Module):
@@ -29,13 +28,13 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+    def __init__(self, opts: ModelOptions, spec: LayerSpec):
         super().__init__()
         self.spec = spec
-        self.mixer_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mixer = MIXERS[spec.mixer](cfg, spec)
-        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, spec.mlp_hidden)
+        self.mixer_norm = nn.RMSNorm(opts.d_model, eps=opts.norm_eps)
+        self.mixer = MIXERS[spec.mixer](spec.options, spec)
+        self.mlp_norm = nn.RMSNorm(opts.d_model, eps=opts.norm_eps)
+        self.mlp = SwiGLU(opts.d_model, spec.mlp_hidden)
 
     def forward(self, x: torch.Tensor, state: dict | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, D); ``doc_ids`` (B, T) or None (one document per row). A mixer that masks documents
@@ -62,32 +61,31 @@ class HybridLM(nn.Module):
     (set by training) recomputes each block's activations in the backward instead of keeping them.
 
     Args:
-        cfg: the ``model:`` section, its vocabulary size set.
-        plan: the layers; default ``layer_plan(cfg)`` (``build_model`` passes a matched model's plan).
+        opts: the numbers the whole model shares (``model.plan.model_options`` of the ``model:`` section).
+        plan: the layers, each with its mixer's options (``model.plan.layer_plan``; ``build_model`` passes
+            ``model.matching.matched_plan``, the non-full widths of a parameter-matched model solved).
     """
 
-    def __init__(self, cfg: ModelConfig, plan: tuple[LayerSpec, ...] | None = None):
+    def __init__(self, opts: ModelOptions, plan: tuple[LayerSpec, ...]):
         super().__init__()
-        if cfg.vocab_size is None:
-            raise ValueError("model.vocab_size must be set (build_model fills it from the tokenizer)")
-        self.cfg = cfg
-        self.plan = plan if plan is not None else layer_plan(cfg)
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg, spec) for spec in self.plan)
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.opts = opts
+        self.plan = plan
+        self.embed = nn.Embedding(opts.vocab_size, opts.d_model)
+        self.layers = nn.ModuleList(Block(opts, spec) for spec in self.plan)
+        self.norm = nn.RMSNorm(opts.d_model, eps=opts.norm_eps)
+        self.lm_head = nn.Linear(opts.d_model, opts.vocab_size, bias=False)
         self._init_weights()
-        if cfg.tie_embeddings:
+        if opts.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.activation_checkpointing = False
 
     def _init_weights(self) -> None:
         # N(0, init_std) for every linear and embedding matrix; residual output projections
         # scaled by 1/sqrt(2 n_layers) (GPT-2). Mixers initialise their own special parameters.
-        resid_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        resid_std = self.opts.init_std / math.sqrt(2 * self.opts.n_layers)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)) and not getattr(m, "custom_init", False):
-                nn.init.normal_(m.weight, std=resid_std if getattr(m, "residual_out", False) else self.cfg.init_std)
+                nn.init.normal_(m.weight, std=resid_std if getattr(m, "residual_out", False) else self.opts.init_std)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
 

@@ -20,6 +20,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_hybrid_lightning import HybridLightningConfig
+from .hl_options import ModelOptions, spec_from_dict
 from .hl_transformer import HybridLM
 
 
@@ -46,7 +47,7 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: HybridLightningConfig):
         super().__init__(config)
-        self.model = HybridLM(config.model_settings())
+        self.model = HybridLM(ModelOptions(**config.hybrid_model), tuple(spec_from_dict(layer) for layer in config.layers))
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:
@@ -63,10 +64,9 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
         """Recomputes the mixers' non-persistent buffers (RoPE frequencies, Lightning decays), which are not
         in model.safetensors and which ``from_pretrained`` leaves uninitialised (it builds the model on the
         meta device): each layer's mixer is built once more on the CPU and its buffers copied over."""
-        settings = self.config.model_settings()
         for block in self.model.layers:
             with torch.device("cpu"):
-                fresh = type(block.mixer)(settings, block.spec)
+                fresh = type(block.mixer)(block.spec.options, block.spec)
             stored = set(fresh.state_dict())
             for name, buffer in fresh.named_buffers():
                 if name in stored:

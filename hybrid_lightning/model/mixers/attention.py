@@ -12,26 +12,27 @@ from hybrid_lightning.model.documents import document_positions
 from hybrid_lightning.model.rope import Rotary
 
 if TYPE_CHECKING:
-    from hybrid_lightning.config import ModelConfig
-    from hybrid_lightning.model.plan import LayerSpec
+    from hybrid_lightning.model.options import AttentionOptions, LayerSpec
 
 
 class Attention(nn.Module):
+    """Args: ``opts`` (heads, key/value heads, head width, QK-norm, RoPE base, kernel); ``spec.window``, ``spec.pos``."""
+
     masks_documents = True  # takes doc_ids itself (Block repacks the documents of mixers without this)
 
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+    def __init__(self, opts: AttentionOptions, spec: LayerSpec):
         super().__init__()
-        D, self.n_heads, self.n_kv, self.head_dim = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        D, self.n_heads, self.n_kv, self.head_dim = opts.d_model, opts.n_heads, opts.kv_heads, opts.head_dim
         self.window = spec.window
-        self.backend = cfg.attn_backend
+        self.backend = opts.backend
         self.wq = nn.Linear(D, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(D, self.n_kv * self.head_dim, bias=False)
         self.wv = nn.Linear(D, self.n_kv * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, D, bias=False)
         self.wo.residual_out = True
-        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
-        self.rope = Rotary(self.head_dim, cfg.rope_theta) if spec.pos == "rope" else None
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=opts.norm_eps) if opts.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=opts.norm_eps) if opts.qk_norm else None
+        self.rope = Rotary(self.head_dim, opts.rope_theta) if spec.pos == "rope" else None
         # Head ablations (heads/ablation.py): (H,) multiplier on each head's output, None = all heads on; and (H,)
         # bool, True where the head's query is zeroed, so that its pre-softmax logits are 0 and it attends
         # uniformly over the keys it can see (None = none).

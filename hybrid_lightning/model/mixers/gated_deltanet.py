@@ -20,32 +20,31 @@ from hybrid_lightning.model.documents import by_document
 from hybrid_lightning.model.ops import ShortConv, chunked_delta_rule_flops, fla_documents, gated_delta_rule
 
 if TYPE_CHECKING:
-    from hybrid_lightning.config import ModelConfig
-    from hybrid_lightning.model.plan import LayerSpec
+    from hybrid_lightning.model.options import GatedDeltaNetOptions, LayerSpec
 
 A_INIT = (0.0, 16.0)  # the paper's released layer draws A ~ U[0, 16]
 
 
 class GatedDeltaNet(nn.Module):
-    """Args (via ``cfg.gated_deltanet``): ``n_heads``, ``head_dim``, ``expand_v``, ``conv_size``; see config.py."""
+    """Args: ``opts`` (``model.gated_deltanet``, heads resolved: ``n_heads``, ``head_dim``, ``expand_v``, ``conv_size``;
+    the backend)."""
 
     masks_documents = True  # takes doc_ids: fla's kernels with cu_seqlens, else each document alone
 
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+    def __init__(self, opts: GatedDeltaNetOptions, spec: LayerSpec):
         super().__init__()
-        opts = cfg.gated_deltanet
-        self.n_heads, self.key_dim = cfg.heads(opts)
+        self.n_heads, self.key_dim = opts.n_heads, opts.head_dim
         self.value_dim = round(self.key_dim * opts.expand_v)
-        self.backend, self.chunk = cfg.recurrent_backend, cfg.recurrent_chunk
+        self.backend, self.chunk = opts.backend, opts.chunk
         H, K, V = self.n_heads, self.key_dim, self.value_dim
-        self.qkv = nn.Linear(cfg.d_model, H * (2 * K + V), bias=False)
+        self.qkv = nn.Linear(opts.d_model, H * (2 * K + V), bias=False)
         self.conv = ShortConv(H * (2 * K + V), opts.conv_size, bias=False)
-        self.decay_beta = nn.Linear(cfg.d_model, 2 * H, bias=False)  # W_α and W_β
+        self.decay_beta = nn.Linear(opts.d_model, 2 * H, bias=False)  # W_α and W_β
         self.A_log = nn.Parameter(torch.empty(H).uniform_(*A_INIT).log())
         self.dt_bias = nn.Parameter(inverse_softplus_dt(H, *DT_INIT))
-        self.gate = nn.Linear(cfg.d_model, H * V, bias=False)
-        self.out_norm = nn.RMSNorm(V, eps=cfg.norm_eps)
-        self.out_proj = nn.Linear(H * V, cfg.d_model, bias=False)
+        self.gate = nn.Linear(opts.d_model, H * V, bias=False)
+        self.out_norm = nn.RMSNorm(V, eps=opts.norm_eps)
+        self.out_proj = nn.Linear(H * V, opts.d_model, bias=False)
         self.out_proj.residual_out = True
 
     def forward(self, x: torch.Tensor, state: dict | None = None,

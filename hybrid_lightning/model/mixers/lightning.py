@@ -19,8 +19,7 @@ from hybrid_lightning.model.documents import by_document
 from hybrid_lightning.model.ops import chunked_gla_flops, fla_documents, gated_linear_attention
 
 if TYPE_CHECKING:
-    from hybrid_lightning.config import ModelConfig
-    from hybrid_lightning.model.plan import LayerSpec
+    from hybrid_lightning.model.options import LayerSpec, LightningOptions
 
 
 def decay_rates(n_heads: int, layer: int, n_layers: int) -> torch.Tensor:
@@ -31,21 +30,22 @@ def decay_rates(n_heads: int, layer: int, n_layers: int) -> torch.Tensor:
 
 
 class LightningAttention(nn.Module):
-    """Args (via ``cfg.lightning``): ``n_heads``, ``head_dim``; the decay follows from ``spec.index``."""
+    """Args: ``opts`` (``model.lightning``, heads resolved: ``n_heads``, ``head_dim``; the backend); the decay
+    follows from ``spec.index`` among ``opts.n_layers``."""
 
     masks_documents = True  # takes doc_ids: fla's kernels with cu_seqlens, else each document alone
 
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+    def __init__(self, opts: LightningOptions, spec: LayerSpec):
         super().__init__()
-        self.n_heads, self.head_dim = cfg.heads(cfg.lightning)
-        self.backend, self.chunk = cfg.recurrent_backend, cfg.recurrent_chunk
+        self.n_heads, self.head_dim = opts.n_heads, opts.head_dim
+        self.backend, self.chunk = opts.backend, opts.chunk
         inner = self.n_heads * self.head_dim
-        self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=False)
-        self.gate = nn.Linear(cfg.d_model, inner, bias=False)
-        self.norm = nn.RMSNorm(inner, eps=cfg.norm_eps)
-        self.out_proj = nn.Linear(inner, cfg.d_model, bias=False)
+        self.qkv = nn.Linear(opts.d_model, 3 * inner, bias=False)
+        self.gate = nn.Linear(opts.d_model, inner, bias=False)
+        self.norm = nn.RMSNorm(inner, eps=opts.norm_eps)
+        self.out_proj = nn.Linear(inner, opts.d_model, bias=False)
         self.out_proj.residual_out = True
-        self.register_buffer("log_decay", -decay_rates(self.n_heads, spec.index, cfg.n_layers), persistent=False)
+        self.register_buffer("log_decay", -decay_rates(self.n_heads, spec.index, opts.n_layers), persistent=False)
 
     def forward(self, x: torch.Tensor, state: dict | None = None,
                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -20,31 +20,29 @@ from hybrid_lightning.model.documents import by_document
 from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, fla_documents, gated_linear_attention
 
 if TYPE_CHECKING:
-    from hybrid_lightning.config import ModelConfig
-    from hybrid_lightning.model.plan import LayerSpec
+    from hybrid_lightning.model.options import LayerSpec, Mamba2Options
 
 A_INIT = (1.0, 16.0)  # the reference module's initial range: A ~ U[1, 16] (Δ: model/init.py)
 
 
 class Mamba2(nn.Module):
-    """Args (via ``cfg.mamba2``): ``expand``, ``head_dim``, ``d_state``, ``conv_size``; see config.py."""
+    """Args: ``opts`` (``model.mamba2``: ``expand``, ``head_dim``, ``d_state``, ``conv_size``; the backend)."""
 
     masks_documents = True  # takes doc_ids: fla's kernels with cu_seqlens, else each document alone
 
-    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
+    def __init__(self, opts: Mamba2Options, spec: LayerSpec):
         super().__init__()
-        opts = cfg.mamba2
-        self.inner = opts.expand * cfg.d_model
+        self.inner = opts.expand * opts.d_model
         self.head_dim, self.d_state = opts.head_dim, opts.d_state
         self.n_heads = self.inner // self.head_dim
-        self.backend, self.chunk = cfg.recurrent_backend, cfg.recurrent_chunk
-        self.in_proj = nn.Linear(cfg.d_model, 2 * self.inner + 2 * self.d_state + self.n_heads, bias=False)
+        self.backend, self.chunk = opts.backend, opts.chunk
+        self.in_proj = nn.Linear(opts.d_model, 2 * self.inner + 2 * self.d_state + self.n_heads, bias=False)
         self.conv = ShortConv(self.inner + 2 * self.d_state, opts.conv_size, bias=True)
         self.A_log = nn.Parameter(torch.empty(self.n_heads).uniform_(*A_INIT).log())  # A = -exp(A_log)
         self.dt_bias = nn.Parameter(inverse_softplus_dt(self.n_heads, *DT_INIT))
         self.D = nn.Parameter(torch.ones(self.n_heads))
-        self.norm = nn.RMSNorm(self.inner, eps=cfg.norm_eps)
-        self.out_proj = nn.Linear(self.inner, cfg.d_model, bias=False)
+        self.norm = nn.RMSNorm(self.inner, eps=opts.norm_eps)
+        self.out_proj = nn.Linear(self.inner, opts.d_model, bias=False)
         self.out_proj.residual_out = True
 
     def forward(self, x: torch.Tensor, state: dict | None = None,
