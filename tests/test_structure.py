@@ -39,6 +39,9 @@ ANALYSIS_READS = 1
 # Imports allowed to run from a lower layer back up, (importer, imported) -> why.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60  # STYLE.md: no module over 400 lines, no function over 60
+# The model code takes frozen options (model/options.py) that the layer plan resolves from the config; the modules
+# of hybrid_lightning.model that may import pydantic or hybrid_lightning.config -> why.
+CONFIG_READERS = {"hybrid_lightning.model": "build_model validates a model: section given as a dict"}
 
 
 def layer(module: str) -> int:
@@ -151,6 +154,26 @@ def test_no_import_cycle(graph):
 def test_no_import_from_a_lower_layer_up(graph):
     wrong = violations(graph)
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def imports_pydantic(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(within(n, "pydantic") for n in names):
+            return True
+    return False
+
+
+def test_the_model_reads_options_not_the_config(graph):
+    """No module of ``hybrid_lightning.model`` but ``CONFIG_READERS`` imports pydantic or the config (anywhere
+    in its file, ``TYPE_CHECKING`` included): an exported folder copies the model files as they are."""
+    mods = modules()
+    wrong = [name for name in sorted(graph) if within(name, "hybrid_lightning.model") and name not in CONFIG_READERS
+             and (imports_pydantic(mods[name]) or any(within(t, "hybrid_lightning.config") for t in graph[name]))]
+    assert not wrong, "model modules reading the config instead of their options: " + ", ".join(wrong)
+    assert any(within(t, "hybrid_lightning.config") for t in graph["hybrid_lightning.config.loading"])  # the check sees them
+    assert imports_pydantic(mods["hybrid_lightning.config.schema"])
 
 
 def test_the_layer_check_reports_imports_up():
