@@ -196,3 +196,57 @@ def test_the_short_convolution_restarts_at_each_document():
     assert torch.allclose(y, alone, rtol=0, atol=1e-12)
     expected = torch.autograd.grad((alone * w).sum(), [x, *conv.parameters()])
     assert all(torch.allclose(a, b, rtol=0, atol=1e-10) for a, b in zip(grads, expected))
+
+
+def _flash_reference(q, k, v, causal, window_size, softmax_scale=None):
+    """flash-attn's documented semantics for one sequence, in plain torch: q (Tq, H, D), k, v (Tk, Hk, D);
+    query i (aligned to the end of the keys) sees key j iff i - left <= j <= i + right (right = 0 causal),
+    left or right -1 = unbounded; head h reads key head h // (H / Hk)."""
+    Tq, H, D = q.shape
+    Tk = k.shape[0]
+    k, v = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))
+    scores = torch.einsum("ihd,jhd->hij", q, k) * (softmax_scale or D**-0.5)
+    i = torch.arange(Tq)[:, None] + Tk - Tq
+    j = torch.arange(Tk)[None, :]
+    left, right = window_size
+    allowed = torch.ones(Tq, Tk, dtype=torch.bool)
+    if causal:
+        right = 0
+    if left >= 0:
+        allowed &= j >= i - left
+    if right >= 0:
+        allowed &= j <= i + right
+    return torch.einsum("hij,jhd->ihd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+
+
+def _fake_flash_attn():
+    import types
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, window_size=(-1, -1), softmax_scale=None, **_):
+        assert cu_q.dtype == torch.int32 and int(cu_q[-1]) == q.shape[0] and max_q == int((cu_q[1:] - cu_q[:-1]).max())
+        return torch.cat([_flash_reference(q[a:b], k[c:d], v[c:d], causal, window_size, softmax_scale)
+                          for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])])
+
+    def dense(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, **_):
+        return torch.stack([_flash_reference(q[b], k[b], v[b], causal, window_size, softmax_scale) for b in range(q.shape[0])])
+
+    return types.SimpleNamespace(flash_attn_varlen_func=varlen, flash_attn_func=dense)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_the_flash_calls_follow_flash_attns_documented_interface(monkeypatch, window):
+    """The ``flash`` paths' layouts, cu_seqlens, window and GQA, checked on CPU against a stand-in that
+    implements flash-attn's documented semantics (flash-attn itself needs CUDA): packed documents equal
+    the reference path's document mask, a plain batch its causal window."""
+    import sys
+
+    from hybrid_lightning.model.attention import flash_attention, flash_varlen, reference_attention
+
+    monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn())
+    ids = packed_ids()
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 300, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 300, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    kk, vv = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    assert rel(flash_varlen(q, k, v, window, ids), reference_attention(q, kk, vv, window, ids)) <= 1e-12
+    assert rel(flash_attention(q, k, v, window), reference_attention(q, kk, vv, window)) <= 1e-12

@@ -23,7 +23,8 @@ Backends (``model.attn_backend``):
 Packed documents (``doc_ids`` (B, T), see ``documents.py``; no KV cache): a query sees only keys of its
 own document, in every backend: ``reference`` and ``sdpa`` by a (B, T, T) mask, ``blocked`` by a
 per-block document mask, ``flex`` by a document ``mask_mod``, ``flash`` by its varlen interface
-(``cu_seqlens``; written to flash-attn's documented API, untested here: it needs CUDA).
+(``cu_seqlens``; checked on CPU against a stand-in with flash-attn's documented semantics,
+tests/test_documents.py; flash-attn itself needs CUDA).
 
 Asking for a backend that cannot run here (``flash`` without flash-attn or CUDA, ``blocked`` off CPU,
 ``flex`` with gradients on CPU) is a ``ValueError`` naming ``model.attn_backend``.
