@@ -42,6 +42,12 @@ class ParamMatch:
         return (self.matched - self.reference) / self.reference
 
 
+def distinct_layers(cfg: Any) -> Counter[LayerSpec]:
+    """The layers of ``cfg``'s (matched) plan, their index aside, with how many layers each stands for:
+    what a count summed over layers (parameters, FLOPs, activations) needs, whatever ``model.n_layers``."""
+    return Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
+
+
 @functools.cache
 def layer_samples(cfg: Any) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]:
     """The model of ``cfg`` in pieces whose cost does not grow with ``model.n_layers``: the model
@@ -49,7 +55,7 @@ def layer_samples(cfg: Any) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]
     layers it stands for; on the meta device, without allocating. A count that sums over layers
     (parameters, FLOPs) is the bare model's plus each sample's share times its number."""
     cfg = cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2})
-    kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
+    kinds = distinct_layers(cfg)
     with torch.device("meta"):
         opts = model_options(cfg)
         return HybridLM(opts, ()), tuple((HybridLM(opts, (spec,)), n) for spec, n in kinds.items())
@@ -59,8 +65,7 @@ def layer_samples(cfg: Any) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]
 def non_embedding_params(cfg: Any) -> int:
     """``count_params(model)["non_embedding"]`` without building the model: one block of each kind of layer
     the plan holds, on the meta device, so that the time does not grow with ``model.n_layers``."""
-    kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
-    return sum(n * block_params(cfg, spec) for spec, n in kinds.items()) + cfg.d_model  # + the final RMSNorm
+    return sum(n * block_params(cfg, spec) for spec, n in distinct_layers(cfg).items()) + cfg.d_model  # + the final RMSNorm
 
 
 @functools.lru_cache(maxsize=256)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hybrid_lightning.model.matching import block_params, matched_plan
+from hybrid_lightning.model.matching import block_params, distinct_layers
 from hybrid_lightning.model.options import LayerSpec
 from hybrid_lightning.model.plan import model_options
 from hybrid_lightning.model.transformer import Block
@@ -80,7 +79,7 @@ def estimate_memory(cfg: Any) -> MemoryEstimate:
     of ``model.n_layers``."""
     m, t = cfg.model, cfg.train
     assert m.vocab_size is not None, "resolve the config first (the vocabulary size)"
-    kinds = Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(m))
+    kinds = distinct_layers(m)
     embedding = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     params = sum(n * block_params(m, spec) for spec, n in kinds.items()) + m.d_model + embedding
     dtype = autocast_dtype(resolve_precision(t, m))
