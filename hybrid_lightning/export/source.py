@@ -30,6 +30,7 @@ COPIED = (
     "hybrid_lightning.model.mixers.gated_deltanet",
     "hybrid_lightning.model.mixers.lightning",
     "hybrid_lightning.model.mixers.mamba2",
+    "hybrid_lightning.model.mixers.recurrent",
     "hybrid_lightning.model.ops",
     "hybrid_lightning.model.ops.common",
     "hybrid_lightning.model.ops.delta_rule",

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
-from hybrid_lightning.model.documents import by_document
-from hybrid_lightning.model.ops import ShortConv, chunked_delta_rule_flops, fla_documents, gated_delta_rule
+from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
+from hybrid_lightning.model.ops import ShortConv, chunked_delta_rule_flops, gated_delta_rule
 
 if TYPE_CHECKING:
     from hybrid_lightning.model.options import GatedDeltaNetOptions, LayerSpec
@@ -25,11 +25,9 @@ if TYPE_CHECKING:
 A_INIT = (0.0, 16.0)  # the paper's released layer draws A ~ U[0, 16]
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(RecurrentMixer):
     """Args: ``opts`` (``model.gated_deltanet``, heads resolved: ``n_heads``, ``head_dim``, ``expand_v``, ``conv_size``;
     the backend)."""
-
-    masks_documents = True  # takes doc_ids: fla's kernels with cu_seqlens, else each document alone
 
     def __init__(self, opts: GatedDeltaNetOptions, spec: LayerSpec):
         super().__init__()
@@ -47,16 +45,9 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(H * V, opts.d_model, bias=False)
         self.out_proj.residual_out = True
 
-    def forward(self, x: torch.Tensor, state: dict | None = None,
-                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, T, D). ``state`` carries the convolution's last inputs and the delta-rule state (B, H, K, V).
-        ``doc_ids`` (B, T): packed documents, each run as if alone (``ops.fla_documents``)."""
-        positions = cu = None
-        if doc_ids is not None:
-            packed = fla_documents(self.backend, x, state, doc_ids)
-            if packed is None:
-                return by_document(self.forward, x, doc_ids)  # each document alone, from a fresh state
-            positions, cu = packed
+    def mix(self, x: torch.Tensor, state: dict | None = None, positions: torch.Tensor | None = None,
+            cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, D). ``state`` carries the convolution's last inputs and the delta-rule state (B, H, K, V)."""
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim
         q, k, v = self.conv(self.qkv(x), state, positions).split([H * K, H * K, H * V], dim=-1)
@@ -68,7 +59,7 @@ class GatedDeltaNet(nn.Module):
             -self.A_log.exp() * F.softplus(a + self.dt_bias),  # log α
             b.sigmoid(),  # β
             scale=K**-0.5, state=None if state is None else state.get("memory"),
-            backend=self.backend, chunk_size=self.chunk, cu_seqlens=cu,
+            backend=self.backend, chunk_size=self.chunk, cu_seqlens=cu_seqlens,
         )
         if state is not None:
             state["memory"] = memory

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.documents import by_document
-from hybrid_lightning.model.ops import chunked_gla_flops, fla_documents, gated_linear_attention
+from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
+from hybrid_lightning.model.ops import chunked_gla_flops, gated_linear_attention
 
 if TYPE_CHECKING:
     from hybrid_lightning.model.options import LayerSpec, LightningOptions
@@ -29,11 +29,9 @@ def decay_rates(n_heads: int, layer: int, n_layers: int) -> torch.Tensor:
     return (slopes * (1 - layer / (n_layers - 1 + 1e-5) + 1e-5)).float()
 
 
-class LightningAttention(nn.Module):
+class LightningAttention(RecurrentMixer):
     """Args: ``opts`` (``model.lightning``, heads resolved: ``n_heads``, ``head_dim``; the backend); the decay
     follows from ``spec.index`` among ``opts.n_layers``."""
-
-    masks_documents = True  # takes doc_ids: fla's kernels with cu_seqlens, else each document alone
 
     def __init__(self, opts: LightningOptions, spec: LayerSpec):
         super().__init__()
@@ -47,23 +45,17 @@ class LightningAttention(nn.Module):
         self.out_proj.residual_out = True
         self.register_buffer("log_decay", -decay_rates(self.n_heads, spec.index, opts.n_layers), persistent=False)
 
-    def forward(self, x: torch.Tensor, state: dict | None = None,
-                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, T, D). ``state`` carries the linear-attention state (B, H, Dh, Dh).
-        ``doc_ids`` (B, T): packed documents, each run as if alone (``ops.fla_documents``)."""
-        cu = None
-        if doc_ids is not None:
-            packed = fla_documents(self.backend, x, state, doc_ids)
-            if packed is None:
-                return by_document(self.forward, x, doc_ids)  # each document alone, from a fresh state
-            cu = packed[1]  # no short convolution here: positions unused
+    def mix(self, x: torch.Tensor, state: dict | None = None, positions: torch.Tensor | None = None,
+            cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, D). ``state`` carries the linear-attention state (B, H, Dh, Dh); no short convolution, so
+        ``positions`` go unused."""
         B, T, _ = x.shape
         H, Dh = self.n_heads, self.head_dim
         q, k, v = F.silu(self.qkv(x)).view(B, T, H, 3 * Dh).split(Dh, dim=-1)  # (B, T, H, Dh) each
         o, kv = gated_linear_attention(
             q, k, v, self.log_decay.expand(B, T, H),
             scale=1.0, state=None if state is None else state.get("kv"), backend=self.backend, chunk_size=self.chunk,
-            cu_seqlens=cu,
+            cu_seqlens=cu_seqlens,
         )
         if state is not None:
             state["kv"] = kv

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
-from hybrid_lightning.model.documents import by_document
-from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, fla_documents, gated_linear_attention
+from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
+from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, gated_linear_attention
 
 if TYPE_CHECKING:
     from hybrid_lightning.model.options import LayerSpec, Mamba2Options
@@ -25,10 +25,8 @@ if TYPE_CHECKING:
 A_INIT = (1.0, 16.0)  # the reference module's initial range: A ~ U[1, 16] (Δ: model/init.py)
 
 
-class Mamba2(nn.Module):
+class Mamba2(RecurrentMixer):
     """Args: ``opts`` (``model.mamba2``: ``expand``, ``head_dim``, ``d_state``, ``conv_size``; the backend)."""
-
-    masks_documents = True  # takes doc_ids: fla's kernels with cu_seqlens, else each document alone
 
     def __init__(self, opts: Mamba2Options, spec: LayerSpec):
         super().__init__()
@@ -45,16 +43,9 @@ class Mamba2(nn.Module):
         self.out_proj = nn.Linear(self.inner, opts.d_model, bias=False)
         self.out_proj.residual_out = True
 
-    def forward(self, x: torch.Tensor, state: dict | None = None,
-                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, T, D). ``state`` carries the convolution's last inputs and the SSM state (B, H, N, P).
-        ``doc_ids`` (B, T): packed documents, each run as if alone (``ops.fla_documents``)."""
-        positions = cu = None
-        if doc_ids is not None:
-            packed = fla_documents(self.backend, x, state, doc_ids)
-            if packed is None:
-                return by_document(self.forward, x, doc_ids)  # each document alone, from a fresh state
-            positions, cu = packed
+    def mix(self, x: torch.Tensor, state: dict | None = None, positions: torch.Tensor | None = None,
+            cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, D). ``state`` carries the convolution's last inputs and the SSM state (B, H, N, P)."""
         B, T, _ = x.shape
         H, P, N = self.n_heads, self.head_dim, self.d_state
         z, xbc, dt = self.in_proj(x).split([self.inner, self.inner + 2 * N, H], dim=-1)
@@ -67,7 +58,7 @@ class Mamba2(nn.Module):
             xs * dt[..., None],  # values: Δ·x, (B, T, H, P)
             dt * -self.A_log.exp(),  # log-decay Δ·A
             scale=1.0, state=None if state is None else state.get("ssm"), backend=self.backend, chunk_size=self.chunk,
-            cu_seqlens=cu,
+            cu_seqlens=cu_seqlens,
         )
         if state is not None:
             state["ssm"] = ssm

@@ -7,7 +7,6 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from hybrid_lightning.model.documents import cu_seqlens, document_positions
 from hybrid_lightning.model.ops.interpreter import interpreting, patch
 
 BACKENDS = ("auto", "chunked", "recurrent", "fla")
@@ -23,18 +22,6 @@ def fla_available() -> bool:
     except Exception:  # ImportError, or triton failing to find a driver at import
         return False
     return True
-
-
-def fla_documents(backend: str, x: torch.Tensor, state: dict | None,
-                  doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """How a recurrent mixer on ``backend`` runs the packed documents ``doc_ids`` (B, T): fla's kernels
-    take them in one call, as (positions (B, T) in each document, for the short convolution; and
-    ``cu_seqlens``); None for the torch backends, which run each document alone (``by_document``)."""
-    if resolve_backend(backend, x) != "fla":
-        return None
-    if state is not None:
-        raise ValueError("packed documents (doc_ids) with a carried state: a state belongs to one sequence")
-    return document_positions(doc_ids), cu_seqlens(doc_ids)[0]
 
 
 def check_documents(backend: str, cu_seqlens: torch.Tensor | None, state: torch.Tensor | None) -> None:
