@@ -71,9 +71,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_params(args: argparse.Namespace) -> int:
     from hybrid_lightning.config.resolve import resolve_config
-    from hybrid_lightning.model import resolve_model_config
-    from hybrid_lightning.model.matching import param_table
-    from hybrid_lightning.model.memory import estimate_memory
+    from hybrid_lightning.design import resolve_model_config
+    from hybrid_lightning.design.matching import param_table
+    from hybrid_lightning.design.memory import estimate_memory
 
     cfg = resolve_config(_load(args))
     lines = param_table(resolve_model_config(cfg.model)).split("\n")

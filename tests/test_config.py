@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from hybrid_lightning.config import load_config, validate_config
-from hybrid_lightning.model import layer_plan, plan_string
+from hybrid_lightning.design import layer_plan, plan_string
 
 from conftest import run_cli
 

@@ -7,7 +7,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import document_ids
-from hybrid_lightning.model import build_model, resolve_model_config
+from hybrid_lightning.design import build_model, resolve_model_config
 from hybrid_lightning.model.attention import attend
 from hybrid_lightning.model.documents import by_document, cu_seqlens, document_positions
 from hybrid_lightning.model.ops import ShortConv

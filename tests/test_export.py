@@ -19,7 +19,7 @@ from hybrid_lightning.data.tokenizer import ByteTokenizer  # noqa: E402
 from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E402
 from hybrid_lightning.probes.files import read_probes  # noqa: E402
 from hybrid_lightning.export.folder import load_native, write_folder  # noqa: E402
-from hybrid_lightning.model import build_model  # noqa: E402
+from hybrid_lightning.design import build_model  # noqa: E402
 from hybrid_lightning.rundir import read_run_config  # noqa: E402
 
 PROMPT, NEW = 40, 12

@@ -80,8 +80,9 @@ def test_grid_plan_of_a_huge_model_does_not_hang(tmp_path):
 def test_counts_from_layer_samples_equal_the_whole_model():
     from hybrid_lightning.config import validate_config
     from hybrid_lightning.grid.report import _flops_per_token
-    from hybrid_lightning.model import build_model, count_params, model_flops_per_token, resolve_model_config
-    from hybrid_lightning.model.matching import non_embedding_params
+    from hybrid_lightning.design import build_model, resolve_model_config
+    from hybrid_lightning.model import count_params, model_flops_per_token
+    from hybrid_lightning.design.matching import non_embedding_params
 
     for model in ({"pattern": "SGMLF", "n_layers": 10, "match_params": "F"}, {"pattern": "EF", "tie_embeddings": True}):
         cfg = resolve_model_config(validate_config({"model": model}).model)

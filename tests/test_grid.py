@@ -283,7 +283,7 @@ def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
 
 
 def test_tokens_per_param_sets_the_steps(tmp_path):
-    from hybrid_lightning.model.matching import non_embedding_params
+    from hybrid_lightning.design.matching import non_embedding_params
     from hybrid_lightning.config.resolve import resolve_config
 
     train = {"tokens_per_param": 20, "devices": 1, "batch_size": 4, "seq_len": 64, "warmup_steps": 5}

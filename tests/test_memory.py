@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hybrid_lightning.model import build_model, resolve_model_config
+from hybrid_lightning.design import build_model, resolve_model_config
 from hybrid_lightning.training.system import LMSystem
 
 VOCAB = 50
@@ -42,7 +42,7 @@ def test_the_training_system_switches_checkpointing_on():
 def test_the_estimate_is_within_a_quarter_of_the_measured_peak(name):
     """The estimate against one measured CPU training step, activation checkpointing off and on."""
     from hybrid_lightning.bench.memory import MODELS, config, measured_peak
-    from hybrid_lightning.model.memory import estimate_memory
+    from hybrid_lightning.design.memory import estimate_memory
 
     cfg = config(MODELS[name], 8, 256)
     estimate = estimate_memory(cfg)
@@ -91,7 +91,7 @@ def test_the_estimate_of_a_long_sequence_follows_the_counted_line():
     """Beyond MEASURED_LENGTH the activations come from two counted lengths: the bytes of counting at the
     length itself, and a billion tokens answer at once."""
     from hybrid_lightning.config import validate_config
-    from hybrid_lightning.model import memory
+    from hybrid_lightning.design import memory
 
     def estimate(T: int, mixer: str):
         cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "mixer": mixer,

@@ -5,7 +5,8 @@ model TFLOP/s, MFU where the peak is known) and peak memory."""
 import pytest
 
 from hybrid_lightning.config import load_config
-from hybrid_lightning.model import BYTE_VOCAB, build_model, model_flops_per_token
+from hybrid_lightning.design import build_model
+from hybrid_lightning.model import BYTE_VOCAB, model_flops_per_token
 from hybrid_lightning.precision import peak_bf16_tflops
 from hybrid_lightning.rundir import read_events
 from hybrid_lightning.training.run import train

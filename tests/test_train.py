@@ -9,7 +9,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hybrid_lightning.config import PROVENANCE_KEY
-from hybrid_lightning.model import build_model, count_params
+from hybrid_lightning.design import build_model
+from hybrid_lightning.model import count_params
 from hybrid_lightning.rundir import (
     LAYERS_KEY,
     PARAMS_KEY,

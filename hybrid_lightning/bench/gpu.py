@@ -40,7 +40,8 @@ from hybrid_lightning.bench.__main__ import DEFAULT_OUT, markdown
 from hybrid_lightning.bench.gpu_resume import resume_check
 from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
-from hybrid_lightning.model import build_model, count_params, model_flops_per_token
+from hybrid_lightning.design import build_model
+from hybrid_lightning.model import count_params, model_flops_per_token
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 from hybrid_lightning.precision import peak_bf16_tflops
 

@@ -27,11 +27,11 @@ import torch
 
 from hybrid_lightning.bench.recurrent import inputs
 from hybrid_lightning.kinds import KINDS
-from hybrid_lightning.model import resolve_model_config
+from hybrid_lightning.design import resolve_model_config
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
 from hybrid_lightning.model.ops.interpreter import interpreting
-from hybrid_lightning.model.plan import layer_plan
+from hybrid_lightning.design.plan import layer_plan
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.002 per value); sums of thousands of such
 # terms in the kernels land around 1e-2 at worst. A wrong kernel call (swapped g and beta, a missing

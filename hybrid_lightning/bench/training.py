@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from hybrid_lightning.bench.attention import WINDOWS
 from hybrid_lightning.bench.measure import interleaved_medians
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
-from hybrid_lightning.model import build_model, count_params
+from hybrid_lightning.design import build_model
+from hybrid_lightning.model import count_params
 from hybrid_lightning.kinds import mixer_names
 
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64

@@ -20,7 +20,7 @@ from hybrid_lightning.config.schema import PROVENANCE_KEY, RunConfig
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.model import count_params
-from hybrid_lightning.model.matching import non_embedding_params
+from hybrid_lightning.design.matching import non_embedding_params
 from hybrid_lightning.rundir import (
     CKPT_DIR,
     CONFIG_FILE,

@@ -87,7 +87,7 @@ def resolve_evaluator(spec: str) -> tuple[Path | None, str | None]:
 
 def load_model(ckpt: Path, device: torch.device) -> tuple[RunConfig, torch.nn.Module]:
     """The model of checkpoint ``ckpt`` (in ``<run>/checkpoints/``) with its run's config, in eval mode."""
-    from hybrid_lightning.model import load_trained
+    from hybrid_lightning.design import load_trained
 
     cfg = read_run_config(ckpt.parent.parent)
     model, _ = load_trained(cfg.model, ckpt)

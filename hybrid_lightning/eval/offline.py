@@ -33,7 +33,7 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     changed by ``eval.*`` overrides. On the machine that trained the run, evaluating it gives the
     callbacks' numbers for the same weights: same probes, same batches, same precision."""
     from hybrid_lightning.data.datamodule import LMDataModule
-    from hybrid_lightning.model import load_trained
+    from hybrid_lightning.design import load_trained
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

@@ -26,7 +26,8 @@ from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer
-from hybrid_lightning.model import HybridLM, LayerSpec, load_trained
+from hybrid_lightning.design import load_trained
+from hybrid_lightning.model import HybridLM, LayerSpec
 from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
 
 LM_EVAL_DIR = "lm_eval"  # the probes' lm-evaluation-harness tasks (--probes)

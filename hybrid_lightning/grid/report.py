@@ -15,7 +15,7 @@ from hybrid_lightning.units import si
 
 def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:
     """One dict per cell: name, axis labels, overrides, run directory, parameters, tokens, the estimated peak
-    memory per device (``model.memory``: bytes, with the cell's and the other activation checkpointing
+    memory per device (``design.memory``: bytes, with the cell's and the other activation checkpointing
     setting, and its parts), GPU-hours.
 
     Args:
@@ -24,8 +24,8 @@ def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None 
         tflops: sustained training TFLOP/s per GPU, for a GPU-hour estimate from each cell's FLOPs
             per token (``model_flops_per_token``): cells of different sizes get their own.
     """
-    from hybrid_lightning.model.matching import non_embedding_params
-    from hybrid_lightning.model.memory import estimate_memory
+    from hybrid_lightning.design.matching import non_embedding_params
+    from hybrid_lightning.design.memory import estimate_memory
 
     rows = []
     for cell in grid.cells:
@@ -49,8 +49,9 @@ def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None 
 def _flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token; cells mostly share their models. Counted from one layer per distinct layer
     (``layer_samples``): a plan of 100,000 layers is as quick."""
-    from hybrid_lightning.model import model_flops_per_token, resolve_model_config
-    from hybrid_lightning.model.matching import layer_samples
+    from hybrid_lightning.design import resolve_model_config
+    from hybrid_lightning.model import model_flops_per_token
+    from hybrid_lightning.design.matching import layer_samples
 
     bare, samples = layer_samples(resolve_model_config(cfg))
     base = model_flops_per_token(bare, seq_len)
@@ -67,7 +68,7 @@ def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
 
 def plan_table(grid: Grid, rows: list[dict]) -> str:
     axes = list(grid.axes)
-    from hybrid_lightning.model.memory import gib
+    from hybrid_lightning.design.memory import gib
 
     header = ["cell", *axes, "non-emb params", "tokens", "memory", "other ckpt"] + (["GPU-h"] if rows and "gpu_hours" in rows[0] else [])
     table = [header]
@@ -82,7 +83,7 @@ def plan_table(grid: Grid, rows: list[dict]) -> str:
         f", {sum(r['gpu_hours'] for r in rows):.3g} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
     )
     return (f"{format_table(table)}\n{footer}; run directories in {grid.root}\nmemory: estimated peak per device "
-            "(model/memory.py); other ckpt: the same with train.activation_checkpointing switched")
+            "(design/memory.py); other ckpt: the same with train.activation_checkpointing switched")
 
 
 def dry_run_table(grid: Grid) -> str:

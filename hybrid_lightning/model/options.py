@@ -1,6 +1,6 @@
 """What the model is built from: frozen, typed options, plain Python (neither torch nor pydantic).
 
-``model/plan.py`` resolves them from the ``model:`` section once: ``ModelOptions`` for the numbers
+``design/plan.py`` resolves them from the ``model:`` section once: ``ModelOptions`` for the numbers
 the whole model shares, and per layer a ``LayerSpec`` carrying its mixer's options (one dataclass
 per mixer family, ``OPTIONS``). Mixers and blocks read these objects only, so an exported folder
 rebuilds the same model from their dicts (``spec_from_dict``) without the package's config.

@@ -61,9 +61,9 @@ class HybridLM(nn.Module):
     (set by training) recomputes each block's activations in the backward instead of keeping them.
 
     Args:
-        opts: the numbers the whole model shares (``model.plan.model_options`` of the ``model:`` section).
-        plan: the layers, each with its mixer's options (``model.plan.layer_plan``; ``build_model`` passes
-            ``model.matching.matched_plan``, the non-full widths of a parameter-matched model solved).
+        opts: the numbers the whole model shares (``design.plan.model_options`` of the ``model:`` section).
+        plan: the layers, each with its mixer's options (``design.plan.layer_plan``; ``build_model`` passes
+            ``design.matching.matched_plan``, the non-full widths of a parameter-matched model solved).
     """
 
     def __init__(self, opts: ModelOptions, plan: tuple[LayerSpec, ...]):

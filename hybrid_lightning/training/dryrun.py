@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_lightning.config import ModelConfig, RunConfig
-from hybrid_lightning.model import build_model
+from hybrid_lightning.design import build_model
 from hybrid_lightning.precision import autocast_dtype, resolve_precision
 from hybrid_lightning.rundir import find_resume_checkpoint
 

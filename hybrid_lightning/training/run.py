@@ -25,7 +25,7 @@ from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.fileio import IOFailure, RunLock
 from hybrid_lightning.heads.retrieval import check_probes
-from hybrid_lightning.model.memory import check_fits
+from hybrid_lightning.design.memory import check_fits
 from hybrid_lightning.rundir import (
     CKPT_DIR,
     LAST_CKPT,

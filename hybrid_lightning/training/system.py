@@ -14,7 +14,7 @@ from hybrid_lightning.config import RunConfig, validate_config
 from hybrid_lightning.config.schedule import lr_factor
 from hybrid_lightning.data.datamodule import document_ids
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.model import build_model
+from hybrid_lightning.design import build_model
 from hybrid_lightning.rundir import DATA_FINGERPRINT
 
 

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hybrid_lightning.model.matching import block_params, distinct_layers
+from hybrid_lightning.design.matching import block_params, distinct_layers
 from hybrid_lightning.model.options import LayerSpec
-from hybrid_lightning.model.plan import model_options
+from hybrid_lightning.design.plan import model_options
 from hybrid_lightning.model.transformer import Block
 from hybrid_lightning.precision import autocast_dtype, resolve_precision
 

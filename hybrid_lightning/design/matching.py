@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from hybrid_lightning.model.options import LayerSpec
-from hybrid_lightning.model.plan import layer_plan, model_options
+from hybrid_lightning.design.plan import layer_plan, model_options
 from hybrid_lightning.model.transformer import Block, HybridLM, count_params
 
 MATCH_TOLERANCE = 0.02  # largest accepted relative deviation from the reference

@@ -4,7 +4,7 @@
 named by ``model.mixer``) and the letter of any registered mixer (``S`` = SWA, ...),
 tiled to fill ``model.n_layers``: ``EEEF`` with 8 layers is ``EEEFEEEF``; ``SSMF`` mixes
 SWA and Mamba-2 layers explicitly. A parameter-matched model (``model.match_params``) gets its
-non-full width from ``model.matching.matched_plan``, which solves it by counting unmatched models.
+non-full width from ``design.matching.matched_plan``, which solves it by counting unmatched models.
 
 This is where the ``model:`` section (a validated ``ModelConfig``) becomes the options the model is
 built from (``model/options.py``): ``model_options`` and, per layer, ``mixer_options``.
@@ -53,12 +53,12 @@ def layer_plan(cfg: Any, efficient_width: int | None = None) -> tuple[LayerSpec,
     Args:
         cfg: the ``model:`` section (a ``ModelConfig``).
         efficient_width: SwiGLU width of the non-full layers, required with ``cfg.match_params`` (the
-            matched width, ``model.matching.matched_plan``); default ``cfg.efficient_mlp_width``.
+            matched width, ``design.matching.matched_plan``); default ``cfg.efficient_mlp_width``.
             Full-attention layers get ``cfg.mlp_width``.
     """
     if efficient_width is None:
         if cfg.match_params is not None:
-            raise ValueError("model.match_params: the matched width is solved by model.matching.matched_plan; "
+            raise ValueError("model.match_params: the matched width is solved by design.matching.matched_plan; "
                              "build the model with build_model")
         efficient_width = cfg.efficient_mlp_width
     letters = by_letter()
