@@ -152,12 +152,12 @@ class Ablation:
     chance_loss: float = _doc()
 
 
-# The record kinds: the key of each list in its file -> the dataclasses making up one of its rows.
 # TensorBoard tag groups of the evaluations' scalars and images. TensorBoard orders groups by name, so
 # these sort after ``train/`` and ``val/``, the long-context probes before the 2 x n_layers per-layer head cards.
 LONGCTX_TAGS = "val_longctx"
 HEADS_TAGS = "val_longctx_heads"
 
+# The record kinds: the key of each list in its file -> the dataclasses making up one of its rows.
 LONG_CONTEXT = {"records": (LongContextCell,), "position_loss": (PositionLoss,), "longppl": (LongPPL,)}
 HEADS = {"heads": (HeadScores,), "layers": (LayerPlace, HeadCounts), "ablation": (Ablation,)}
 KINDS = {**LONG_CONTEXT, **HEADS}
