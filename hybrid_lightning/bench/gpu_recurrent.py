@@ -98,30 +98,41 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
         spec = layer_plan(cfg)[1]
         mixer = MIXERS[name](spec.options, spec).to(device)
         x = torch.randn(2, T, d_model, generator=torch.Generator(device="cpu").manual_seed(2)).to(device)
-        results, finals = {}, {}
-        for backend in (candidate, reference):
-            mixer.backend = backend
-            mixer.zero_grad()
-            finals[backend] = {}
-            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-                y = mixer(x)
-                with torch.no_grad():
-                    mixer(x, finals[backend])
-            y.float().pow(2).mean().backward()
-            results[backend] = (y.detach(), {n: p.grad.clone() for n, p in mixer.named_parameters()})
-        (y_c, g_c), (y_r, g_r) = results[candidate], results[reference]
+        finals = {}
+        y_c, out, grad = compare_backends(mixer, x, candidate, reference, dtype, finals=finals)
         final = max(rel(finals[candidate][n], t) for n, t in finals[reference].items() if torch.is_tensor(t))
-        mixer.backend = candidate
         state, pieces = {}, []
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
             for piece in x.split([T // 3, 1, T - T // 3 - 1], dim=1):
                 pieces.append(mixer(piece, state))
-        out, grad, piecewise = rel(y_c, y_r), max(rel(g_c[n], g_r[n]) for n in g_r), rel(torch.cat(pieces, 1), y_c)
+        piecewise = rel(torch.cat(pieces, 1), y_c)
         doc_out, doc_grad = documents_check(mixer, x, candidate, reference, dtype)
         rows.append({"check": f"mixer {name} T={T} d_model={d_model}", "output": out, "grad": grad, "state": final,
                      "pieces": piecewise, "documents": doc_out, "documents_grad": doc_grad,
                      "ok": max(out, final, piecewise, doc_out) <= tol[0] and max(grad, doc_grad) <= tol[1]})
     return rows
+
+
+def compare_backends(mixer, x: torch.Tensor, candidate: str, reference: str, dtype: torch.dtype,
+                     doc_ids: torch.Tensor | None = None, finals: dict | None = None) -> tuple[torch.Tensor, float, float]:
+    """The mixer's forward (on ``doc_ids``' documents, if given) and backward through ``candidate`` and
+    ``reference``, same weights, under ``dtype`` autocast unless fp32: (the candidate's output, the output
+    error, the worst parameter-gradient error). ``finals``, when given, gets each backend's carried states."""
+    results = {}
+    for backend in (candidate, reference):
+        mixer.backend = backend
+        mixer.zero_grad()
+        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            y = mixer(x, None, doc_ids)
+            if finals is not None:
+                finals[backend] = {}
+                with torch.no_grad():
+                    mixer(x, finals[backend])
+        y.float().pow(2).mean().backward()
+        results[backend] = (y.detach(), {n: p.grad.clone() for n, p in mixer.named_parameters()})
+    mixer.backend = candidate
+    (y_c, g_c), (y_r, g_r) = results[candidate], results[reference]
+    return y_c, rel(y_c, y_r), max(rel(g_c[n], g_r[n]) for n in g_r)
 
 
 def documents_check(mixer, x: torch.Tensor, candidate: str, reference: str, dtype: torch.dtype) -> tuple[float, float]:
@@ -131,17 +142,7 @@ def documents_check(mixer, x: torch.Tensor, candidate: str, reference: str, dtyp
     T = x.shape[1]
     doc_ids = torch.stack([torch.repeat_interleave(torch.arange(3), torch.tensor([T // 3, 1, T - T // 3 - 1])),
                            torch.zeros(T, dtype=torch.long)]).to(x.device)
-    results = {}
-    for backend in (candidate, reference):
-        mixer.backend = backend
-        mixer.zero_grad()
-        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
-            y = mixer(x, None, doc_ids)
-        y.float().pow(2).mean().backward()
-        results[backend] = (y.detach(), {n: p.grad.clone() for n, p in mixer.named_parameters()})
-    (y_c, g_c), (y_r, g_r) = results[candidate], results[reference]
-    mixer.backend = candidate
-    return rel(y_c, y_r), max(rel(g_c[n], g_r[n]) for n in g_r)
+    return compare_backends(mixer, x, candidate, reference, dtype, doc_ids)[1:]
 
 
 def timings(device: str, T: int) -> list[dict]:
