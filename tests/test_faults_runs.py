@@ -165,8 +165,11 @@ def test_ctrl_c_during_the_final_evaluation_keeps_the_last_step(tmp_path):
     slow_eval = ["--set", "eval.at_end=true", "--set", "eval.lengths=[2048]", "--set", "eval.samples=6",
                  "--set", "eval.tasks=[passkey]"]
     proc = start(run, *args(7, 5), *slow_eval)
-    wait_for_step(proc, run, 7)
-    time.sleep(1.0)  # into the end-of-training evaluation
+    for line in proc.stdout:  # the console says when the end-of-training evaluation starts
+        if line.startswith("step 7: val_longctx evaluation..."):
+            break
+    else:
+        raise AssertionError(proc.communicate()[1][-3000:])
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "at step 7;" in err, err[-3000:]

@@ -80,7 +80,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     while not (ckpt.exists() and checkpoint_is_valid(ckpt)):
         assert proc.poll() is None and time.time() < deadline, "run ended before its second checkpoint"
         time.sleep(0.05)
-    time.sleep(0.4)  # a few steps past the checkpoint
+    time.sleep(0.15)  # a few steps past the checkpoint
     assert proc.poll() is None, "run finished before it could be killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -11,11 +11,13 @@ evaluates the model on all ranks and, on rank 0, logs to TensorBoard and writes 
 from __future__ import annotations
 
 import abc
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+from tqdm import tqdm
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.heads.retrieval import RetrievalHeads, check_heads_probes
@@ -35,9 +37,16 @@ def fit_card(fig):
     return fig
 
 
+def say(text: str) -> None:
+    """Prints a line, above an active progress bar rather than into it."""
+    tqdm.write(text)
+    sys.stdout.flush()  # a cell's log shows the line now
+
+
 class PeriodicEvaluation(L.Callback, abc.ABC):
     """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
-    training ends; on rank 0 writes its report and logs it under ``tag``, with ``<tag>/seconds``.
+    training ends; on rank 0 writes its report and logs it under ``tag``, with ``<tag>/seconds``,
+    and says on the console when an evaluation starts and how long it took.
 
     Records and scalars carry the step of the last training batch (``global_step - 1``), the
     step TensorBoard shows for that batch's loss, so that a resumed run, whose logger hides
@@ -67,6 +76,8 @@ class PeriodicEvaluation(L.Callback, abc.ABC):
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict | None:
         t0 = time.perf_counter()
         step = trainer.global_step - 1
+        if trainer.is_global_zero:
+            say(f"step {trainer.global_step}: {self.tag} evaluation...")
         report = self.evaluate(trainer, pl_module, step)
         if report is None:
             return None
@@ -78,6 +89,7 @@ class PeriodicEvaluation(L.Callback, abc.ABC):
                 self.log_report(writer, report, step)
                 writer.add_scalar(f"{self.tag}/seconds", time.perf_counter() - t0, step)
                 writer.flush()
+            say(f"step {trainer.global_step}: {self.tag} evaluation took {time.perf_counter() - t0:.1f} s")
         if self.on_time is not None:
             self.on_time(time.perf_counter() - t0)
         return report

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import resource
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +18,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import _update_n
 from lightning.pytorch.trainer.states import TrainerStatus
-from tqdm import tqdm
 
 from hybrid_lightning.config import RunConfig, config_to_dict, dump_config, flatten
+from hybrid_lightning.eval.callback import say
 from hybrid_lightning.eval.report import headline, report_path
 from hybrid_lightning.model import count_params, model_flops_per_token
 from hybrid_lightning.precision import peak_bf16_tflops
@@ -211,13 +210,13 @@ class Console(L.Callback):
         if trainer.is_global_zero:
             counts, step = count_params(pl_module.model), trainer.global_step
             start = f"resuming at step {step}" if step else "from step 0"
-            _say(f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
+            say(f"{self.run_dir}: {counts['total']:,} parameters ({counts['non_embedding']:,} non-embedding), "
                  f"{si(pl_module.tokens_at(trainer.max_steps))} tokens in {trainer.max_steps:,} steps, {start}")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
         if self.every and trainer.is_global_zero and (step % self.every == 0 or step >= trainer.max_steps):
-            _say(f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}")
+            say(f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
@@ -226,7 +225,7 @@ class Console(L.Callback):
         record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
         score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
         scores = f"  val_longctx/score {score:.4g}" if score is not None else ""
-        _say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
+        say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
              f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
              f"tensorboard --logdir {self.run_dir}")
 
@@ -264,12 +263,6 @@ class RunSummary(L.Callback):
             experiment, session, _ = hparams(study_hparams(self.cfg), dict.fromkeys(HPARAMS_METRICS, 0.0))
             for summary in (experiment, session):
                 writer._get_file_writer().add_summary(summary)
-
-
-def _say(text: str) -> None:
-    """Prints a line, above an active progress bar rather than into it."""
-    tqdm.write(text)
-    sys.stdout.flush()  # a cell's log shows the line now
 
 
 def _metrics(trainer: L.Trainer, names: tuple[str, ...]) -> str:
