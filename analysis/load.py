@@ -30,6 +30,7 @@ from hybrid_lightning.rundir import (
     LAYERS_KEY,
     PARAM_FIELDS,
     PARAMS_KEY,
+    SCALARS_FILE,
     eval_files,
     read_config_dict,
     read_eval_record,
@@ -89,8 +90,13 @@ def flat_config(d: dict) -> dict:
 
 
 def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
-    """The run's TensorBoard scalars of ``tags``: columns step, metric, value (steps a resume purged excluded)."""
+    """The run's TensorBoard scalars of ``tags``: columns step, metric, value (steps a resume purged excluded);
+    a packed run's (analysis/pack.py) from its ``scalars.csv``."""
+    tags = tuple(tags)
     acc = read_events(run_dir)
+    if acc is None and (Path(run_dir) / SCALARS_FILE).is_file():
+        packed = pd.read_csv(Path(run_dir) / SCALARS_FILE, dtype={"step": "int64", "metric": str, "value": "float64"})
+        return packed[packed["metric"].isin(tags)].reset_index(drop=True)
     if acc is None:
         return pd.DataFrame(columns=["step", "metric", "value"])
     present = set(acc.Tags()["scalars"])

@@ -141,6 +141,10 @@ def _add_analysis_parsers(sub) -> None:
                    help="open the report with rule-based verdicts on the paper's three findings (analysis/findings.py)")
     p.set_defaults(func=cmd_analyze)
 
+    from hybrid_lightning.analysis.pack import add_parsers
+
+    add_parsers(sub, _command)
+
     p = _command(sub, "demo", "train a demo grid locally, then analyse it (grid submit --executor local + analyze --findings)", "analysis.md")
     p.add_argument("--grid", help="grid file (default: ablations/demo.yaml, installed with the package)")
     p.add_argument("--root", help="folder of the cells' run directories (default: runs/<grid name>)")

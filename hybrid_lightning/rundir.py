@@ -10,6 +10,7 @@
     <run_dir>/events.out.tfevents.*  TensorBoard scalars and images (read_events)
     <run_dir>/eval/step_<k>.json   long-context evaluation records (EVAL_KINDS, write_eval_record)
     <run_dir>/eval/heads_step_<k>.json  retrieval-head scores and ablations
+    <run_dir>/scalars.csv          a packed run's (analysis/pack.py) TensorBoard scalars, in place of the events
 
 A grid keeps its own state in ``<root>/.grid/`` (GRID_DIR), beside its cells' run directories.
 """
@@ -33,6 +34,7 @@ STATUS_FILE = "status.json"
 CKPT_DIR = "checkpoints"
 LAST_CKPT = "last.ckpt"
 EVAL_DIR = "eval"
+SCALARS_FILE = "scalars.csv"  # a packed run's scalars: step, metric, value
 GRID_DIR = ".grid"  # a grid's state (job records, lock, logs, cell configs) under its root; not a run
 HPARAMS_SUFFIX = ".hparams"  # the TensorBoard event files of a run's HParams session, beside the training's
 # Evaluation record kind -> file name prefix in EVAL_DIR: <prefix><step>.json.

@@ -1,0 +1,135 @@
+"""``hybrid-lightning pack``: finished runs as packed records, the part of a run directory that
+``analyze`` reads, small enough to commit (docs/run-directory.md, "Packed runs").
+
+A packed run is a run directory without checkpoints or TensorBoard events: ``config.yaml``,
+``status.json`` and ``eval/*.json`` as training wrote them, and the TensorBoard scalars that
+analysis reads (``load.TAGS``) as ``scalars.csv`` (``SCALARS_FILE``: step, metric, value, each
+value the float TensorBoard stored, written exactly). A packed run packs again into itself. ``analyze`` reads a packed run as it reads the run;
+a grid counts a packed ``done`` run copied into its root as done and trains only the other cells.
+
+    pack_runs("runs/cpu_replica", "analysis/results/cpu_replica/runs")
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from hybrid_lightning.fileio import write_atomic
+from hybrid_lightning.rundir import CONFIG_FILE, EVAL_DIR, SCALARS_FILE, STATUS_FILE, eval_files, read_status
+
+PACKED = (CONFIG_FILE, STATUS_FILE, SCALARS_FILE)  # with eval/<record>.json: every file a packed run holds
+
+
+def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
+    """Packs every run under ``root`` into ``out/<its path under root>``; returns (run, what happened)
+    per run: ``packed``, ``unchanged`` (packed before, same files) or why it was skipped (not done).
+
+    A target folder that holds anything a packed run does not, or a packed run of another config,
+    is refused before anything is written (``ValueError``): pack replaces only what it wrote.
+    ``tags``: the scalars kept; default those analysis reads (``load.TAGS``).
+    """
+    from hybrid_lightning.analysis.load import TAGS, find_runs  # pandas: not at the command line's start
+
+    root, out, tags = Path(root), Path(out), tags or TAGS
+    _check_apart(root, out)
+    dirs = find_runs(root)
+    if not dirs:
+        raise ValueError(f"DIR: no run directory (a folder with {CONFIG_FILE}) under {root}")
+    done = [d for d in dirs if (read_status(d) or {}).get("state") == "done"]
+    for run in done:
+        _check_target(run, out / run.relative_to(root))
+    results = [(d.relative_to(root).as_posix(), f"skipped: {(read_status(d) or {}).get('state', 'no status.json')}, not done")
+               for d in dirs if d not in done]
+    for run in done:
+        results.append((run.relative_to(root).as_posix(), _pack(run, out / run.relative_to(root), tags)))
+    return sorted(results)
+
+
+def packed_files(run: Path, tags: tuple[str, ...]) -> dict[str, bytes]:
+    """The packed run of run directory ``run``: relative path -> content."""
+    from hybrid_lightning.analysis.load import read_scalars
+
+    files = {name: (run / name).read_bytes() for name in (CONFIG_FILE, STATUS_FILE)}
+    files |= {f"{EVAL_DIR}/{path.name}": path.read_bytes() for _, _, path in eval_files(run)}
+    # repr of each stored float: read back, it is the same number
+    files[SCALARS_FILE] = read_scalars(run, tags).to_csv(index=False, float_format=lambda v: repr(float(v))).encode()
+    return files
+
+
+def _pack(run: Path, target: Path, tags: tuple[str, ...]) -> str:
+    files = packed_files(run, tags)
+    if _existing(target) == files:
+        return "unchanged"
+    for name in set(_existing(target)) - set(files):  # an evaluation record the run no longer has
+        (target / name).unlink()
+    for name, content in files.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target / name, content)
+    return "packed"
+
+
+def _existing(target: Path) -> dict[str, bytes]:
+    return {p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()} if target.is_dir() else {}
+
+
+def _check_target(run: Path, target: Path) -> None:
+    """Refuses a target that is not a packed run of this run: a file, foreign files, another config."""
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"--out: {target} is a file; pack writes the packed run {run} there as a folder")
+    existing = _existing(target)
+    foreign = sorted(n for n in existing if n not in PACKED and not (n.startswith(f"{EVAL_DIR}/") and n.endswith(".json")))
+    if foreign:
+        raise ValueError(f"--out: {target} holds {foreign[0]}, which pack did not write; pack {run} elsewhere")
+    if CONFIG_FILE in existing and existing[CONFIG_FILE] != (run / CONFIG_FILE).read_bytes():
+        raise ValueError(f"--out: {target} holds the packed run of another config than {run}'s; pack it elsewhere")
+
+
+def _check_apart(root: Path, out: Path) -> None:
+    """Refuses an ``out`` inside ``root`` (a later pack would pack the packed runs) or around it."""
+    r, o = root.resolve(), out.resolve()
+    if r == o or r in o.parents or o in r.parents:
+        raise ValueError(f"--out: {out} and DIR {root} overlap; packed runs go into a folder apart from the runs")
+
+
+def copy_packed(packed: str | Path, root: str | Path) -> list[str]:
+    """Copies the packed runs under ``packed`` that ``root`` lacks into ``root`` (a grid then counts the
+    done ones as done); a run directory already in ``root`` is left as it is. Returns the runs copied."""
+    from hybrid_lightning.analysis.load import find_runs
+
+    packed, root = Path(packed), Path(root)
+    copied = []
+    for run in find_runs(packed):
+        target = root / run.relative_to(packed)
+        if not target.exists():
+            shutil.copytree(run, target)
+            copied.append(run.relative_to(packed).as_posix())
+    return copied
+
+
+def add_parsers(sub, command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The ``pack`` and ``unpack`` commands (``command``: the command line's way to add one)."""
+    p = command(sub, "pack", "the finished runs under a folder as packed records (what analyze reads), small enough to commit",
+                "run-directory.md")
+    p.add_argument("dir", help="folder searched recursively for run directories; runs not done are skipped")
+    p.add_argument("--out", required=True, help="folder of the packed runs (apart from DIR), one per run at its path under DIR")
+    p.set_defaults(func=_cmd_pack)
+    p = command(sub, "unpack", "copy packed runs into a grid's root, which then counts the done ones as done", "run-directory.md")
+    p.add_argument("packed", help="folder of packed runs (hybrid-lightning pack --out)")
+    p.add_argument("--into", required=True, help="the grid's root; a run directory already there is left as it is")
+    p.set_defaults(func=_cmd_unpack)
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    for run, what in pack_runs(args.dir, args.out):
+        print(f"{run}: {what}")
+    print(f"packed runs in {args.out}; hybrid-lightning analyze {args.out} reads them")
+    return 0
+
+
+def _cmd_unpack(args: argparse.Namespace) -> int:
+    copied = copy_packed(args.packed, args.into)
+    print(f"{len(copied)} packed runs copied into {args.into}" + "".join(f"\n  {run}" for run in copied))
+    return 0

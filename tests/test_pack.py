@@ -1,0 +1,83 @@
+"""analysis/pack.py: packed runs read as the runs they came from, analyze from them alone, a grid root
+restored from them, and nothing pack did not write replaced."""
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from hybrid_lightning.analysis.load import find_runs, load_runs
+from hybrid_lightning.analysis.pack import copy_packed, pack_runs
+from hybrid_lightning.analysis.report import analyze
+
+from conftest import run_cli
+from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
+
+TABLES = ("metrics", "records", "heads", "layers", "ablations")
+
+
+def test_packed_runs_load_as_the_runs_did(fabricated, tmp_path):  # noqa: F811
+    root, _ = fabricated
+    packed = tmp_path / "packed"
+    results = dict(pack_runs(root, packed))
+    assert results["w64-s0"].startswith("skipped: running") and sum(v == "packed" for v in results.values()) == 5
+    assert not list(packed.rglob("events.out.tfevents.*")) and (packed / "rope-s0" / "scalars.csv").is_file()
+    done = [d for d in find_runs(root) if d.name != "w64-s0"]
+    a, b = load_runs(done, root=root), load_runs(find_runs(packed), root=packed)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table))
+    pd.testing.assert_frame_equal(a.configs.drop(columns="path"), b.configs.drop(columns="path"))
+    # the stored floats come back exactly
+    rope = a.metrics[(a.metrics["run"] == "rope-s0") & (a.metrics["metric"] == "val/loss")]["value"].tolist()
+    assert rope == b.metrics[(b.metrics["run"] == "rope-s0") & (b.metrics["metric"] == "val/loss")]["value"].tolist()
+
+    assert set(dict(pack_runs(root, packed)).values()) >= {"unchanged"}  # packing again changes nothing
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    assert pack_runs(copy, tmp_path / "again") and all(
+        (tmp_path / "again" / r / "scalars.csv").read_bytes() == (packed / r / "scalars.csv").read_bytes() for r in ("rope-s0", "full-s0"))
+
+    first, second = analyze(packed, tmp_path / "out1", workers=1), analyze(packed, tmp_path / "out2", workers=1)
+    for name in ("metrics.csv", "summary.csv", "emergence_curves.csv"):
+        assert (first.parent / name).read_bytes() == (second.parent / name).read_bytes(), name
+    assert (first.parent / "metrics.csv").read_bytes() == (
+        analyze(copy, tmp_path / "out3", workers=1).parent / "metrics.csv").read_bytes()  # the folder's name is in no table
+
+
+def test_unpack_fills_a_grid_root_and_keeps_what_is_there(fabricated, tmp_path):  # noqa: F811
+    root, _ = fabricated
+    packed = tmp_path / "packed"
+    pack_runs(root, packed)
+    grid_root = tmp_path / "grid"
+    (grid_root / "rope-s0").mkdir(parents=True)
+    (grid_root / "rope-s0" / "notes.txt").write_text("mine")
+    r = run_cli("unpack", str(packed), "--into", str(grid_root))
+    assert r.returncode == 0 and "4 packed runs copied" in r.stdout, r.stderr[-2000:]
+    assert (grid_root / "rope-s0" / "notes.txt").read_text() == "mine" and not (grid_root / "rope-s0" / "config.yaml").exists()
+    assert (grid_root / "nope-s1" / "status.json").read_bytes() == (packed / "nope-s1" / "status.json").read_bytes()
+
+
+@pytest.mark.parametrize("case", ["foreign file", "other config", "inside the runs", "a file"])
+def test_pack_refuses_to_replace_what_it_did_not_write(fabricated, tmp_path, case):  # noqa: F811
+    root, _ = fabricated
+    out = tmp_path / "packed"
+    pack_runs(root, out)
+    target = out / "nope-s0"
+    if case == "foreign file":
+        (target / "notes.txt").write_text("mine")
+        before, expected = (target / "notes.txt"), "which pack did not write"
+    elif case == "other config":
+        (target / "config.yaml").write_text("seed: 5\n")
+        before, expected = (target / "config.yaml"), "another config"
+    elif case == "a file":
+        shutil.rmtree(target)
+        target.write_text("mine")
+        before, expected = target, "is a file"
+    else:
+        out, before, expected = root / "packed", None, "overlap"
+    content = before.read_bytes() if before is not None else None
+    r = run_cli("pack", str(root), "--out", str(out))
+    assert r.returncode != 0 and expected in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    if before is not None:
+        assert before.read_bytes() == content
+    assert not (root / "packed").exists()
