@@ -74,3 +74,16 @@ def test_bad_input_on_the_command_line_leaves_no_run_dir(tmp_path):
         assert message in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
         assert not run_dir.exists()
+
+
+def test_relative_data_paths_are_taken_from_the_config_files_folder(tmp_path):
+    (tmp_path / "configs").mkdir()
+    path = tmp_path / "configs" / "run.yaml"
+    path.write_text("data: {files: [../data/a.txt], text_val_files: ../data/held_out.txt}\n")
+    data = load_config(path).data
+    assert data.files == (str(tmp_path / "data" / "a.txt"),) and data.text_val_files == (str(tmp_path / "data" / "held_out.txt"),)
+    grid = tmp_path / "configs" / "g.yaml"
+    grid.write_text("base: {data: {text_val_files: [../data/held_out.txt]}}\naxes: {seed: [0]}\n")
+    from hybrid_lightning.grid import load_grid
+
+    assert load_grid(grid, tmp_path / "root").cells[0].config.data.text_val_files == (str(tmp_path / "data" / "held_out.txt"),)

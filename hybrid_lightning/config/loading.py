@@ -137,8 +137,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:
-    """Makes relative ``data.files``, ``data.tokenizer``, ``data.store`` and ``eval.longppl_evaluator`` paths
-    absolute against ``base``."""
+    """Makes relative ``data.files``, ``data.text_val_files``, ``data.tokenizer``, ``data.store`` and
+    ``eval.longppl_evaluator`` paths absolute against ``base``."""
     ev = raw.get("eval")
     if isinstance(ev, dict) and isinstance(ev.get("longppl_evaluator"), str):
         raw = {**raw, "eval": {**ev, "longppl_evaluator": str((base / ev["longppl_evaluator"]).resolve())}}
@@ -146,11 +146,12 @@ def resolve_paths(raw: dict, base: Path) -> dict:
     if not isinstance(data, dict):
         return raw
     data = dict(data)
-    files = data.get("files")
-    if isinstance(files, str):
-        files = [files]
-    if isinstance(files, list):
-        data["files"] = [str((base / f).resolve()) if isinstance(f, str) else f for f in files]
+    for key in ("files", "text_val_files"):
+        files = data.get(key)
+        if isinstance(files, str):
+            files = [files]
+        if isinstance(files, list):
+            data[key] = [str((base / f).resolve()) if isinstance(f, str) else f for f in files]
     tok = data.get("tokenizer")
     if isinstance(tok, str) and tok != "byte":
         data["tokenizer"] = str((base / tok).resolve())

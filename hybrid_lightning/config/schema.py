@@ -184,7 +184,8 @@ class DataConfig(_Frozen):
     val_fraction: Number = Field(0.02, gt=0, lt=1, description="share of documents held out for validation")
     # Validation only (a loader of its own, after the others): training's samples and steps do not depend on it.
     text_val_files: tuple[str, ...] = Field((), description="held-out natural text (files or globs, never synthetic or "
-                                            "probe documents) for val/text_loss, the short-context cost; () = none",
+                                            "probe documents; relative to the config file) for val/text_loss, the "
+                                            "short-context cost; () = none",
                                             **role(BOOKKEEPING))
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     cache_dir: str | None = Field(None, description="token stores live in `<cache_dir>/store/<fingerprint>`; null = "
