@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -311,3 +312,26 @@ def test_tokens_per_param_sets_the_steps(tmp_path):
         validate_config({"train": {"tokens_per_param": 20}})
     with pytest.raises(ValueError, match="warmup_steps=50000 must be below"):
         resolve_config(validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], **train, "warmup_steps": 50000}}))
+
+
+@pytest.mark.slow
+def test_a_grid_started_in_the_background_stops_its_cells_with_a_checkpoint(tmp_path):
+    """``nohup hybrid-lightning grid submit ... &`` ignores SIGINT, and its cells inherited that: SIGTERM to
+    the grid then sent them a SIGINT they ignored, and 30 s later killed them mid-step."""
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 100000, "checkpoint_every_n_steps": 100000}}
+    path = write_grid(tmp_path, base=base, axes={"seed": [0]})
+    grid = load_grid(path)
+    proc = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path), "--executor", "local"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as a background job
+    (cell,) = grid.cells
+    deadline = time.time() + 300
+    while ((read_status(cell.run_dir) or {}).get("step") or 0) < 3:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    status = read_status(cell.run_dir)
+    assert status["state"] == "interrupted" and status["error"] == "SIGINT" and time.time() - t0 < 25, (status, out[-2000:])
+    assert torch.load(cell.run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == status["step"] >= 3

@@ -191,6 +191,8 @@ def _start(grid: Grid, cell: Cell, threads: int) -> subprocess.Popen | None:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hybrid_lightning", "train", record["config"], "--run-dir", str(cell.run_dir)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                # a grid started in the background (nohup ... &) ignores SIGINT: its cells must not, for the stop below
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
         record.update(pid=proc.pid, pid_start=process_start(proc.pid), started=now())
         write_jobs(grid, jobs)
