@@ -136,7 +136,7 @@ def _swa_hybrids(c: pd.DataFrame) -> pd.Series:
 
 
 def _mechanism(runs: Runs) -> list[Test]:
-    return [_where(runs), _ablation(runs), _laziness(runs)]
+    return [_where(runs), _ablation(runs), *_laziness_groups(runs)]
 
 
 def _where(runs: Runs) -> Test:
@@ -264,21 +264,34 @@ def _against(top: pd.DataFrame, random: pd.DataFrame, name: str) -> tuple[Compar
                                     f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
 
 
-def _laziness(runs: Runs) -> Test:
-    f, c = "2. retrieval heads", runs.configs
+def _laziness_groups(runs: Runs) -> list[Test]:
+    """One laziness test per family of SWA hybrids with RoPE full layers that differ only in the window
+    (another pattern, e.g. a depth control, is another family); a family of one window is not tested.
+    With one family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
+    c = runs.configs
     rope = c[_swa_hybrids(c) & c["model.pos.full"].eq("rope")]
+    family = rope["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k != "model.window"},
+                                                   sort_keys=True, default=str))
+    families = [g for _, g in rope.groupby(family, sort=False) if g["model.window"].nunique() >= 2]
+    if len(families) <= 1:
+        return [_laziness(runs, families[0] if families else rope, "laziness")]
+    return [_laziness(runs, g, f"laziness: {g['label'].iloc[0]}") for g in families]
+
+
+def _laziness(runs: Runs, rope: pd.DataFrame, name: str) -> Test:
+    f, c = "2. retrieval heads", runs.configs
     first = tables.first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
     if first["window"].nunique() < 2:
-        return Test(f, "laziness", verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
+        return Test(f, name, verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
     first = first.assign(event=first["first_step"].notna(), time=first["first_step"].fillna(first["scored_until"]))
     by_window = {int(w): g for w, g in first.groupby("window")}
     evidence = ("first step with a retrieval head for good, per window (seeds; never (S): none by the last scoring "
                 "at step S, a censored time): " + "; ".join(f"W={w}: {_first_steps(g)}" for w, g in by_window.items()))
     if not first["event"].any():
-        return Test(f, "laziness", verdict="no signal", evidence=evidence)
+        return Test(f, name, verdict="no signal", evidence=evidence)
     windows = sorted(by_window)
     pairs = [_window_pair(by_window[a], by_window[b], a, b) for a, b in zip(windows, windows[1:])]
-    return Test(f, "laziness", pairs, evidence, decide=_pair_verdict, combine=_monotone)
+    return Test(f, name, pairs, evidence, decide=_pair_verdict, combine=_monotone)
 
 
 def _first_steps(g: pd.DataFrame) -> str:

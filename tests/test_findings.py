@@ -337,6 +337,24 @@ def test_laziness(tmp_path, seeds, effect):
         assert row["verdict"] == "inconclusive"
 
 
+def test_laziness_compares_windows_of_one_pattern_only(tmp_path):
+    """A depth control (FEEE at W=16, heads never) is another family: pooled with the EEEF W=16 runs it would
+    make the smallest window look late; alone, with one window, it is not tested."""
+    windows(tmp_path, 5, (lambda s: 9, lambda s: 19, lambda s: 99 if s == 0 else 29))
+    arm(tmp_path, "feee16", 5, window=16, pattern="FEEE", heads=lambda s: first_head(99))
+    tests = verdicts(tmp_path)
+    assert [t for t in tests.index if t.startswith("laziness")] == ["laziness"]
+    row = tests.loc["laziness"]
+    assert_reproduced(row)
+    assert row["p"] == pytest.approx(2 / 252) and "W=16: 9, 9, 9, 9, 9 " in row["evidence"]
+    arm(tmp_path, "feee64", 5, window=64, pattern="FEEE", heads=lambda s: first_head(19))
+    tests = verdicts(tmp_path)
+    assert sorted(t for t in tests.index if t.startswith("laziness")) == [
+        "laziness: W=16 EEEF", "laziness: W=16 FEEE"], tests.index.tolist()
+    assert tests.loc["laziness: W=16 EEEF", "p"] == pytest.approx(2 / 252)
+    assert tests.loc["laziness: W=16 FEEE", "effect"] < 0  # W=64 earlier than W=16 in that family
+
+
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_laziness_smaller_window_later_is_not_reproduced(tmp_path, seeds):
     """The smallest window forms heads later (29) than the middle one (9) and the largest never does: the
