@@ -29,7 +29,8 @@ the retrieval heads of eval/heads_step_<k>.json:
    within training) from masking the top-K heads minus the mean drop of the random draws (mean over its
    checkpoints and K): the layer-matched controls of ``heads --mask-top K --controls N`` where the
    checkpoint has them, else the ``--mask-random K`` draws; p: the top-K masking swapped with the random
-   draws of its checkpoint and K. *Laziness*: among SWA hybrids with RoPE full layers, the first step
+   draws of its checkpoint and K. *Laziness* (analysis/laziness.py): within each family of SWA hybrids
+   with RoPE full layers alike but for the window, the first step
    from which every later scoring has a retrieval head, right-censored at the run's last scoring; for each
    pair of adjacent windows a log-rank test (``stats.logrank``) and the difference of restricted mean
    steps, larger window minus smaller. ``reproduced`` only if every pair is in the predicted direction
@@ -52,7 +53,8 @@ import pandas as pd
 from scipy import stats as st
 
 from hybrid_lightning.analysis import stats, tables
-from hybrid_lightning.analysis.emergence import NOT_TESTABLE, emergence
+from hybrid_lightning.analysis.emergence import emergence
+from hybrid_lightning.analysis.laziness import laziness_tests, swa_hybrids
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.kinds import FULL, KINDS
@@ -117,31 +119,16 @@ def _combine(decided: list[Decided]) -> Decided:
     if by["reproduced"] and by["refuted"]:
         return (by["reproduced"][0][0], "inconclusive",
                 f"{len(by['reproduced'])} comparisons reproduced, {len(by['refuted'])} refuted")
-    return _strongest(by["reproduced"] or by["refuted"] or decided)
-
-
-def _strongest(decided: list[Decided]) -> Decided:
-    """The comparison with the smallest adjusted p (then the largest effect)."""
-    return min(decided, key=lambda d: (_nan_last(d[0].p_adj), -abs(_nan_last(d[0].effect))))
-
-
-def _nan_last(p: float) -> float:
-    return math.inf if math.isnan(p) else p
-
-
-def _swa_hybrids(c: pd.DataFrame) -> pd.Series:
-    """Runs whose model.mixer has a window and appears in the pattern."""
-    windowed = c["model.mixer"].map(lambda m: m in KINDS and KINDS[m].has_window)
-    return windowed & c["model.pattern"].astype(str).str.contains("E")
+    return stats.strongest(by["reproduced"] or by["refuted"] or decided)
 
 
 def _mechanism(runs: Runs) -> list[Test]:
-    return [_where(runs), _ablation(runs), *_laziness_groups(runs)]
+    return [_where(runs), _ablation(runs), *laziness_tests(runs)]
 
 
 def _where(runs: Runs) -> Test:
     f, c = "2. retrieval heads", runs.configs
-    h = runs.heads[runs.heads["run"].isin(c[_swa_hybrids(c)]["run"])]
+    h = runs.heads[runs.heads["run"].isin(c[swa_hybrids(c)]["run"])]
     if h.empty:
         return Test(f, "where", verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
     last = h[h["step"] == h.groupby("run")["step"].transform("max")]
@@ -262,86 +249,6 @@ def _against(top: pd.DataFrame, random: pd.DataFrame, name: str) -> tuple[Compar
                         f"{by_run['random'].mean():.3f}; per run, step and K: "
                         + "; ".join(f"{run} step {step} K={k}: {r['top']:.3f} vs {r['random']:.3f} (draws: {int(r['draws'])}, "
                                     f"as harmful: {as_harmful[(run, step, k)]:.2f})" for (run, step, k), r in per.iterrows()))
-
-
-def _laziness_groups(runs: Runs) -> list[Test]:
-    """One laziness test per family of SWA hybrids with RoPE full layers that differ only in the window
-    (another pattern, e.g. a depth control, is another family); a family of one window is not tested.
-    With one family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
-    c = runs.configs
-    rope = c[_swa_hybrids(c) & c["model.pos.full"].eq("rope")]
-    family = rope["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k != "model.window"},
-                                                   sort_keys=True, default=str))
-    families = [g for _, g in rope.groupby(family, sort=False) if g["model.window"].nunique() >= 2]
-    if len(families) <= 1:
-        return [_laziness(runs, families[0] if families else rope, "laziness")]
-    return [_laziness(runs, g, f"laziness: {g['label'].iloc[0]}") for g in families]
-
-
-def _laziness(runs: Runs, rope: pd.DataFrame, name: str) -> Test:
-    f, c = "2. retrieval heads", runs.configs
-    first = tables.first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
-    if first["window"].nunique() < 2:
-        return Test(f, name, verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
-    first = first.assign(event=first["first_step"].notna(), time=first["first_step"].fillna(first["scored_until"]))
-    by_window = {int(w): g for w, g in first.groupby("window")}
-    evidence = ("first step with a retrieval head for good, per window (seeds; never (S): none by the last scoring "
-                "at step S, a censored time): " + "; ".join(f"W={w}: {_first_steps(g)}" for w, g in by_window.items()))
-    if not first["event"].any():
-        return Test(f, name, verdict="no signal", evidence=evidence)
-    windows = sorted(by_window)
-    pairs = [_window_pair(by_window[a], by_window[b], a, b) for a, b in zip(windows, windows[1:])]
-    return Test(f, name, pairs, evidence, decide=_pair_verdict, combine=_monotone)
-
-
-def _first_steps(g: pd.DataFrame) -> str:
-    steps = ", ".join(str(int(t)) if e else f"never ({int(t)})" for t, e in zip(g["time"], g["event"]))
-    median = stats.km_median(g["time"], g["event"])
-    return steps + f" (Kaplan-Meier median {'not reached' if math.isnan(median) else f'{median:.0f}'})"
-
-
-def _window_pair(small: pd.DataFrame, large: pd.DataFrame, ws: int, wl: int) -> Comparison:
-    """Log-rank test of two windows' censored first-head steps, and their restricted means up to the earlier of
-    the two arms' last scorings (every run is observed until then): larger window minus smaller, > 0 as
-    laziness predicts; Welch's interval."""
-    tau = min(small["scored_until"].min(), large["scored_until"].min())
-    a, b = np.minimum(small["time"], tau).to_numpy(float), np.minimum(large["time"], tau).to_numpy(float)
-    z, p = stats.logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
-    what = f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z) else f"W={wl} - W={ws}"
-    return Comparison(what, float(b.mean() - a.mean()), stats.interval(b, a), p, +1, (len(b), len(a)), "steps")
-
-
-def _pair_verdict(c: Comparison) -> tuple[str, str]:
-    if math.isnan(c.p):
-        return NOT_TESTABLE, "no run of either window formed a retrieval head (both arms censored)"
-    return c.verdict()
-
-
-def _monotone(decided: list[Decided]) -> Decided:
-    """Reproduced if every adjacent pair is in the predicted direction, one is significant and none is
-    significantly reversed; refuted by a significant reversal; else inconclusive with the reason."""
-    reversed_ = [d for d in decided if d[1] == "refuted"]
-    if reversed_:
-        c, _, _ = _strongest(reversed_)
-        return c, "refuted", f"{_pair_name(c)}: significantly earlier for the larger window"
-    untestable = [d for d in decided if d[1] == NOT_TESTABLE]
-    against = [d for d in decided if d not in untestable and not d[0].effect > 0]
-    if untestable or against:
-        shown = (untestable or against)[0]
-        why = [f"{_pair_name(d[0])}: not testable (both arms censored)" for d in untestable]
-        why += [f"{_pair_name(d[0])}: " + ("against the predicted direction" if d[0].effect < 0 else
-                                          "no difference up to the earlier last scoring") for d in against]
-        return shown[0], "inconclusive", "; ".join(why)
-    significant = [d for d in decided if d[1] == "reproduced"]
-    if significant:
-        return _strongest(significant)[0], "reproduced", ""
-    c, verdict, reason = _strongest(decided)
-    return c, verdict, f"every pair in the predicted direction, none significant ({reason})"
-
-
-def _pair_name(c: Comparison) -> str:
-    """``W=64 - W=32`` of a window pair's comparison."""
-    return c.what.split(" restricted")[0]
 
 
 def _nope(runs: Runs) -> list[Test]:

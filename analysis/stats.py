@@ -317,3 +317,12 @@ def seeds_text(seeds: tuple[int, ...]) -> str:
         return "/".join(map(str, seeds))
     spread = str(min(seeds)) if min(seeds) == max(seeds) else f"{min(seeds)}-{max(seeds)}"
     return f"{spread} ({len(seeds)} arms)"
+
+
+def strongest(decided: list[Decided]) -> Decided:
+    """The comparison with the smallest adjusted p (then the largest effect)."""
+    return min(decided, key=lambda d: (nan_last(d[0].p_adj), -abs(nan_last(d[0].effect))))
+
+
+def nan_last(p: float) -> float:
+    return math.inf if math.isnan(p) else p

@@ -1,0 +1,104 @@
+"""Large-Window Laziness (analysis/findings.py, finding 2): among SWA hybrids with RoPE full layers, the first
+step from which every later scoring has a retrieval head, right-censored at the run's last scoring; per pair of
+adjacent windows of one family (hybrids alike but for the window) a log-rank test and the difference of
+restricted mean steps, larger window minus smaller, combined by ``_monotone``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.emergence import NOT_TESTABLE
+from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.stats import Comparison, Decided, Test
+from hybrid_lightning.kinds import KINDS
+
+
+def swa_hybrids(c: pd.DataFrame) -> pd.Series:
+    """Runs whose model.mixer has a window and appears in the pattern."""
+    windowed = c["model.mixer"].map(lambda m: m in KINDS and KINDS[m].has_window)
+    return windowed & c["model.pattern"].astype(str).str.contains("E")
+
+
+def laziness_tests(runs: Runs) -> list[Test]:
+    """One laziness test per family of SWA hybrids with RoPE full layers that differ only in the window
+    (another pattern, e.g. a depth control, is another family); a family of one window is not tested.
+    With one family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
+    c = runs.configs
+    rope = c[swa_hybrids(c) & c["model.pos.full"].eq("rope")]
+    family = rope["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k != "model.window"},
+                                                   sort_keys=True, default=str))
+    families = [g for _, g in rope.groupby(family, sort=False) if g["model.window"].nunique() >= 2]
+    if len(families) <= 1:
+        return [_laziness(runs, families[0] if families else rope, "laziness")]
+    return [_laziness(runs, g, f"laziness: {g['label'].iloc[0]}") for g in families]
+
+
+def _laziness(runs: Runs, rope: pd.DataFrame, name: str) -> Test:
+    f, c = "2. retrieval heads", runs.configs
+    first = tables.first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
+    if first["window"].nunique() < 2:
+        return Test(f, name, verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
+    first = first.assign(event=first["first_step"].notna(), time=first["first_step"].fillna(first["scored_until"]))
+    by_window = {int(w): g for w, g in first.groupby("window")}
+    evidence = ("first step with a retrieval head for good, per window (seeds; never (S): none by the last scoring "
+                "at step S, a censored time): " + "; ".join(f"W={w}: {_first_steps(g)}" for w, g in by_window.items()))
+    if not first["event"].any():
+        return Test(f, name, verdict="no signal", evidence=evidence)
+    windows = sorted(by_window)
+    pairs = [_window_pair(by_window[a], by_window[b], a, b) for a, b in zip(windows, windows[1:])]
+    return Test(f, name, pairs, evidence, decide=_pair_verdict, combine=_monotone)
+
+
+def _first_steps(g: pd.DataFrame) -> str:
+    steps = ", ".join(str(int(t)) if e else f"never ({int(t)})" for t, e in zip(g["time"], g["event"]))
+    median = stats.km_median(g["time"], g["event"])
+    return steps + f" (Kaplan-Meier median {'not reached' if math.isnan(median) else f'{median:.0f}'})"
+
+
+def _window_pair(small: pd.DataFrame, large: pd.DataFrame, ws: int, wl: int) -> Comparison:
+    """Log-rank test of two windows' censored first-head steps, and their restricted means up to the earlier of
+    the two arms' last scorings (every run is observed until then): larger window minus smaller, > 0 as
+    laziness predicts; Welch's interval."""
+    tau = min(small["scored_until"].min(), large["scored_until"].min())
+    a, b = np.minimum(small["time"], tau).to_numpy(float), np.minimum(large["time"], tau).to_numpy(float)
+    z, p = stats.logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
+    what = f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z) else f"W={wl} - W={ws}"
+    return Comparison(what, float(b.mean() - a.mean()), stats.interval(b, a), p, +1, (len(b), len(a)), "steps")
+
+
+def _pair_verdict(c: Comparison) -> tuple[str, str]:
+    if math.isnan(c.p):
+        return NOT_TESTABLE, "no run of either window formed a retrieval head (both arms censored)"
+    return c.verdict()
+
+
+def _monotone(decided: list[Decided]) -> Decided:
+    """Reproduced if every adjacent pair is in the predicted direction, one is significant and none is
+    significantly reversed; refuted by a significant reversal; else inconclusive with the reason."""
+    reversed_ = [d for d in decided if d[1] == "refuted"]
+    if reversed_:
+        c, _, _ = stats.strongest(reversed_)
+        return c, "refuted", f"{_pair_name(c)}: significantly earlier for the larger window"
+    untestable = [d for d in decided if d[1] == NOT_TESTABLE]
+    against = [d for d in decided if d not in untestable and not d[0].effect > 0]
+    if untestable or against:
+        shown = (untestable or against)[0]
+        why = [f"{_pair_name(d[0])}: not testable (both arms censored)" for d in untestable]
+        why += [f"{_pair_name(d[0])}: " + ("against the predicted direction" if d[0].effect < 0 else
+                                          "no difference up to the earlier last scoring") for d in against]
+        return shown[0], "inconclusive", "; ".join(why)
+    significant = [d for d in decided if d[1] == "reproduced"]
+    if significant:
+        return stats.strongest(significant)[0], "reproduced", ""
+    c, verdict, reason = stats.strongest(decided)
+    return c, verdict, f"every pair in the predicted direction, none significant ({reason})"
+
+
+def _pair_name(c: Comparison) -> str:
+    """``W=64 - W=32`` of a window pair's comparison."""
+    return c.what.split(" restricted")[0]
