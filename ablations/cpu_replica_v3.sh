@@ -67,5 +67,7 @@ for ((i = 0; i < ${#todo[@]}; i += 2)); do  # one run per core
     for pid in "${pids[@]}"; do wait "$pid" || code=1; done
 done
 $hl pack "$root" --out "$results/runs"
-$hl analyze "$results/runs" --grid "$grid" --findings --out "$results"
+if [ -d "$results/runs" ]; then  # at least one run finished
+    $hl analyze "$results/runs" --grid "$grid" --findings --out "$results"
+fi
 exit "$code"
