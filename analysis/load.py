@@ -26,6 +26,7 @@ from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, KINDS, pattern_mixers
 from hybrid_lightning.records import columns
 from hybrid_lightning.rundir import (
     CONFIG_FILE,
+    DATA_KEY,
     GRID_DIR,
     LAYERS_KEY,
     PARAM_FIELDS,
@@ -58,7 +59,8 @@ class Runs:
         bookkeeping, as JSON), ``label`` (readable ``arch``), ``eval_files``, ``mixers`` (the efficient
         mixers, ``+``-joined), ``windowed`` (a layer attends within a window), ``embedding_params``,
         ``non_embedding_params``, ``total_params`` (missing for runs whose provenance lacks the counts),
-        and every flattened config key (provenance left out).
+        and every flattened config key (provenance left out; ``data.files`` is the provenance's data
+        fingerprint where it has one, so that runs of the same data trained from other folders are alike).
     metrics: run, step, tokens, metric, value, then ``label``, ``seed`` and the config keys that
         differ between runs. Metrics: the TensorBoard ``TAGS``, ``heads/<HEAD_TOTALS>`` and the
         long-context scores ``longctx/<score>`` and ``longctx/<score>_beyond`` (analysis/scores.py).
@@ -128,7 +130,10 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
                          "the file is cut short; train the run again (same command) to rewrite it")
     provenance = config.pop(PROVENANCE_KEY, None) or {}
     records, totals, heads, layers, ablations = read_evals(run_dir)
-    return {"config": flat_config(config), "plan": provenance.get(LAYERS_KEY), "params": provenance.get(PARAMS_KEY) or {},
+    flat = flat_config(config)
+    if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
+        flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
+    return {"config": flat, "plan": provenance.get(LAYERS_KEY), "params": provenance.get(PARAMS_KEY) or {},
             "status": read_status(run_dir) or {}, "scalars": read_scalars(run_dir, tags), "records": records,
             "totals": totals, "heads": heads, "layers": layers, "ablations": ablations}
 

@@ -44,6 +44,7 @@ _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)
 # plan (one entry per layer with LAYER_FIELDS) and the parameter counts (PARAM_FIELDS).
 LAYERS_KEY, LAYER_FIELDS = "layers", ("layer", "kind", "letter", "window", "pos")
 PARAMS_KEY, PARAM_FIELDS = "params", ("embedding", "non_embedding", "total")
+DATA_KEY = "data"  # and the fingerprint of the data the run trains on (config/resolve.py fingerprint)
 DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of the data it was trained on
 CKPT_SUFFIX = ".ckpt"
 

@@ -81,3 +81,20 @@ def test_pack_refuses_to_replace_what_it_did_not_write(fabricated, tmp_path, cas
     if before is not None:
         assert before.read_bytes() == content
     assert not (root / "packed").exists()
+
+
+def test_runs_of_the_same_data_from_other_folders_are_one_architecture(tmp_path):
+    """A study spanning sittings trains its cells from wherever the repository is: data.files differ by
+    path, the data's fingerprint (provenance) does not."""
+    from test_analysis import fabricate, run_config, tokens_scalars
+
+    def config(seed, folder, tokens):
+        cfg = run_config(seed)
+        cfg["data"]["files"] = [f"/{folder}/runs/probes.jsonl"]
+        cfg["provenance"]["data"] = {"sources": ["probes.jsonl"], "tokenizer": "byte", "tokens": tokens}
+        return cfg
+
+    for name, seed, folder, tokens in (("a-s0", 0, "sitting1", "d1"), ("a-s1", 1, "sitting2", "d1"), ("b-s0", 0, "sitting2", "d2")):
+        fabricate(tmp_path / "runs" / name, config(seed, folder, tokens), "done", {"train/tokens": tokens_scalars(39)})
+    labels = load_runs(find_runs(tmp_path / "runs")).configs.set_index("run")["label"]
+    assert labels["a-s0"] == labels["a-s1"] != labels["b-s0"], labels.to_dict()

@@ -24,6 +24,7 @@ from hybrid_lightning.design.matching import non_embedding_params
 from hybrid_lightning.rundir import (
     CKPT_DIR,
     CONFIG_FILE,
+    DATA_KEY,
     LAYER_FIELDS,
     LAYERS_KEY,
     PARAM_FIELDS,
@@ -35,7 +36,6 @@ from hybrid_lightning.rundir import (
 if TYPE_CHECKING:
     from hybrid_lightning.model import HybridLM
 
-DATA_KEY = "data"  # config.yaml's provenance: the fingerprint of the data the run trains on
 
 
 def resolve_config(cfg: RunConfig) -> RunConfig:

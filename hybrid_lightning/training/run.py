@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.config.resolve import (
-    DATA_KEY,
     check_extension,
     check_same_run,
     default_run_dir,
@@ -28,6 +27,7 @@ from hybrid_lightning.heads.retrieval import check_probes
 from hybrid_lightning.design.memory import check_fits
 from hybrid_lightning.rundir import (
     CKPT_DIR,
+    DATA_KEY,
     LAST_CKPT,
     find_resume_checkpoint,
     read_status,
