@@ -109,7 +109,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.grid is not None:
         from hybrid_lightning.grid import load_grid
 
-        planned = _planned_cells(load_grid(args.grid, args.dir))
+        planned = _planned_cells(load_grid(args.grid, args.dir, resolve=False))  # its data need not exist here
     report = analyze(args.dir, args.out, args.metric, planned, findings=args.findings)
     if args.findings:
         print((report.parent / "findings.md").read_text())

@@ -98,3 +98,17 @@ def test_runs_of_the_same_data_from_other_folders_are_one_architecture(tmp_path)
         fabricate(tmp_path / "runs" / name, config(seed, folder, tokens), "done", {"train/tokens": tokens_scalars(39)})
     labels = load_runs(find_runs(tmp_path / "runs")).configs.set_index("run")["label"]
     assert labels["a-s0"] == labels["a-s1"] != labels["b-s0"], labels.to_dict()
+
+
+def test_analyze_with_the_grid_needs_no_training_data(fabricated, tmp_path):  # noqa: F811
+    """The committed packed runs of a study are analysed from a clone without runs/: the grid's data files
+    do not exist there, and only its cells' names are needed."""
+    root, _ = fabricated
+    packed = tmp_path / "packed"
+    pack_runs(root, packed)
+    grid = tmp_path / "g.yaml"
+    grid.write_text("base: {data: {files: [runs/missing/probes.jsonl]}}\naxes: {seed: [0, 1]}\n")
+    r = run_cli("analyze", str(packed), "--grid", str(grid), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "seed=0" in (tmp_path / "out" / "report.md").read_text()  # a planned cell without a run directory
+    assert "no file found" in run_cli("grid", "plan", str(grid)).stderr  # a grid to train still needs its data

@@ -97,13 +97,15 @@ class _Option:
     assignment: dict[str, Any]  # what it sets in the config
 
 
-def load_grid(path: str | Path, root: str | Path | None = None) -> Grid:
+def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = True) -> Grid:
     """Reads a grid file and validates every cell; the first problem is one ``ValueError``
     naming the grid file and, where it applies, the cell and the config key.
 
     Args:
         path: the grid YAML file.
         root: folder of the cells' run directories; default the file's ``root:``, else ``runs/<name>``.
+        resolve: False leaves the cells' configs validated but not resolved (``config.resolve_config``):
+            their data files and tokenizer need not exist, as for analysis, which needs the cells' names.
     """
     path = Path(path)
     if not path.is_file():
@@ -136,7 +138,7 @@ def load_grid(path: str | Path, root: str | Path | None = None) -> Grid:
         if hits:
             continue
         overrides = _merge([option.assignment for option in combo], path)
-        cfg = _cell_config(base, overrides, cell_name_for(labels, short), path)
+        cfg = _cell_config(base, overrides, cell_name_for(labels, short), path, resolve)
         labels = _normalised(labels, cfg)
         cell_name = cell_name_for(labels, short)
         cells.append(Cell(cell_name, labels, overrides, cfg.model_copy(update={"name": cell_name}), root / cell_name))
@@ -230,11 +232,13 @@ def _merge(assignments: list[dict[str, Any]], grid_path: Path) -> dict[str, Any]
     return out
 
 
-def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Path) -> RunConfig:
+def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Path, resolve: bool) -> RunConfig:
     if "name" in overrides:
         raise ValueError(f"{grid_path}: 'name' cannot be set by an axis; each cell is named after its values")
     try:
         raw = resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent)
+        if not resolve:
+            return validate_config(raw)
         cfg = resolve_config(validate_config(raw))
         _check_probes(cfg.eval, cfg.data.tokenizer)
         return cfg
