@@ -46,7 +46,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     if findings:
         sections.insert(2, _findings(runs, out))
     _write(runs.metrics, out, "metrics.csv")
-    _write(runs.configs, out, "runs.csv")
+    _write(runs.configs.drop(columns="path"), out, "runs.csv")  # run: its path under the folder, the same on any machine
     summary = tables.summary(runs.metrics, runs.configs, metric)
     sections += [_emergence(runs, out, metric, tag), _laziness(runs, out), _niah(runs, out, metric),
                  _pos(runs, out, metric, summary), _head_maps(runs, out), _ablation(runs, out), _summary(summary, out)]
