@@ -36,6 +36,8 @@ for path in embedded_files():
     if sum(map(len, out[name])) + len(text) <= budget[name]:
         out[name].append(text)
 for name, docs in out.items():
+    if (root / f"{name}.jsonl").exists():  # written before, or someone's own: kept
+        continue
     tmp = root / f"{name}.jsonl.tmp"
     tmp.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     tmp.rename(root / f"{name}.jsonl")

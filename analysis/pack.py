@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid_lightning.fileio import write_atomic
+from hybrid_lightning.fileio import overlap, write_atomic
 from hybrid_lightning.rundir import CONFIG_FILE, EVAL_DIR, SCALARS_FILE, STATUS_FILE, eval_files, read_status
 
 PACKED = (CONFIG_FILE, STATUS_FILE, SCALARS_FILE)  # with eval/<record>.json: every file a packed run holds
@@ -89,8 +89,7 @@ def _check_target(run: Path, target: Path) -> None:
 
 def _check_apart(root: Path, out: Path) -> None:
     """Refuses an ``out`` inside ``root`` (a later pack would pack the packed runs) or around it."""
-    r, o = root.resolve(), out.resolve()
-    if r == o or r in o.parents or o in r.parents:
+    if overlap(root, out):
         raise ValueError(f"--out: {out} and DIR {root} overlap; packed runs go into a folder apart from the runs")
 
 

@@ -36,6 +36,12 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def overlap(a: Path, b: Path) -> bool:
+    """Whether folders ``a`` and ``b`` are one, or one lies inside the other (after resolving links)."""
+    a, b = Path(a).resolve(), Path(b).resolve()
+    return a == b or a in b.parents or b in a.parents
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
     """Replaces ``path`` with ``text`` (or bytes) all at once: a unique temporary beside it, fsynced, renamed onto
     it, the folder fsynced. On any failure (or interruption) the temporary is removed and ``path``

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig
+from hybrid_lightning.fileio import overlap
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
 from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
@@ -81,10 +82,8 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
 def check_apart(out: Path, sources: list[Path]) -> None:
     """A ``ValueError`` when ``out`` is, contains or lies inside one of ``sources`` (replacing it
     would delete what the export reads, or the run itself)."""
-    target = out.resolve()
     for source in sources:
-        src = source.resolve()
-        if target == src or target in src.parents or src in target.parents:
+        if overlap(out, source):
             raise ValueError(f"--out {out} is, contains or lies inside {source}, which the export reads; "
                              "choose a folder apart from the run and its files")
 
