@@ -60,10 +60,10 @@ def packed_files(run: Path, tags: tuple[str, ...]) -> dict[str, bytes]:
 
 
 def _pack(run: Path, target: Path, tags: tuple[str, ...]) -> str:
-    files = packed_files(run, tags)
-    if _existing(target) == files:
+    files, existing = packed_files(run, tags), _existing(target)
+    if existing == files:
         return "unchanged"
-    for name in set(_existing(target)) - set(files):  # an evaluation record the run no longer has
+    for name in set(existing) - set(files):  # an evaluation record the run no longer has
         (target / name).unlink()
     for name, content in files.items():
         (target / name).parent.mkdir(parents=True, exist_ok=True)
