@@ -73,3 +73,16 @@ def test_tokens_per_step_is_the_train_configs_alone():
                 if {"batch_size", "seq_len"} <= names and path.name != "schema.py":
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not found, found
+
+
+
+def test_data_files_moved_elsewhere_are_the_same_run_and_renamed_ones_are_not(tmp_path):
+    """A run directory unpacked or moved next to data at another path holds the same run; another file
+    (by name) does not. What the files hold is checked by the data fingerprint when training resumes."""
+    def with_files(*files):
+        return RunConfig.model_validate({**config_to_dict(CFG), "data": {"files": files}})
+
+    old = config_to_dict(with_files("/old/checkout/runs/a.jsonl", "/old/b.txt"))
+    _check_same(tmp_path, old, with_files("/new/place/a.jsonl", "/new/b.txt"), "config.yaml")
+    with pytest.raises(ValueError, match="data.files"):
+        _check_same(tmp_path, old, with_files("/new/place/a.jsonl", "/new/c.txt"), "config.yaml")

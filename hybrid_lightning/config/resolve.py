@@ -110,9 +110,18 @@ def check_same_run(run_dir: Path, cfg: RunConfig, checkpoint: Path | None = None
         _check_same(run_dir, stored, cfg, f"{CKPT_DIR}/{checkpoint.name}")
 
 
+def _compared(key: str, value):
+    """``data.files`` by file name: where the files lie is a location, so a run directory moved or unpacked
+    on another machine or checkout (the data elsewhere) holds the same run; what the files hold is checked
+    by the data fingerprint when training resumes (``recorded_data``)."""
+    if key == "data.files" and isinstance(value, (list, tuple)):
+        return [Path(v).name for v in value]
+    return value
+
+
 def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
     a, b = flatten(old), flatten(config_to_dict(cfg))
-    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    changed = sorted(k for k in a.keys() | b.keys() if _compared(k, a.get(k)) != _compared(k, b.get(k)))
     blocking = [k for k in changed if not may_change_on_resume(k)]
     if blocking:
         diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
