@@ -5,12 +5,13 @@ import shutil
 
 import pandas as pd
 import pytest
+import yaml
 
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.analysis.pack import copy_packed, pack_runs
 from hybrid_lightning.analysis.report import analyze
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
 
 TABLES = ("metrics", "records", "heads", "layers", "ablations")
@@ -112,3 +113,27 @@ def test_analyze_with_the_grid_needs_no_training_data(fabricated, tmp_path):  # 
     assert r.returncode == 0, r.stderr[-2000:]
     assert "seed=0" in (tmp_path / "out" / "report.md").read_text()  # a planned cell without a run directory
     assert "no file found" in run_cli("grid", "plan", str(grid)).stderr  # a grid to train still needs its data
+
+
+@pytest.mark.slow
+def test_a_grid_unpacked_in_another_checkout_finds_its_packed_cells_done(tmp_path):
+    """A study spanning sittings: a cell trained in one checkout (its data there), packed, and unpacked
+    into a grid root of another checkout (the same data at another path) counts as done there, not as a
+    run of another config."""
+    from test_grid import TINY_BASE
+
+    def checkout(name):
+        folder = tmp_path / name
+        (folder / "data").mkdir(parents=True)
+        shutil.copy(REPO / "README.md", folder / "data" / "text.md")
+        base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 3}, "data": {"files": ["data/text.md"]}}
+        (folder / "g.yaml").write_text(yaml.safe_dump({"base": base, "root": "runs/g", "axes": {"seed": [0]}}))
+        return folder
+
+    first, second = checkout("first"), checkout("second")
+    r = run_cli("grid", "submit", "g.yaml", "--executor", "local", cwd=first)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert run_cli("pack", "runs/g", "--out", str(tmp_path / "packed"), cwd=first).returncode == 0
+    assert run_cli("unpack", str(tmp_path / "packed"), "--into", "runs/g", cwd=second).returncode == 0
+    r = run_cli("grid", "submit", "g.yaml", "--executor", "local", cwd=second)
+    assert r.returncode == 0 and "1 cells (1 done); 0 to submit" in r.stdout, r.stdout + r.stderr[-2000:]

@@ -48,14 +48,19 @@ def _resume_is_exact(tmp_path, mixer):
             "--set", "train.log_every_n_steps=1", "--set", "train.checkpoint_every_n_steps=10",
             "--set", "train.val_every_n_steps=15"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run_cli("train", "--run-dir", str(straight), *args, "--set", "train.max_steps=20").returncode == 0
-    assert run_cli("train", "--run-dir", str(resumed), *args, "--set", "train.max_steps=10").returncode == 0
-    r = run_cli("train", "--run-dir", str(resumed), *args, "--set", "train.max_steps=20")
-    assert r.returncode == 0 and "resuming from" in r.stdout, r.stderr[-3000:]
+    legs = [run_cli("train", "--run-dir", str(d), *args, "--set", f"train.max_steps={n}")
+            for d, n in ((straight, 20), (resumed, 10), (resumed, 20))]
+    assert all(r.returncode == 0 for r in legs), [r.stderr[-2000:] for r in legs]
+    assert "resuming from" in legs[2].stdout, legs[2].stdout[-2000:]
+    told = "\n".join(r.stdout[-1500:] for r in legs)  # the console of each leg, should a check fail
+    # The losses first: where they part, the first differing step tells which part of a resume went wrong.
+    a, b = scalars(straight, "train/loss"), scalars(resumed, "train/loss")
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(20)), (a, b, told)
+    assert a == b, (next(x for x in zip(a, b) if x[0] != x[1]), told)
     a, b = _final_weights(straight), _final_weights(resumed)
     assert a.keys() == b.keys()
-    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
-    assert scalars(straight, "train/loss") == scalars(resumed, "train/loss")
+    worst = max(((a[k] - b[k]).abs().max().item(), k) for k in a)
+    assert worst[0] <= 1e-6, (worst, told)
 
 
 @pytest.mark.slow
