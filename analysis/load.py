@@ -96,12 +96,11 @@ def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
     a packed run's (analysis/pack.py) from its ``scalars.csv``."""
     tags = tuple(tags)
     acc = read_events(run_dir)
-    if acc is None and (Path(run_dir) / SCALARS_FILE).is_file():
+    present = set(acc.Tags()["scalars"]) if acc is not None else set()
+    # A packed run, also once unpacked into a grid's root, where the grid's hparams events (no scalars) join it.
+    if not present and (Path(run_dir) / SCALARS_FILE).is_file():
         packed = pd.read_csv(Path(run_dir) / SCALARS_FILE, dtype={"step": "int64", "metric": str, "value": "float64"})
         return packed[packed["metric"].isin(tags)].reset_index(drop=True)
-    if acc is None:
-        return pd.DataFrame(columns=["step", "metric", "value"])
-    present = set(acc.Tags()["scalars"])
     rows = [(e.step, tag, e.value) for tag in tags if tag in present for e in acc.Scalars(tag)]
     return pd.DataFrame(rows, columns=["step", "metric", "value"])
 

@@ -137,3 +137,9 @@ def test_a_grid_unpacked_in_another_checkout_finds_its_packed_cells_done(tmp_pat
     assert run_cli("unpack", str(tmp_path / "packed"), "--into", "runs/g", cwd=second).returncode == 0
     r = run_cli("grid", "submit", "g.yaml", "--executor", "local", cwd=second)
     assert r.returncode == 0 and "1 cells (1 done); 0 to submit" in r.stdout, r.stdout + r.stderr[-2000:]
+    # Packed again from there, beside the grid's hparams events (no scalars): the same packed run.
+    before = (tmp_path / "packed" / "seed=0" / "scalars.csv").read_bytes()
+    assert "val/loss" in before.decode() and list((second / "runs" / "g" / "seed=0").glob("events.out.tfevents.*"))
+    r = run_cli("pack", "runs/g", "--out", str(tmp_path / "packed"), cwd=second)
+    assert r.returncode == 0 and "seed=0: unchanged" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert (tmp_path / "packed" / "seed=0" / "scalars.csv").read_bytes() == before
