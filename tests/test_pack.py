@@ -13,6 +13,7 @@ from hybrid_lightning.analysis.report import analyze
 
 from conftest import REPO, run_cli
 from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
+from test_grid import TINY_BASE
 
 TABLES = ("metrics", "records", "heads", "layers", "ablations")
 
@@ -120,8 +121,6 @@ def test_a_grid_unpacked_in_another_checkout_finds_its_packed_cells_done(tmp_pat
     """A study spanning sittings: a cell trained in one checkout (its data there), packed, and unpacked
     into a grid root of another checkout (the same data at another path) counts as done there, not as a
     run of another config."""
-    from test_grid import TINY_BASE
-
     def checkout(name):
         folder = tmp_path / name
         (folder / "data").mkdir(parents=True)
