@@ -1,17 +1,52 @@
 #!/usr/bin/env bash
-# The CPU replica end to end (README, "The paper's matrix"): writes the probe-format training documents,
-# trains ablations/cpu_replica.yaml on this machine two cells at a time (about 1 h 30 min on 2 cores; run
-# again, it resumes), then tests each run's retrieval heads by ablation at the training length: the 2 best
-# heads (chosen on held-out probes) against 20 layer-matched random draws, and every head alone (one run
-# per core, about 5 minutes in all), and writes the report with the verdicts on the paper's findings to
-# analysis/results/cpu_replica/. A run whose top 2 is tied (e.g. no head scores at all) has no top-2
-# ablation (the refusal is in its heads_ablation.log), only the single-head one.
+# The CPU replica end to end (ablations/cpu_replica.yaml; docs/grids.md, "A CPU replica").
+# It spans sittings whose runs/ do not survive: the finished runs are kept as packed records in
+# analysis/results/cpu_replica/runs/ (hybrid-lightning pack, docs/run-directory.md), which this script
+# copies back into the grid's root first, so the grid trains only the cells not packed yet. Run it
+# again in the next sitting (after committing the packed runs); stopped (Ctrl-C), it keeps what finished.
+#
+# Steps: write the training data (probe-format documents with probe seed 1; natural text from the
+# standard library's source, some files held out for val/text_loss); train the remaining cells two at
+# a time; ablate the retrieval heads of every run trained in this sitting (the 2 best heads against 20
+# layer-matched random draws, and every head alone, at the training length); pack the finished runs;
+# analyse the packed runs into analysis/results/cpu_replica/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hl=${HYBRID_LIGHTNING:-$( [ -x .venv/bin/hybrid-lightning ] && echo .venv/bin/hybrid-lightning || echo hybrid-lightning )}
+py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
+grid=ablations/cpu_replica.yaml
 root=runs/cpu_replica
-$hl probes passkey niah_single_1 --lengths 511 --samples 5000 --value-tokens 16 --seed 1 --out "$root/probes.jsonl"
-$hl grid submit ablations/cpu_replica.yaml --executor local --parallel 2
+results=analysis/results/cpu_replica
+mkdir -p "$root"
+
+[ -f "$root/probes.jsonl" ] || $hl probes passkey niah_single_1 --lengths 511 --samples 5000 --value-tokens 16 --seed 1 \
+    --out "$root/probes.jsonl"
+[ -f "$root/text_val.jsonl" ] || "$py" - "$root" <<'PY'
+# Natural text: the standard library's source files (the embedded corpus) in their fixed order, one
+# document each; a file whose path hashes to 0 mod 20 is held out. 2.5M bytes (= tokens) for training.
+import hashlib, json, sys
+from pathlib import Path
+from hybrid_lightning.data.corpus import embedded_files
+
+root, budget = Path(sys.argv[1]), {"text": 2_500_000, "text_val": 250_000}
+out = {name: [] for name in budget}
+for path in embedded_files():
+    name = "text_val" if int(hashlib.sha256(path.name.encode()).hexdigest(), 16) % 20 == 0 else "text"
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if sum(map(len, out[name])) + len(text) <= budget[name]:
+        out[name].append(text)
+for name, docs in out.items():
+    if (root / f"{name}.jsonl").exists():  # written before, or someone's own: kept
+        continue
+    tmp = root / f"{name}.jsonl.tmp"
+    tmp.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    tmp.rename(root / f"{name}.jsonl")
+    print(f"{root / name}.jsonl: {len(docs)} documents, {sum(map(len, docs)):,} characters")
+PY
+
+[ -d "$results/runs" ] && $hl unpack "$results/runs" --into "$root"
+code=0
+$hl grid submit "$grid" --executor local --parallel 2 || code=$?  # stopped or failed cells: pack what finished
 
 ablate() {  # run directory
     if ! $hl heads "$1" --mask-top 2 --controls 20 --mask-each --set 'eval.lengths=[512]'; then
@@ -19,13 +54,22 @@ ablate() {  # run directory
         $hl heads "$1" --mask-each --set 'eval.lengths=[512]'
     fi
 }
-runs=("$root"/arch=*/)
-for ((i = 0; i < ${#runs[@]}; i += 2)); do  # one run per core
+todo=()
+for run in "$root"/seed=*/; do  # trained here (a checkpoint), done, not ablated yet
+    if [ -f "$run/checkpoints/last.ckpt" ] && grep -q '"state": "done"' "$run/status.json" && [ ! -f "$run/heads_ablation.log" ]; then
+        todo+=("$run")
+    fi
+done
+for ((i = 0; i < ${#todo[@]}; i += 2)); do  # one run per core
     pids=()
-    for run in "${runs[@]:i:2}"; do
-        OMP_NUM_THREADS=1 ablate "$run" > "$run/heads_ablation.log" 2>&1 &
+    for run in "${todo[@]:i:2}"; do
+        OMP_NUM_THREADS=1 ablate "$run" > "$run/heads_ablation.log.tmp" 2>&1 && mv "$run/heads_ablation.log.tmp" "$run/heads_ablation.log" &
         pids+=($!)
     done
-    for pid in "${pids[@]}"; do wait "$pid"; done
+    for pid in "${pids[@]}"; do wait "$pid" || code=1; done
 done
-$hl analyze "$root" --grid ablations/cpu_replica.yaml --findings --out analysis/results/cpu_replica
+$hl pack "$root" --out "$results/runs"
+if [ -d "$results/runs" ]; then  # at least one run finished
+    $hl analyze "$results/runs" --grid "$grid" --findings --out "$results"
+fi
+exit "$code"

@@ -76,32 +76,25 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert grid.cells[-1].config.model.d_model == 256 and grid.cells[-1].config.model.window == 128
     assert load_profile(REPO / "slurm" / "local.yaml")["slurm_partition"] == "debug"
     assert load_profile(REPO / "slurm" / "example.yaml")["gpus_per_node"] == 8
-    # the replica trains on probe documents that cpu_replica.sh writes under runs/: a stand-in beside a copy
+    # the replica: every architecture, natural text, 5 seeds where the NoPE and laziness tests compare;
+    # it trains on files that cpu_replica.sh writes under runs/: stand-ins beside a copy
     (tmp_path / "ablations").mkdir()
     shutil.copy(REPO / "ablations" / "cpu_replica.yaml", tmp_path / "ablations")
-    (tmp_path / "runs" / "cpu_replica").mkdir(parents=True)
-    (tmp_path / "runs" / "cpu_replica" / "probes.jsonl").write_text(json.dumps({"text": "a probe"}) + "\n")
-    replica = load_grid(tmp_path / "ablations" / "cpu_replica.yaml", root=tmp_path / "grid")
-    assert [c.name for c in replica.cells][::3] == ["arch=full,seed=0", "arch=swa32,seed=0", "arch=swa32-nope,seed=0",
-                                                     "arch=swa128,seed=0", "arch=swa256,seed=0"]
-    assert len(replica.cells) == 15 and {c.config.seed for c in replica.cells} == {0, 1, 2}  # 3 seeds for every arm
-    assert {c.config.train.seq_len for c in replica.cells} == {512} and max(replica.cells[0].config.eval.lengths) == 2048
-    # the third edition: every architecture, natural text, 5 seeds where the NoPE and laziness tests compare
-    shutil.copy(REPO / "ablations" / "cpu_replica_v3.yaml", tmp_path / "ablations")
-    data = tmp_path / "runs" / "cpu_replica_v3"
+    data = tmp_path / "runs" / "cpu_replica"
     data.mkdir(parents=True)
     for name in ("probes", "text", "text_val"):
         (data / f"{name}.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
-    v3 = load_grid(tmp_path / "ablations" / "cpu_replica_v3.yaml", root=tmp_path / "grid3")
+    replica = load_grid(tmp_path / "ablations" / "cpu_replica.yaml", root=tmp_path / "grid")
+    assert {c.config.train.seq_len for c in replica.cells} == {512} and max(replica.cells[0].config.eval.lengths) == 2048
     seeds = {}
-    for c in v3.cells:
+    for c in replica.cells:
         seeds.setdefault(c.name.split("arch=")[1], set()).add(c.config.seed)
     five = {"swa8", "swa8-nope", "swa32", "swa128"}
     assert {a for a, s in seeds.items() if s == set(range(5))} == five and len(seeds) == 10
-    assert all(s == {0, 1, 2} for a, s in seeds.items() if a not in five) and len(v3.cells) == 38
-    mixers = {c.config.model.mixer for c in v3.cells if c.config.model.pattern != "F"}
+    assert all(s == {0, 1, 2} for a, s in seeds.items() if a not in five) and len(replica.cells) == 38
+    mixers = {c.config.model.mixer for c in replica.cells if c.config.model.pattern != "F"}
     assert mixers == {"swa", "mamba2", "gated_deltanet", "lightning"}
-    assert {c.config.data.text_val_files for c in v3.cells} == {(str((data / "text_val.jsonl").resolve()),)}
+    assert {c.config.data.text_val_files for c in replica.cells} == {(str((data / "text_val.jsonl").resolve()),)}
 
 
 def test_presets_zip_and_long_names(tmp_path):
