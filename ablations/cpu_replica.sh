@@ -3,13 +3,15 @@
 # It spans sittings whose runs/ do not survive: the finished runs are kept as packed records in
 # analysis/results/cpu_replica/runs/ (hybrid-lightning pack, docs/run-directory.md), which this script
 # copies back into the grid's root first, so the grid trains only the cells not packed yet. Run it
-# again in the next sitting (after committing the packed runs); stopped (Ctrl-C), it keeps what finished.
+# again in the next sitting (after committing the packed runs); stopped with SIGTERM to its `grid submit`,
+# it keeps what finished.
 #
 # Steps: write the training data (probe-format documents with probe seed 1; natural text from the
 # standard library's source, some files held out for val/text_loss); train the remaining cells two at
-# a time; ablate the retrieval heads of every run trained in this sitting (the 2 best heads against 20
-# layer-matched random draws, and every head alone, at the training length); pack the finished runs;
-# analyse the packed runs into analysis/results/cpu_replica/.
+# a time; ablate the retrieval heads of every run trained in this sitting at the training length (the
+# 2 best heads against 20 layer-matched and 20 non-retrieval random pairs, and every head alone; only
+# the latter where the top 2 is tied); pack the finished runs; analyse the packed runs into
+# analysis/results/cpu_replica/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hl=${HYBRID_LIGHTNING:-$( [ -x .venv/bin/hybrid-lightning ] && echo .venv/bin/hybrid-lightning || echo hybrid-lightning )}
