@@ -56,15 +56,17 @@ from hybrid_lightning.analysis import stats, tables
 from hybrid_lightning.analysis.emergence import emergence
 from hybrid_lightning.analysis.laziness import laziness_tests, swa_hybrids
 from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.metrics import METRICS
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
-from hybrid_lightning.kinds import FULL, KINDS
+from hybrid_lightning.kinds import FULL
+from hybrid_lightning.records import Tag
 from hybrid_lightning.units import si
 
-SCORE = "longctx/token_acc"
-SCORE_SE = "longctx/token_acc_se"
-SCORE_BEYOND = "longctx/token_acc_beyond"
-RETRIEVAL = "val/retrieval_acc"
-TEXT_LOSS = "val/text_loss"  # held-out natural text only (training/system.py)
+SCORE = METRICS["token_acc"]
+SCORE_SE = f"{SCORE}_se"
+SCORE_BEYOND = f"{SCORE}_beyond"
+RETRIEVAL = Tag.RETRIEVAL_ACC
+TEXT_LOSS = Tag.TEXT_LOSS  # held-out natural text only (training/system.py)
 LOSS_COST = 0.02  # nats per token: the short-context cost NoPE may have
 TEST_COLUMNS = ["finding", "test", "verdict", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
                 "reason", "evidence"]
@@ -253,11 +255,10 @@ def _against(top: pd.DataFrame, random: pd.DataFrame, name: str) -> tuple[Compar
 
 def _nope(runs: Runs) -> list[Test]:
     f, c = "3. NoPE on full layers", runs.configs
-    arch = c.drop_duplicates("label").set_index("label")["arch"].map(json.loads)
+    hybrids = c[swa_hybrids(c)].drop_duplicates("label").set_index("label")["arch"].map(json.loads)
     groups: dict[str, dict[str, str]] = {}
-    for label, identity in arch.items():
-        mixer = identity.get("model.mixer")
-        if mixer in KINDS and KINDS[mixer].has_window and "model.pos.full" in identity:
+    for label, identity in hybrids.items():
+        if "model.pos.full" in identity:
             rest = json.dumps({k: v for k, v in identity.items() if k != "model.pos.full"}, sort_keys=True, default=str)
             groups.setdefault(rest, {})[identity["model.pos.full"]] = label
     pairs = [p for p in groups.values() if {"rope", "nope"} <= p.keys()]

@@ -15,13 +15,12 @@ from hybrid_lightning.analysis import stats, tables
 from hybrid_lightning.analysis.emergence import NOT_TESTABLE
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
-from hybrid_lightning.kinds import KINDS
 
 
 def swa_hybrids(c: pd.DataFrame) -> pd.Series:
-    """Runs whose model.mixer has a window and appears in the pattern."""
-    windowed = c["model.mixer"].map(lambda m: m in KINDS and KINDS[m].has_window)
-    return windowed & c["model.pattern"].astype(str).str.contains("E")
+    """Runs whose plan is a windowed hybrid: full-attention layers beside efficient layers that all attend
+    within a window (``RunPlan.windowed_hybrid``), however the pattern spelled them."""
+    return c["windowed_hybrid"].astype(bool)
 
 
 def laziness_tests(runs: Runs) -> list[Test]:

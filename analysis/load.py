@@ -1,6 +1,8 @@
 """Run directories into tidy tables. Reads only the run-directory contract (docs/run-directory.md;
-its paths and readers are ``hybrid_lightning.rundir``'s): ``config.yaml`` with its
-provenance (layer plan, parameter counts), ``status.json``, the TensorBoard scalars and ``eval/*.json``.
+its paths and readers are ``hybrid_lightning.rundir``'s): ``config.yaml`` with its provenance, the run
+plan (``plan.json``: the layers, parameter counts and tokens; ``rundir.read_plan``), ``status.json``, the
+TensorBoard scalars and ``eval/*.json``. An architecture is what the plan says, not how the config spelled
+it: ``SSSF`` and ``EEEF`` with ``model.mixer: swa`` are one.
 
     runs = load_runs(find_runs("runs/window-nope"))
     runs.metrics   # one row per run x step x metric, with the varying config values as columns
@@ -20,31 +22,34 @@ from pathlib import Path
 import pandas as pd
 
 from hybrid_lightning.analysis.scores import record_scores
-from hybrid_lightning.config import PROVENANCE_KEY, TrainConfig, flatten
+from hybrid_lightning.config import PROVENANCE_KEY, flatten
 from hybrid_lightning.config.roles import is_identity
-from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, KINDS, pattern_mixers
-from hybrid_lightning.records import columns
+from hybrid_lightning.kinds import FULL, KINDS
+from hybrid_lightning.records import Tag, columns
+from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.rundir import (
     CONFIG_FILE,
     DATA_KEY,
     GRID_DIR,
-    LAYERS_KEY,
-    PARAM_FIELDS,
-    PARAMS_KEY,
     SCALARS_FILE,
     eval_files,
     read_config_dict,
     read_eval_record,
     read_events,
+    read_plan,
     read_status,
 )
 
 # TensorBoard scalars read by default; the others are skipped while reading.
-TAGS = ("train/loss", "train/tokens", "val/loss", "val/text_loss", "val/synthetic_loss", "val/retrieval_acc")
+TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC)
 HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of heads_step_<k>.json "total"
-PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)  # the provenance's parameter counts
+PARAM_FIELDS = ("embedding", "non_embedding", "total")  # the plan's parameter counts
+PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)
 # configs' own columns
-RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files", "mixers", "windowed", *PARAM_COLUMNS)
+RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files", "mixers", "windowed",
+               "windowed_hybrid", "full_layers", *PARAM_COLUMNS)
+# The model keys whose meaning the plan holds (each set only where it applies), in place of the config's spelling.
+PLANNED_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient")
 # Labels name the config keys that differ between the runs loaded, these three by a short name or none.
 LABEL_NAMES = {"model.mixer": "", "model.window": "W", "model.pattern": ""}
 LABEL_MAX, VALUE_MAX = 48, 16  # characters of a label and of one value in it (legends stay readable)
@@ -55,12 +60,13 @@ class Runs:
     """Everything ``load_runs`` read; every table has a ``run`` column (the run's path relative to the root).
 
     configs: one row per run: ``run``, ``path``, ``state`` (status.json; ``no status.json`` without one),
-        ``status_step``, ``tokens_per_step``, ``arch`` (the identity: config without seed and
-        bookkeeping, as JSON), ``label`` (readable ``arch``), ``eval_files``, ``mixers`` (the efficient
-        mixers, ``+``-joined), ``windowed`` (a layer attends within a window), ``embedding_params``,
-        ``non_embedding_params``, ``total_params`` (missing for runs whose provenance lacks the counts),
-        and every flattened config key (provenance left out; ``data.files`` is the provenance's data
-        fingerprint where it has one, so that runs of the same data trained from other folders are alike).
+        ``status_step``, ``tokens_per_step`` (the plan's), ``arch`` (the identity, ``_identity``, as JSON),
+        ``label`` (readable ``arch``), ``eval_files``, from the plan ``mixers`` (the efficient mixers,
+        ``+``-joined), ``windowed`` (a layer attends within a window), ``windowed_hybrid`` (full layers
+        beside windowed ones only), ``full_layers`` (their indices, comma-joined), ``embedding_params``,
+        ``non_embedding_params``, ``total_params`` (missing for older runs that did not record them), and every
+        flattened config key (provenance left out; ``data.files`` is the provenance's data fingerprint where it
+        has one, so that runs of the same data trained from other folders are alike).
     metrics: run, step, tokens, metric, value, then ``label``, ``seed`` and the config keys that
         differ between runs. Metrics: the TensorBoard ``TAGS``, ``heads/<HEAD_TOTALS>`` and the
         long-context scores ``longctx/<score>`` and ``longctx/<score>_beyond`` (analysis/scores.py).
@@ -132,9 +138,9 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
     flat = flat_config(config)
     if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
         flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
-    return {"config": flat, "plan": provenance.get(LAYERS_KEY), "params": provenance.get(PARAMS_KEY) or {},
-            "status": read_status(run_dir) or {}, "scalars": read_scalars(run_dir, tags), "records": records,
-            "totals": totals, "heads": heads, "layers": layers, "ablations": ablations}
+    return {"config": flat, "plan": read_plan(run_dir), "status": read_status(run_dir) or {},
+            "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads, "layers": layers,
+            "ablations": ablations}
 
 
 def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: Iterable[str] = TAGS,
@@ -152,7 +158,7 @@ def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: 
         if not (d / CONFIG_FILE).is_file():
             raise ValueError(f"dirs: {d} holds no {CONFIG_FILE}; is it a run directory?")
     root = Path(root).absolute() if root is not None else _common_parent(dirs)
-    tags = tuple(dict.fromkeys([*tags, "train/tokens"]))
+    tags = tuple(dict.fromkeys([*tags, Tag.TOKENS]))
     if workers > 1 and len(dirs) > 1:
         with ProcessPoolExecutor(workers) as pool:
             raw = list(pool.map(_read_run, dirs, [tags] * len(dirs), chunksize=max(1, len(dirs) // (4 * workers))))
@@ -169,71 +175,51 @@ def _common_parent(dirs: list[Path]) -> Path:
 
 def _configs(names: list[str], dirs: list[Path], raw: list[dict]) -> pd.DataFrame:
     """One row per run; see ``Runs.configs``."""
-    rows, plans = [], []
+    rows = []
     for name, path, r in zip(names, dirs, raw):
-        mixers, windowed = _mixer_plan(r["config"], r["plan"])
-        plans.append((mixers, windowed))
-        params = {column: r["params"].get(f) for column, f in zip(PARAM_COLUMNS, PARAM_FIELDS)}
+        plan: RunPlan = r["plan"]
+        params = {column: (plan.params or {}).get(f) for column, f in zip(PARAM_COLUMNS, PARAM_FIELDS)}
         rows.append({"run": name, "path": str(path), "state": r["status"].get("state", "no status.json"),
-                     "status_step": r["status"].get("step"), "tokens_per_step": _tokens_per_step(r["config"], r),
-                     "eval_files": bool(r["records"] or r["totals"]), "mixers": "+".join(mixers), "windowed": windowed,
-                     **params, **r["config"]})
+                     "status_step": r["status"].get("step"), "tokens_per_step": float(plan.budget.tokens_per_step),
+                     "eval_files": bool(r["records"] or r["totals"]), "mixers": "+".join(plan.mixers),
+                     "windowed": bool(plan.windows), "windowed_hybrid": plan.windowed_hybrid,
+                     "full_layers": ",".join(map(str, plan.full_layers)), **params, **r["config"]})
     configs = pd.DataFrame(rows)
     if configs.empty:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "arch", "label", "seed"])
-    identities = [_identity(row, *plan) for row, plan in zip(configs.to_dict("records"), plans)]
+    identities = [_identity(row, r["plan"]) for row, r in zip(configs.to_dict("records"), raw)]
     configs["arch"] = [json.dumps(i, sort_keys=True, default=str) for i in identities]
-    configs["label"] = _labels(identities, plans)
+    configs["label"] = _labels(identities, [r["plan"] for r in raw])
     return configs
 
 
-def _tokens_per_step(cfg: dict, r: dict) -> float:
-    """Training tokens per optimizer step over all ranks: from ``train/tokens`` (logged at step s as the tokens
-    of s + 1 steps) or an evaluation file, else from the config (one device per node where ``devices`` is auto)."""
-    logged = r["scalars"][r["scalars"]["metric"] == "train/tokens"]
-    if len(logged):
-        last = logged.iloc[-1]
-        return float(last["value"]) / (last["step"] + 1)
-    for row in r["records"][:1] + r["totals"][:1]:
-        return row["tokens"] / (row["step"] + 1)
-    keys = {k.removeprefix("train."): v for k, v in cfg.items() if k.startswith("train.")}
-    train = TrainConfig.model_construct(**{k: v for k, v in keys.items() if k in TrainConfig.model_fields})
-    accumulate = cfg.get("train.accumulate_grad_batches", 1)  # runs from before accumulation: 1
-    return float(train.tokens_per_step(train.planned_world_size(), accumulate))
+def planned(plan: RunPlan) -> dict:
+    """``PLANNED_KEYS`` as the plan has them, each only where it applies: the pattern (``RunPlan.pattern``),
+    the efficient mixers (``+``-joined), the window of windowed layers, the positional encoding of full layers
+    and of efficient layers that take one."""
+    values = {"model.pattern": plan.pattern, "model.mixer": "+".join(plan.mixers) or None,
+              "model.window": plan.window, "model.pos.full": plan.position(True), "model.pos.efficient": plan.position(False)}
+    return {k: v for k, v in values.items() if v is not None}
 
 
-def _mixer_plan(cfg: dict, plan: list[dict] | None) -> tuple[list[str], bool]:
-    """(the efficient mixers of the model in order of first use, whether any layer attends within a window).
-
-    From the layer plan training recorded in the provenance (``rundir.LAYERS_KEY``), so that a mixer this
-    process does not know is still named; for runs written before that, from ``model.pattern`` and
-    ``model.mixer`` with ``hybrid_lightning.kinds`` (letters it does not know are left out)."""
-    if plan:
-        return list(dict.fromkeys(layer["kind"] for layer in plan if layer["kind"] != FULL)), any(
-            layer["window"] is not None for layer in plan)
-    mixer = cfg.get("model.mixer")
-    mixers = [m for m in pattern_mixers(str(cfg.get("model.pattern", "")), mixer if mixer in KINDS else None) if m != FULL]
-    return mixers, any(KINDS[m].has_window for m in mixers)
-
-
-def _identity(cfg: dict, mixers: list[str], windowed: bool) -> dict:
-    """The config keys that make an architecture (and budget): those whose role tells architectures apart
-    (``hybrid_lightning.config.roles.is_identity``: no seed, bookkeeping or evaluation keys); the
-    window only where the model has windowed layers, the mixer only where ``E`` occurs in the pattern, each
-    positional encoding only where the model has layers of its kind (``mixers``, ``windowed``: ``_mixer_plan``)."""
-    pattern = str(cfg.get("model.pattern", ""))
+def _identity(cfg: dict, plan: RunPlan) -> dict:
+    """What makes an architecture (and budget): the config keys whose role tells architectures apart
+    (``hybrid_lightning.config.roles.is_identity``: no seed, bookkeeping or evaluation keys), with the model's
+    layout from the plan (``planned``) in place of the config's spelling of it, and the options section of a
+    mixer the plan does not use left out."""
+    unused = [KINDS[m].section for m in KINDS if KINDS[m].section and m not in plan.mixers]
+    layout = planned(plan)
     out = {}
-    for k, v in cfg.items():
-        if not is_identity(k) or k in RUN_COLUMNS:
-            continue
-        if ((k == "model.window" and not windowed) or (k == "model.mixer" and EFFICIENT_LETTER not in pattern)
-                or (k == "model.pos.full" and KINDS[FULL].letter not in pattern) or (k == "model.pos.efficient" and not mixers)):
-            continue
-        out[k] = None if isinstance(v, float) and pd.isna(v) else v  # a key other runs have and this one lacks
+    for k, v in {**dict.fromkeys(PLANNED_KEYS), **cfg}.items():  # the config's order; the layout keys first where it lacks them
+        if k in PLANNED_KEYS:
+            if k in layout:
+                out[k] = layout[k]
+        elif is_identity(k) and k not in RUN_COLUMNS and not any(k.startswith(f"model.{s}.") for s in unused):
+            out[k] = None if isinstance(v, float) and pd.isna(v) else v  # a key other runs have and this one lacks
     return out
 
 
-def _labels(identities: list[dict], plans: list[tuple[list[str], bool]]) -> list[str]:
+def _labels(identities: list[dict], plans: list[RunPlan]) -> list[str]:
     """One label per run (``_label``), from the keys that differ between the runs: those with two values or
     more among the runs that have them (a key a run lacks does not apply to it). Distinct architectures
     whose labels would coincide once shortened get a 4-character hash of their identity appended; where no
@@ -242,7 +228,7 @@ def _labels(identities: list[dict], plans: list[tuple[list[str], bool]]) -> list
     varying = [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
     names = _short_names(varying)
     shown = {k: _distinct_parts([i[k] for i in identities if i.get(k) is not None]) for k in names}
-    labels = [_label({k: shown[k][v] for k, v in i.items() if k in shown and v is not None}, names) or _model(i, *plan)
+    labels = [_label({k: shown[k][v] for k, v in i.items() if k in shown and v is not None}, names) or _model(i, plan)
               for i, plan in zip(identities, plans)]
     archs = [json.dumps(i, sort_keys=True, default=str) for i in identities]
     by_label: dict[str, set[str]] = {}
@@ -271,11 +257,11 @@ def _label(values: dict[str, str], names: dict[str, str]) -> str:
     return label if len(label) <= LABEL_MAX else label[:LABEL_MAX - 1].rstrip() + "…"
 
 
-def _model(identity: dict, mixers: list[str], windowed: bool) -> str:
+def _model(identity: dict, plan: RunPlan) -> str:
     """The label where no key differs: the mixers (``full`` for none), the window, the pattern (``swa W=128
-    EEEF``); ``mixers`` and ``windowed`` as ``_mixer_plan`` gives them."""
-    window = [f"W={identity['model.window']}"] if windowed else []
-    return " ".join(["+".join(mixers) or FULL, *window, str(identity.get("model.pattern", ""))])
+    EEEF``)."""
+    window = [f"W={identity['model.window']}"] if plan.windows else []
+    return " ".join(["+".join(plan.mixers) or FULL, *window, plan.pattern])
 
 
 def _distinct_parts(values: list) -> dict:
@@ -296,7 +282,7 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
     frames, records, heads, layers, ablations = [], [], [], [], []
     tokens_per_step = dict(zip(configs["run"], configs["tokens_per_step"])) if len(configs) else {}
     for name, r in zip(names, raw):
-        scalars = r["scalars"][r["scalars"]["metric"] != "train/tokens"]
+        scalars = r["scalars"][r["scalars"]["metric"] != Tag.TOKENS]
         frames.append(scalars.assign(run=name, tokens=(scalars["step"] + 1) * tokens_per_step[name]))
         if r["totals"]:
             totals = pd.DataFrame(r["totals"]).melt(["step", "tokens"], list(HEAD_TOTALS), "metric", "value")
@@ -306,8 +292,7 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
         layers.append(pd.DataFrame(r["layers"]).assign(run=name))
         ablations.append(pd.DataFrame(r["ablations"]).assign(run=name))
     records = _concat(records, ["run", *columns("records")])
-    seq_len = configs.set_index("run")["train.seq_len"] if "train.seq_len" in configs else pd.Series(dtype=float)
-    frames.append(record_scores(records, seq_len))
+    frames.append(record_scores(records, pd.Series({name: r["plan"].budget.seq_len for name, r in zip(names, raw)})))
     metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[["run", "step", "tokens", "metric", "value"]]
     metrics = metrics.astype({"step": "int64", "tokens": "float64", "value": "float64"})
     metrics = metrics.sort_values(["run", "metric", "step"], kind="stable").reset_index(drop=True)

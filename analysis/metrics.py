@@ -3,12 +3,14 @@ without importing pandas."""
 
 from __future__ import annotations
 
+from hybrid_lightning.records import Tag
+
 # --metric name -> the tidy metric it reads (the long-context scores are defined in analysis/scores.py).
 METRICS = {
     "token_acc": "longctx/token_acc",
     "loss_gain": "longctx/loss_gain",
     "exact": "longctx/exact",
-    "retrieval_acc": "val/retrieval_acc",
+    "retrieval_acc": Tag.RETRIEVAL_ACC,
 }
 
 RECORD_SCORES = ("token_acc", "loss_gain", "exact")  # the scores computed from evaluation records

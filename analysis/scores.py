@@ -25,8 +25,10 @@ import numpy as np
 import pandas as pd
 
 from hybrid_lightning.analysis.metrics import RECORD_SCORES
-from hybrid_lightning.records import POOL_WEIGHTS
+from hybrid_lightning.records import POOL_WEIGHTS, mean_over_cells, split
 from hybrid_lightning.records import pooled as pool_sums
+
+MEASURES = {"token_acc": "score", "loss_gain": "loss_gain", "exact": "accuracy"}  # RECORD_SCORES -> records.pooled's
 
 
 def pooled(records: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -36,33 +38,27 @@ def pooled(records: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     weighted = records[list(dict.fromkeys(measures.values()))].assign(**{m: records[m] * records[w] for m, w in measures.items()})
     g = pd.concat([records[by], weighted], axis=1).groupby(by, sort=True).sum().reset_index()
     p = pool_sums(g)
-    chance = p["chance_token_accuracy"]
-    return g[by].assign(token_acc=p["score"], token_acc_se=np.sqrt(chance * (1 - chance) / g["answer_tokens"]),
-                        loss_gain=p["chance_loss"] - p["answer_loss"], exact=p["accuracy"], n=g["n"])
+    return g[by].assign(token_acc=p["score"], token_acc_se=np.sqrt(p["score_var"]), loss_gain=p["loss_gain"],
+                        exact=p["accuracy"], n=g["n"])
 
 
 def record_scores(records: pd.DataFrame, seq_len: pd.Series) -> pd.DataFrame:
-    """Tidy scores (run, step, tokens, metric, value) with metrics ``longctx/<score>`` (lengths up to
-    ``train.seq_len``) and ``longctx/<score>_beyond`` (longer ones) for each of ``RECORD_SCORES``, and
-    ``longctx/token_acc_se`` (of the first).
+    """Tidy scores (run, step, tokens, metric, value) with metrics ``longctx/<score>`` (lengths up to the run's
+    training length) and ``longctx/<score>_beyond`` (longer ones) for each of ``RECORD_SCORES``, and
+    ``longctx/token_acc_se`` (of the first): each evaluation's cells scored as training scores them
+    (``hybrid_lightning.records``: the within/beyond split and the mean over (task, length)).
 
     Args:
         records: long-context records with a ``run`` column.
-        seq_len: ``train.seq_len`` indexed by run.
+        seq_len: the training length (the plan's) indexed by run.
     """
-    if records.empty:
-        return pd.DataFrame(columns=["run", "step", "tokens", "metric", "value"])
-    records = records.astype({"length": "int64"})
-    over = records["length"] > records["run"].map(seq_len)
-    frames = []
-    for suffix, part in (("", records[~over]), ("_beyond", records[over])):
-        if part.empty:
-            continue
-        cells = pooled(part, ["run", "step", "tokens", "task", "length"]).assign(
-            token_acc_se=lambda c: c["token_acc_se"] ** 2)  # variances, averaged over the cells below
-        scores = list(RECORD_SCORES) + ["token_acc_se"] * (not suffix)
-        g = cells.groupby(["run", "step", "tokens"], sort=True)
-        means = g[list(RECORD_SCORES)].mean().assign(token_acc_se=np.sqrt(g["token_acc_se"].sum()) / g.size()).reset_index()
-        tidy = means.melt(["run", "step", "tokens"], scores, "metric", "value")
-        frames.append(tidy.assign(metric="longctx/" + tidy["metric"] + suffix))
-    return pd.concat(frames, ignore_index=True)
+    rows = []
+    for (run, step, tokens), g in records.groupby(["run", "step", "tokens"], sort=True):
+        cells = g.to_dict("records")
+        for suffix, part in (("", split(cells, seq_len[run])), ("_beyond", split(cells, seq_len[run], beyond_it=True))):
+            if not part:
+                continue
+            rows += [(run, step, tokens, f"longctx/{score}{suffix}", mean_over_cells(part, MEASURES[score])) for score in RECORD_SCORES]
+            if not suffix:
+                rows.append((run, step, tokens, "longctx/token_acc_se", np.sqrt(mean_over_cells(part, "score_var"))))
+    return pd.DataFrame(rows, columns=["run", "step", "tokens", "metric", "value"])

@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 # The public API, each name imported from its module on first use: importing a light module of the
 # package (kinds, config, rundir, as analysis does) then does not build the model package and torch.
 _API = {"ModelConfig": "hybrid_lightning.config", "RunConfig": "hybrid_lightning.config",
-        "load_config": "hybrid_lightning.config", "build_model": "hybrid_lightning.design",
-        "count_params": "hybrid_lightning.model"}
+        "load_config": "hybrid_lightning.config", "build_model": "hybrid_lightning.plan",
+        "count_params": "hybrid_lightning.plan.count"}
 
 
 def __getattr__(name: str):

@@ -7,17 +7,16 @@ import errno
 import importlib.resources
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning import __version__
 from hybrid_lightning.config import RunConfig, dump_config, load_config
 from hybrid_lightning.fileio import IOFailure
+from hybrid_lightning.interpreter import interpreting, patch
 from hybrid_lightning.rundir import read_status
 
 # OSErrors of the machine rather than of the code: reported in one line with what to do.
 _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
-ConfigLoader = Callable[[argparse.Namespace], RunConfig]
 
 
 def demo_grid() -> Path:
@@ -46,16 +45,18 @@ def _add_preview_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from hybrid_lightning.config.resolve import default_run_dir, resolve_config
+    from hybrid_lightning.plan.resolve import default_run_dir, param_table, plan_run, resolve_config
     from hybrid_lightning.training.dryrun import dry_run_report
     from hybrid_lightning.training.run import train
     from hybrid_lightning.training.stop import Stopped
 
-    if args.print_config or args.dry_run:
-        cfg = resolve_config(_load(args))
-        if args.dry_run:
-            cmd_params(args)
-        print(dump_config(cfg) if args.print_config else dry_run_report(cfg, Path(args.run_dir or default_run_dir(cfg))))
+    if args.print_config:
+        print(dump_config(resolve_config(_load(args))))
+        return 0
+    if args.dry_run:
+        cfg, plan = plan_run(_load(args))
+        print(param_table(plan))
+        print(dry_run_report(cfg, plan, Path(args.run_dir or default_run_dir(cfg))))
         return 0
     try:
         run_dir = train(_load(args), args.run_dir)
@@ -70,16 +71,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_params(args: argparse.Namespace) -> int:
-    from hybrid_lightning.config.resolve import resolve_config
-    from hybrid_lightning.design import resolve_model_config
-    from hybrid_lightning.design.matching import param_table
-    from hybrid_lightning.design.memory import estimate_memory
+    from hybrid_lightning.plan.resolve import param_table, plan_run
 
-    cfg = resolve_config(_load(args))
-    lines = param_table(resolve_model_config(cfg.model)).split("\n")
-    memory = estimate_memory(cfg)  # before the last line, the reference comparison that scripts read
-    lines.insert(-1, f"estimated peak memory at batch {cfg.train.batch_size} x {cfg.train.seq_len}: {memory.describe()}")
-    print("\n".join(lines))
+    print(param_table(plan_run(_load(args))[1]))
     return 0
 
 
@@ -242,7 +236,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_heads(args: argparse.Namespace) -> int:
     from hybrid_lightning.heads.ablation import parse_heads
     from hybrid_lightning.heads.report import ablation_table, control_table, heads_path, heads_table, single_table
-    from hybrid_lightning.eval.offline import heads_checkpoint
+    from hybrid_lightning.heads.offline import heads_checkpoint
 
     if args.mask_top is not None:
         selection, k = "top", args.mask_top
@@ -378,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        if interpreting():  # TRITON_INTERPRET=1: fla's kernels on CPU, Triton patched once, at the start
+            patch()
+    except RuntimeError as e:  # versions the patches were not tested with
+        print(f"hybrid-lightning {args.command}: error: {e}", file=sys.stderr)
+        return 2
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a reader gone early (`| head`) is then the BrokenPipeError below

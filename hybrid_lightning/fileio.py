@@ -11,9 +11,13 @@ import json
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-LOCK_FILE = ".lock"
+import psutil
+
+LOCK_FILE = ".lock"  # a run directory's writer lock (RunLock) and a token store's build lock
 TMP_SUFFIX = ".tmp"  # temporaries are hidden: .<target name>.<random>.tmp, beside their target
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -43,13 +47,18 @@ def overlap(a: Path, b: Path) -> bool:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Replaces ``path`` with ``text`` (or bytes) all at once: a unique temporary beside it, fsynced, renamed onto
-    it, the folder fsynced. On any failure (or interruption) the temporary is removed and ``path``
-    is untouched."""
+    """Replaces ``path`` with ``text`` (or bytes) all at once (``write_atomic_with``)."""
+    write_atomic_with(path, lambda f: f.write(text.encode() if isinstance(text, str) else text))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replaces ``path`` all at once with what ``write(f)`` writes to a binary file: a unique temporary beside it,
+    fsynced, renamed onto it, the folder fsynced. On any failure (or interruption) the temporary is removed
+    and ``path`` is untouched."""
     fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(text.encode() if isinstance(text, str) else text)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -92,16 +101,20 @@ class IOFailure(OSError):
         return e if isinstance(e, IOFailure) else cls(e.errno, e.filename or "?", e.strerror or str(e))
 
 
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
+def process_start(pid: int) -> str | None:
+    """The process's start time (``psutil``'s creation time, as text), None for a zombie or a process that is gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else repr(proc.create_time())
+    except psutil.Error:
+        return None
+
+
+def pid_alive(pid: int | None, started: str | None = None) -> bool:
+    """Whether process ``pid`` runs on this host and, where its recorded start time ``started`` is given, is the
+    same process (a new one reusing the number is not)."""
+    now = process_start(pid) if pid and pid > 0 else None
+    return now is not None and (started is None or now == started)
 
 
 def _describe_holder(holder: dict) -> str:
@@ -145,7 +158,8 @@ class RunLock:
     def acquire(self) -> None:
         self._created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid()),
+              "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -194,7 +208,8 @@ class RunLock:
             return True  # an earlier start of this job: SLURM has ended it
         if held is not None:
             return held
-        return not holder or (holder.get("host") == me["host"] and not pid_alive(int(holder.get("pid") or 0)))
+        return not holder or (holder.get("host") == me["host"]
+                              and not pid_alive(int(holder.get("pid") or 0), holder.get("started")))
 
     def release(self) -> None:
         if self._fd is None:

@@ -157,6 +157,30 @@ class Ablation:
 LONGCTX_TAGS = "val_longctx"
 HEADS_TAGS = "val_longctx_heads"
 
+
+class Tag:
+    """The TensorBoard scalar tags a run logs, named once: training writes them, the console, ``grid status``,
+    the HParams dashboard and analysis read them (the evaluations' per-task and per-layer tags are built in
+    eval/report.py and heads/report.py under ``LONGCTX_TAGS`` and ``HEADS_TAGS``)."""
+
+    LOSS = "train/loss"  # the optimizer step's loss, the mean over its micro-batches
+    LR = "train/lr"
+    TOKENS = "train/tokens"  # training tokens after the step
+    GRAD_NORM = "train/grad_norm"  # before clipping
+    TOKENS_PER_SEC = "train/tokens_per_sec"
+    TFLOPS = "train/tflops_per_sec"
+    MFU = "train/mfu"
+    PEAK_MEMORY = "train/peak_memory_gib"
+    VAL_LOSS = "val/loss"
+    VAL_PPL = "val/ppl"
+    TEXT_LOSS = "val/text_loss"  # held-out natural text (data.text_val_files) only
+    SYNTHETIC_LOSS = "val/synthetic_loss"
+    RETRIEVAL_LOSS = "val/retrieval_loss"
+    RETRIEVAL_ACC = "val/retrieval_acc"
+    SCORE = f"{LONGCTX_TAGS}/score"  # records.headline
+    SCORE_BEYOND = f"{LONGCTX_TAGS}/score_beyond"
+    LONGPPL = f"{LONGCTX_TAGS}/longppl"
+
 # The record kinds: the key of each list in its file -> the dataclasses making up one of its rows.
 LONG_CONTEXT = {"records": (LongContextCell,), "position_loss": (PositionLoss,), "longppl": (LongPPL,)}
 HEADS = {"heads": (HeadScores,), "layers": (LayerPlace, HeadCounts), "ablation": (Ablation,)}
@@ -210,15 +234,57 @@ def weighted_sums(rows: list[dict]) -> dict:
 def pooled(sums: Mapping) -> dict:
     """The pooled measures from ``weighted_sums`` (numbers, or pandas columns of sums): exact match,
     token accuracy, answer loss, the chance accuracy (of a format-only predictor, probes/chance.py) and
-    chance loss, and ``score`` = token accuracy minus its chance level; with ``generated`` among the
-    sums, the generation measures too (None where nothing was decoded)."""
+    chance loss, ``score`` = token accuracy minus its chance level, ``loss_gain`` = chance loss minus answer
+    loss, and ``score_var``, the variance of ``score`` for a model that retrieves nothing (a binomial share of
+    the answer tokens at the chance accuracy; an upper bound where the tokens' chances differ); with
+    ``generated`` among the sums, the generation measures too (None where nothing was decoded)."""
     tokens = sums["answer_tokens"]
     token_accuracy = sums["token_accuracy"] / tokens
     chance = sums["chance_token_accuracy"] / tokens
+    answer_loss, chance_loss = sums["answer_loss"] / tokens, sums["chance_loss"] / tokens
     out = {"n": sums["n"], "accuracy": sums["accuracy"] / sums["n"], "token_accuracy": token_accuracy,
-           "answer_loss": sums["answer_loss"] / tokens, "chance_token_accuracy": chance,
-           "chance_loss": sums["chance_loss"] / tokens, "score": token_accuracy - chance}
+           "answer_loss": answer_loss, "chance_token_accuracy": chance, "chance_loss": chance_loss,
+           "score": token_accuracy - chance, "loss_gain": chance_loss - answer_loss,
+           "score_var": chance * (1 - chance) / tokens}
     if "generated" in sums:
         gen = sums["generated"]
         out |= {"generated": gen, **{m: sums[m] / gen if gen else None for m, w in POOL_WEIGHTS.items() if w == "generated"}}
     return out
+
+
+def beyond(length: int, seq_len: int | None) -> bool:
+    """Whether a probe of ``length`` tokens lies beyond the training length ``seq_len`` (None: unknown, within)."""
+    return seq_len is not None and length > seq_len
+
+
+def split(rows: list[dict], seq_len: int | None, beyond_it: bool = False) -> list[dict]:
+    """The long-context cells of lengths up to the training length (``beyond_it``: of longer lengths)."""
+    return [r for r in rows if beyond(r["length"], seq_len) == beyond_it]
+
+
+def pool(rows: list[dict], **where) -> dict | None:
+    """Pooled figures (``pooled``) of the cells matching ``where`` (e.g. task=..., in_window=True); None if none does."""
+    rows = [r for r in rows if all(r[k] == v for k, v in where.items())]
+    return pooled(weighted_sums(rows)) if rows else None
+
+
+def mean_over_cells(rows: list[dict], measure: str) -> float | None:
+    """``measure`` of ``pool`` per (task, length), pooled over depths and the window split, averaged over (task,
+    length); None without cells (or, for a generation measure, without generations). For ``score_var``, the
+    variance of that mean."""
+    values = [pool(rows, task=t, length=n)[measure] for t, n in sorted({(r["task"], r["length"]) for r in rows})]
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return sum(values) / len(values) ** (2 if measure == "score_var" else 1)
+
+
+def headline(rows: list[dict], seq_len: int | None) -> dict[str, float | None]:
+    """The one score of an evaluation's cells, ``val_longctx/score`` in training and ``longctx/token_acc`` in
+    analysis: answer-token accuracy above chance (teacher-forced; a predictor that knows the answer's format but
+    retrieves nothing scores 0, probes/chance.py), averaged over (task, length) within the training length
+    ``seq_len`` (retrieval, not extrapolation), each pooled over depths; ``score_beyond`` the same over the longer
+    lengths; beside them exact match and RULER's generation scores over every length."""
+    within, past = split(rows, seq_len), split(rows, seq_len, beyond_it=True)
+    return {"score": mean_over_cells(within, "score"), "score_beyond": mean_over_cells(past, "score"),
+            "exact": mean_over_cells(rows, "accuracy"), **{k: mean_over_cells(rows, k) for k in ("match_all", "match_part")}}

@@ -1,7 +1,8 @@
 """The run-directory contract that training writes and the grid, callbacks and analysis read:
 
-    <run_dir>/config.yaml          resolved config + provenance (git revision, package version, time,
-                                   the layer plan and the parameter counts)
+    <run_dir>/config.yaml          resolved config + provenance (git revision, package version, time, the
+                                   fingerprint of the data)
+    <run_dir>/plan.json            the run plan (runplan.py): every fact derived from the config, resolved once
     <run_dir>/status.json          {"state": running|done|failed|interrupted, "step", "max_steps", "host", "pid",
                                     "slurm_job_id", "error"?}
     <run_dir>/.lock                the one writer of the directory (host, pid, SLURM job id) while it trains
@@ -17,8 +18,10 @@ A grid keeps its own state in ``<root>/.grid/`` (GRID_DIR), beside its cells' ru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import re
 import socket
 import warnings
@@ -26,10 +29,13 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, dump_config, read_yaml, validate_config
-from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, write_atomic
+from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config, flatten, read_yaml, validate_config
+from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, process_start, write_atomic
+from hybrid_lightning.kinds import expand, layer_traits
+from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan, plan_from_dict
 
 CONFIG_FILE = "config.yaml"
+PLAN_FILE = "plan.json"
 STATUS_FILE = "status.json"
 CKPT_DIR = "checkpoints"
 LAST_CKPT = "last.ckpt"
@@ -40,11 +46,10 @@ HPARAMS_SUFFIX = ".hparams"  # the TensorBoard event files of a run's HParams se
 # Evaluation record kind -> file name prefix in EVAL_DIR: <prefix><step>.json.
 EVAL_KINDS = {"longctx": "step_", "heads": "heads_step_"}
 _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)\.json$")
-# What training adds to config.yaml's provenance besides git revision, version and time: the layer
-# plan (one entry per layer with LAYER_FIELDS) and the parameter counts (PARAM_FIELDS).
-LAYERS_KEY, LAYER_FIELDS = "layers", ("layer", "kind", "letter", "window", "pos")
-PARAMS_KEY, PARAM_FIELDS = "params", ("embedding", "non_embedding", "total")
-DATA_KEY = "data"  # and the fingerprint of the data the run trains on (config/resolve.py fingerprint)
+DATA_KEY = "data"  # what training adds to config.yaml's provenance: the fingerprint of the data the run trains on
+# What runs written before plan.json recorded in config.yaml's provenance instead: the layers (one entry per
+# layer: layer, kind, letter, window, pos) and the parameter counts; read_plan rebuilds their plans from them.
+LAYERS_KEY, PARAMS_KEY = "layers", "params"
 DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of the data it was trained on
 CKPT_SUFFIX = ".ckpt"
 
@@ -86,6 +91,63 @@ def read_run_config(run_dir: Path) -> RunConfig:
     return validate_config(raw)
 
 
+def write_plan(run_dir: Path, plan: RunPlan) -> None:
+    write_atomic(Path(run_dir) / PLAN_FILE, json.dumps(plan.as_dict(), indent=1))
+
+
+def read_plan(run_dir: Path) -> RunPlan:
+    """The run's plan: ``plan.json``, or for a run written before plans were recorded, the plan rebuilt from its
+    config.yaml (``RunPlan.rebuilt``). A ``ValueError`` names a file that does not read."""
+    path = Path(run_dir) / PLAN_FILE
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError(f"{path}: not JSON; the file is damaged") from None
+        return plan_from_dict(data, str(path))
+    raw = read_config_dict(run_dir)
+    if raw is None:
+        raise ValueError(f"{run_dir}: neither {PLAN_FILE} nor {CONFIG_FILE}; is this a run directory?")
+    return _rebuilt_plan(run_dir, raw)
+
+
+def _rebuilt_plan(run_dir: Path, raw: dict) -> RunPlan:
+    """The plan of a run written before plan.json: its layers as its provenance recorded them (else from
+    ``model.pattern``), its parameter counts, and its budget with the processes its evaluation records imply
+    (tokens over steps; else ``train.devices``, ``auto`` counted as one, times ``train.num_nodes``). The config is
+    read as written, a key it lacks taking today's default, not validated: a run of another version (a mixer this
+    process does not know) is still read."""
+    provenance = raw.pop(PROVENANCE_KEY, None) or {}
+    written = flatten(raw)
+
+    def value(key: str):
+        return written.get(key, _DEFAULTS[key])
+
+    if provenance.get(LAYERS_KEY):
+        layers = [LayerPlan(r["layer"], r["kind"], r["window"], r["pos"]) for r in provenance[LAYERS_KEY]]
+    else:
+        try:
+            mixers = expand(str(value("model.pattern")), int(value("model.n_layers")), value("model.mixer"))
+            layers = [LayerPlan(i, m, *layer_traits(m, value("model.window"), value("model.pos.full"), value("model.pos.efficient")))
+                      for i, m in enumerate(mixers)]
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{Path(run_dir) / CONFIG_FILE}: its layers cannot be read ({e}); the file is damaged "
+                             "or of a version that recorded no layer plan") from None
+    per_process = Budget(*(int(value(f"train.{k}")) for k in ("seq_len", "batch_size", "accumulate_grad_batches")), 1,
+                         int(value("train.max_steps")))
+    devices = value("train.devices")
+    world = (1 if devices == "auto" else int(devices)) * int(value("train.num_nodes"))
+    for _, _, path in eval_files(run_dir)[:1]:  # a record holds the tokens after step + 1 optimizer steps
+        record = read_eval_record(path) or {}
+        if record.get("tokens") and isinstance(record.get("step"), int):
+            world = max(1, round(record["tokens"] / (record["step"] + 1) / per_process.tokens_per_step))
+    budget = dataclasses.replace(per_process, world_size=world)
+    return RunPlan(tuple(layers), budget, params=provenance.get(PARAMS_KEY), rebuilt=True)
+
+
+_DEFAULTS = flatten(config_to_dict(validate_config({})))  # every key's default, for configs written without it
+
+
 def read_status(run_dir: Path) -> dict | None:
     """``status.json``, or None while it cannot be read. A ``running`` status whose process is gone
     (on this host) reads ``interrupted``: that process was killed without a chance to write."""
@@ -95,9 +157,15 @@ def read_status(run_dir: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     pid, host = int(status.get("pid") or 0), status.get("host")
-    if status.get("state") == "running" and host == socket.gethostname() and not pid_alive(pid):
+    if status.get("state") == "running" and host == socket.gethostname() and not pid_alive(pid, status.get("started")):
         status.update(state="interrupted", error=f"killed: its process (pid {pid} on {host}) ended without a word")
     return status
+
+
+def process_status(state: str, step: int | None, max_steps: int, **extra) -> dict:
+    """The fields of ``status.json`` for this process at ``step`` (None: every checkpoint damaged)."""
+    return {"state": state, "step": step, "max_steps": max_steps, "host": socket.gethostname(), "pid": os.getpid(),
+            "started": process_start(os.getpid()), "slurm_job_id": os.environ.get("SLURM_JOB_ID"), **extra}
 
 
 def write_status(run_dir: Path, **fields) -> None:
@@ -208,7 +276,14 @@ def read_checkpoint_meta(path: Path) -> dict:
 
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
-    """The newest valid checkpoint of the run as (path, global step), or None when the run has none.
+    """The newest valid checkpoint of the run as (path, global step), or None when the run has none
+    (``newest_checkpoint``)."""
+    found = newest_checkpoint(run_dir)
+    return (found[0], found[1]["step"]) if found else None
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
+    """The newest valid checkpoint of the run as (path, ``read_checkpoint_meta``), or None when the run has none.
 
     Every ``*.ckpt`` file of ``checkpoints/`` counts, whatever its name (``last.ckpt``, ``step_*``,
     a ``-vN`` copy of an older version): the newest is the one whose stored step is highest (on a tie
@@ -220,17 +295,17 @@ def find_resume_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
     if not folder.is_dir():
         return None
     files = [p for p in folder.iterdir() if p.suffix == CKPT_SUFFIX and not p.name.startswith(".") and p.is_file()]
-    steps, damaged = [], []
+    metas, damaged = [], []
     for path in files:
         try:
-            steps.append((read_checkpoint_meta(path)["step"], path.name == LAST_CKPT, path))
+            metas.append((read_checkpoint_meta(path), path.name == LAST_CKPT, path))
         except Exception:  # any unreadable file: a damaged checkpoint, whatever torch raises
             damaged.append(path)
-    for step, _, path in sorted(steps, key=lambda t: (t[0], t[1]), reverse=True):
+    for meta, _, path in sorted(metas, key=lambda t: (t[0]["step"], t[1]), reverse=True):
         if checkpoint_is_valid(path):
             for bad in damaged:
                 warnings.warn(f"skipping damaged checkpoint {bad}", stacklevel=2)
-            return path, step
+            return path, meta
         damaged.append(path)
     if damaged:
         names = ", ".join(sorted(p.name for p in damaged))

@@ -46,3 +46,13 @@ def on_ranks(fn, world: int = 2, port: int = 29500) -> dict:
         out = manager.dict()
         mp.spawn(_gloo_worker, args=(fn, world, port + os.getpid() % 1000, out), nprocs=world)
         return dict(out)
+
+
+def system_of(raw: dict):
+    """The training system of the run config ``raw`` (plain data), planned as ``train`` plans it."""
+    from hybrid_lightning.config import config_to_dict, validate_config
+    from hybrid_lightning.plan.resolve import plan_run
+    from hybrid_lightning.training.system import LMSystem
+
+    cfg, plan = plan_run(validate_config(raw))
+    return LMSystem(config_to_dict(cfg), plan.as_dict())

@@ -9,10 +9,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.config.resolve import budget_steps, resolve_config
+from hybrid_lightning.plan.resolve import budget_steps, resolve_config
 from hybrid_lightning.data.datamodule import StepSampler
 from hybrid_lightning.rundir import read_status
-from hybrid_lightning.training.callbacks import StopOnRequest
+from hybrid_lightning.training.checkpoints import StopOnRequest
 from hybrid_lightning.training.run import train
 
 NO_EVAL = {"every_n_steps": 0, "at_end": False}
@@ -86,7 +86,7 @@ def test_a_stop_inside_an_accumulated_step_waits_for_its_end_and_resumes_exactly
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     train(cfg, straight)
     request = threading.Event()
-    train(cfg, stopped, [AskAtMicroBatch(request, 12), StopOnRequest(request, stopped / "checkpoints" / "last.ckpt")])
+    train(cfg, stopped, [AskAtMicroBatch(request, 12), StopOnRequest(request)])
     assert read_status(stopped)["step"] == 7  # micro-batch 12 is the first of step 7's two
     train(cfg, stopped)
     assert read_status(stopped)["state"] == "done"
@@ -101,3 +101,24 @@ def test_the_token_budget_counts_accumulation():
     once = budget_steps(resolve_config(validate_config({**raw, "train": {**raw["train"], "accumulate_grad_batches": 1}})))
     twice = budget_steps(resolve_config(validate_config(raw)))
     assert twice == -(-once // 2)
+
+
+def test_every_console_line_and_logged_step_comes_once_per_optimizer_step(tmp_path, capsys):
+    """At 3 micro-batches a step: one progress line per step, each evaluation once, each scalar once per step
+    it is logged at, and checkpoints at step boundaries only (the newest one kept besides last.ckpt)."""
+    run_dir = tmp_path / "run"
+    raw = tiny(2, 3, max_steps=6, checkpoint_every_n_steps=2, keep_checkpoints=1)
+    raw["eval"] = {"every_n_steps": 3, "at_end": True, "tasks": ["passkey"], "lengths": [512], "depths": [0.5],
+                   "position_sequences": 0, "heads": NO_EVAL}
+    train(validate_config(raw), run_dir)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("step ") and "/6 " in line] == [f"{s}/6" for s in range(1, 7)]
+    assert [line for line in lines if line.endswith("evaluation...")] == [f"step {s}: val_longctx evaluation..." for s in (3, 6)]
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    for tag in acc.Tags()["scalars"]:
+        steps = [e.step for e in acc.Scalars(tag)]
+        assert len(steps) == len(set(steps)), (tag, steps)
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "step_0000006.ckpt"]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6

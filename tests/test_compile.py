@@ -8,11 +8,11 @@ from hybrid_lightning.config import config_to_dict, validate_config
 
 
 def test_train_compile_compiles_the_model_in_place():
-    from hybrid_lightning.training.system import LMSystem
+    from conftest import system_of
 
     cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "vocab_size": 20},
                            "train": {"compile": True}})
-    system = LMSystem(config_to_dict(cfg))
+    system = system_of(config_to_dict(cfg))
     assert system.model._compiled_call_impl is not None
     assert "model.embed.weight" in system.state_dict()  # checkpoints keep the eager names
 
@@ -39,7 +39,7 @@ def test_compiled_model_matches_eager():
 
 def test_compile_may_change_when_a_run_is_resumed(tmp_path):
     from hybrid_lightning.config import dump_config
-    from hybrid_lightning.config.resolve import check_same_run
+    from hybrid_lightning.training.resume import check_same_run
 
     (tmp_path / "config.yaml").write_text(dump_config(validate_config({})))
     check_same_run(tmp_path, validate_config({"train": {"compile": True}}))  # no error

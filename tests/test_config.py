@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from hybrid_lightning.config import load_config, validate_config
-from hybrid_lightning.design import layer_plan, plan_string
+from hybrid_lightning.plan import layer_plan
 
 from conftest import run_cli
 
@@ -30,7 +30,7 @@ def test_overrides_are_typed_and_nested(tmp_path):
 
 def test_pattern_tiles_and_mixes():
     cfg = validate_config({"model": {"pattern": "EEEF", "n_layers": 8}}).model
-    assert plan_string(layer_plan(cfg)) == "SSSFSSSF"
+    assert "".join(s.letter for s in layer_plan(cfg)) == "SSSFSSSF"
     cfg = validate_config({"model": {"pattern": "SFSF", "n_layers": 4, "pos": {"full": "nope"}}}).model
     plan = layer_plan(cfg)
     assert [s.pos for s in plan] == ["rope", "nope", "rope", "nope"]

@@ -7,7 +7,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import document_ids
-from hybrid_lightning.design import build_model, resolve_model_config
+from hybrid_lightning.plan import build_model, resolve_model_config
 from hybrid_lightning.model.attention import attend
 from hybrid_lightning.model.documents import by_document, cu_seqlens, document_positions
 from hybrid_lightning.model.ops import ShortConv
@@ -137,12 +137,12 @@ def test_without_documents_the_forward_is_unchanged():
 
 
 def test_doc_mask_off_the_training_system_passes_no_doc_ids(monkeypatch):
-    from hybrid_lightning.training.system import LMSystem
+    from conftest import system_of
 
     raw = {"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "vocab_size": 257}}
     seen = []
     for doc_mask in (False, True):
-        system = LMSystem({**raw, "data": {"doc_mask": doc_mask}})
+        system = system_of({**raw, "data": {"doc_mask": doc_mask}})
         forward = system.model.forward
         monkeypatch.setattr(system.model, "forward", lambda ids, states=None, doc_ids=None: seen.append(doc_ids) or forward(ids, states, doc_ids))
         system._logits(torch.tensor([[1, 256, 2, 3, 4]]))

@@ -10,7 +10,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import TINY, run_cli
-from hybrid_lightning.eval.report import pool
+from hybrid_lightning.records import pool
 
 EVAL = ["--set", "eval.every_n_steps=10", "--set", "eval.tasks=[passkey,niah_single_2]", "--set", "eval.lengths=[512]",
         "--set", "eval.depths=[0.0,1.0]", "--set", "eval.position_sequences=1", "--set", "eval.position_length=400",

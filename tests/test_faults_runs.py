@@ -77,19 +77,25 @@ def test_grid_plan_of_a_huge_model_does_not_hang(tmp_path):
     assert r.returncode in (0, 2) and "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
-def test_counts_from_layer_samples_equal_the_whole_model():
+def test_counts_over_distinct_layers_equal_the_whole_model():
+    """The plan's count (one block per distinct layer, plan/count.py) against the built model's own parameters and
+    the FLOPs of every one of its blocks."""
     from hybrid_lightning.config import validate_config
-    from hybrid_lightning.grid.report import _flops_per_token
-    from hybrid_lightning.design import build_model, resolve_model_config
-    from hybrid_lightning.model import count_params, model_flops_per_token
-    from hybrid_lightning.design.matching import non_embedding_params
+    from hybrid_lightning.model import block_flops_per_token, matmul_weights
+    from hybrid_lightning.plan import build_model, resolve_model_config
+    from hybrid_lightning.plan.count import count
+    from hybrid_lightning.plan.matching import non_embedding_params
 
     for model in ({"pattern": "SGMLF", "n_layers": 10, "match_params": "F"}, {"pattern": "EF", "tie_embeddings": True}):
         cfg = resolve_model_config(validate_config({"model": model}).model)
         with torch.device("meta"):
             whole = build_model(cfg)
-        assert non_embedding_params(cfg) == count_params(whole)["non_embedding"]
-        assert _flops_per_token(cfg, 256) == model_flops_per_token(whole, 256)
+        counts = count(whole.opts, whole.plan, (256,))
+        embedding = whole.embed.weight.numel() + (0 if cfg.tie_embeddings else whole.lm_head.weight.numel())
+        assert counts.total == sum(p.numel() for p in whole.parameters())
+        assert non_embedding_params(cfg) == counts.non_embedding == counts.total - embedding
+        flops = 6 * matmul_weights(whole.lm_head) + sum(block_flops_per_token(b, 256) for b in whole.layers)
+        assert counts.flops[256] == pytest.approx(flops, rel=1e-12)
 
 
 @pytest.mark.slow

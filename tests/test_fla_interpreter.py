@@ -1,4 +1,4 @@
-"""The ``fla`` backend on CPU through Triton's interpreter (``model/ops/interpreter.py``): fla's kernels
+"""The ``fla`` backend on CPU through Triton's interpreter (``hybrid_lightning/interpreter.py``): fla's kernels
 against the chunked path for both operators and every recurrent mixer, in a process of their own, since
 ``TRITON_INTERPRET`` must be set before triton and fla are imported."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hybrid_lightning.model.ops import interpreter
+from hybrid_lightning import interpreter
 
 MISSING = [name for name in ("triton", "fla") if importlib.util.find_spec(name) is None]
 
@@ -39,7 +39,7 @@ def test_fla_kernels_match_chunked_path_under_the_interpreter(tmp_path):
 
 
 def test_untested_versions_are_refused_by_name(monkeypatch):
-    monkeypatch.setattr(interpreter, "TESTED", {"triton": ("0.0.1",), "no-such-package-here": ("1.0",)})
+    monkeypatch.setattr(interpreter, "tested", lambda: {"triton": ("0.0.1",), "no-such-package-here": ("1.0",)})
     found = interpreter.untested_versions()
     assert any(f.startswith("triton ") and "(tested: 0.0.1)" in f for f in found)
     assert "no-such-package-here not installed (tested: 1.0)" in found
@@ -55,3 +55,28 @@ def test_the_interpreter_is_read_from_the_environment(monkeypatch):
         assert interpreter.interpreting() is on
     monkeypatch.delenv("TRITON_INTERPRET")
     assert not interpreter.interpreting()
+
+
+def test_the_tested_versions_are_the_fla_cpu_extras_pins():
+    """Read from the installed package's metadata (pyproject.toml's ``fla-cpu`` extra), not restated."""
+    import tomllib
+
+    from conftest import REPO
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["fla-cpu"]
+    pins = {name: (version,) for name, _, version in (r.partition("==") for r in extra) if version}
+    assert interpreter.tested() == pins and pins
+
+
+def test_the_fla_backend_on_cpu_refuses_to_run_unpatched(monkeypatch):
+    """Triton is patched at the start of a process (the command line does it under TRITON_INTERPRET=1), never by a
+    model forward: an unpatched process is told what to do."""
+    import torch
+
+    from hybrid_lightning.model.ops.common import resolve_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(interpreter, "patched", lambda: False)
+    monkeypatch.setattr("hybrid_lightning.model.ops.common.patched", lambda: False)
+    with pytest.raises(ValueError, match=r"hybrid_lightning\.interpreter\.patch\(\)"):
+        resolve_backend("fla", torch.zeros(1))

@@ -20,7 +20,7 @@ from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.slurm import cell_resources, load_profile
 from hybrid_lightning.grid.spec import MAX_NAME, cell_name_for
 from hybrid_lightning.rundir import checkpoint_is_valid, read_status
-from hybrid_lightning.training.callbacks import StopOnRequest
+from hybrid_lightning.training.checkpoints import StopOnRequest
 from hybrid_lightning.training.run import train
 
 from conftest import REPO, run_cli
@@ -217,7 +217,7 @@ def test_stop_on_request_saves_and_resumes_without_a_gap(tmp_path):
     run_dir = tmp_path / "run"
     request = threading.Event()
     request.set()
-    train(cfg, run_dir, [StopOnRequest(request, run_dir / "checkpoints" / "last.ckpt")])
+    train(cfg, run_dir, [StopOnRequest(request)])
     status = read_status(run_dir)
     assert status["state"] == "interrupted" and status["step"] == 1
     assert checkpoint_is_valid(run_dir / "checkpoints" / "last.ckpt")
@@ -293,8 +293,8 @@ def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
 
 
 def test_tokens_per_param_sets_the_steps(tmp_path):
-    from hybrid_lightning.design.matching import non_embedding_params
-    from hybrid_lightning.config.resolve import resolve_config
+    from hybrid_lightning.plan.matching import non_embedding_params
+    from hybrid_lightning.plan.resolve import resolve_config
 
     train = {"tokens_per_param": 20, "devices": 1, "batch_size": 4, "seq_len": 64, "warmup_steps": 5}
     cfg = resolve_config(validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], **train}}))

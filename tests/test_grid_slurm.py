@@ -27,7 +27,7 @@ from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.slurm import squeue_jobs
 from hybrid_lightning.grid.state import read_jobs
 from hybrid_lightning.rundir import checkpoint_is_valid, read_status
-from hybrid_lightning.training.callbacks import STUDY_KEYS
+from hybrid_lightning.training.hparams import STUDY_KEYS
 
 from conftest import REPO, run_cli
 from test_grid import TINY_BASE, loss_steps, write_grid

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hybrid_lightning import build_model, count_params
-from hybrid_lightning.design import resolve_model_config
-from hybrid_lightning.design.matching import MATCH_TOLERANCE, match_params, param_report
+from hybrid_lightning.plan import resolve_model_config
+from hybrid_lightning.plan.matching import MATCH_TOLERANCE, match_params, param_report
 
 from conftest import run_cli
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from hybrid_lightning.design import build_model, resolve_model_config
-from hybrid_lightning.training.system import LMSystem
+from hybrid_lightning.plan import build_model, resolve_model_config
+from conftest import system_of
 
 VOCAB = 50
 
@@ -34,18 +34,19 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(mixer):
 
 def test_the_training_system_switches_checkpointing_on():
     raw = {"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "vocab_size": 257}}
-    assert LMSystem(raw).model.activation_checkpointing is False
-    assert LMSystem({**raw, "train": {"activation_checkpointing": True}}).model.activation_checkpointing is True
+    assert system_of(raw).model.activation_checkpointing is False
+    assert system_of({**raw, "train": {"activation_checkpointing": True}}).model.activation_checkpointing is True
 
 
 @pytest.mark.parametrize("name", ["SWA-64 EEEF, d=128", "Gated DeltaNet EF, d=64", "Mamba-2 EF, d=64"])
 def test_the_estimate_is_within_a_quarter_of_the_measured_peak(name):
     """The estimate against one measured CPU training step, activation checkpointing off and on."""
     from hybrid_lightning.bench.memory import MODELS, config, measured_peak
-    from hybrid_lightning.design.memory import estimate_memory
+    from hybrid_lightning.plan.memory import estimate_memory
+    from hybrid_lightning.plan.resolve import budget
 
     cfg = config(MODELS[name], 8, 256)
-    estimate = estimate_memory(cfg)
+    estimate = estimate_memory(cfg, budget(cfg.train))
     for on in (False, True):
         measured = measured_peak(cfg, on)
         assert 0.75 <= estimate.peak(on) / measured <= 1.25, (on, estimate.peak(on), measured)
@@ -91,12 +92,13 @@ def test_the_estimate_of_a_long_sequence_follows_the_counted_line():
     """Beyond MEASURED_LENGTH the activations come from two counted lengths: the bytes of counting at the
     length itself, and a billion tokens answer at once."""
     from hybrid_lightning.config import validate_config
-    from hybrid_lightning.design import memory
+    from hybrid_lightning.plan import memory
+    from hybrid_lightning.plan.resolve import budget
 
     def estimate(T: int, mixer: str):
         cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "mixer": mixer,
                                          "vocab_size": 257}, "train": {"batch_size": 1, "seq_len": T}})
-        return memory.estimate_memory(cfg)
+        return memory.estimate_memory(cfg, budget(cfg.train))
 
     for mixer in ("swa", "gated_deltanet"):
         for T, tol in ((12_288, 0), (12_000, 0.025)):  # a length that is no multiple of the kernels' tiles: within 2.5%

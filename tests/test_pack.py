@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from hybrid_lightning.analysis.load import find_runs, load_runs
-from hybrid_lightning.analysis.pack import copy_packed, pack_runs
+from hybrid_lightning.analysis.pack import pack_runs
 from hybrid_lightning.analysis.report import analyze
 
 from conftest import REPO, run_cli

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from hybrid_lightning import build_model
-from hybrid_lightning.model import model_flops_per_token
-from hybrid_lightning.bench import gpu
+from hybrid_lightning.plan.count import count
 from hybrid_lightning.bench.training import PlainStep, architectures
 from hybrid_lightning.config import config_to_dict, validate_config
 from hybrid_lightning.kinds import mixer_names
@@ -35,18 +34,18 @@ def test_architectures_are_the_papers_seven_over_the_registered_mixers():
 def test_plain_step_is_the_lightning_training_step(tmp_path):
     """The two sides of the Lightning-vs-plain comparison do the same work: same weights after 3 steps."""
     from hybrid_lightning.data.datamodule import LMDataModule
-    from hybrid_lightning.config.resolve import resolve_config
+    from hybrid_lightning.plan.resolve import plan_run
     from hybrid_lightning.training.system import LMSystem
     from hybrid_lightning.training.trainer import build_trainer, fit
 
     train = {"max_steps": 3, "warmup_steps": 1, "batch_size": 2, "seq_len": 32, "progress_bar": False}
     model = {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 8}
-    cfg = resolve_config(validate_config({"model": model, "train": train, "data": {"max_tokens": 200_000}}))
-    trainer, module, datamodule = build_trainer(cfg, tmp_path / "run")
+    cfg, plan = plan_run(validate_config({"model": model, "train": train, "data": {"max_tokens": 200_000}}))
+    trainer, module, datamodule = build_trainer(cfg, plan, tmp_path / "run")
     fit(trainer, module, datamodule, None)
 
     torch.manual_seed(cfg.seed)
-    system = LMSystem(config_to_dict(cfg))
+    system = LMSystem(config_to_dict(cfg), plan.as_dict())
     opt = system.configure_optimizers()
     step = PlainStep(system.model, opt["optimizer"], opt["lr_scheduler"]["scheduler"], cfg.train.grad_clip)
     data = LMDataModule(cfg)
@@ -56,6 +55,11 @@ def test_plain_step_is_the_lightning_training_step(tmp_path):
     lightning, plain = module.model.state_dict(), system.model.state_dict()
     # float reordering leaves ~1e-6; a different step (data, lr, clipping) moves weights by ~lr = 1e-3
     assert max((lightning[k] - plain[k]).abs().max().item() for k in plain) <= 1e-5
+
+
+def model_flops_per_token(model, T: int) -> float:
+    """The plan's count (plan/count.py) for a built model."""
+    return count(model.opts, model.plan, (T,)).flops[T]
 
 
 def test_model_flops_per_token_counts_matmuls_and_visible_keys():
@@ -170,7 +174,7 @@ def cpu_bench_rows() -> dict[tuple[str, int], float]:
 def test_cpu_precision_auto_follows_the_committed_measurement():
     """``train.precision: auto`` on a CPU: bf16-mixed exactly where the committed bench measured bf16 at
     least 5% faster, never where it measured slower; the table in precision.py is that measurement."""
-    from hybrid_lightning.precision import CPU_BF16_MARGIN, CPU_BF16_SPEEDUP, resolve_precision
+    from hybrid_lightning.plan.precision import CPU_BF16_MARGIN, CPU_BF16_SPEEDUP, resolve_precision
 
     measured = cpu_bench_rows()
     assert {(m, d): round(v, 2) for (m, d), v in measured.items()} == {

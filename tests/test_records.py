@@ -9,7 +9,7 @@ import pytest
 from hybrid_lightning.analysis.scores import pooled as pooled_frame
 from conftest import REPO
 from hybrid_lightning import records
-from hybrid_lightning.eval.report import pool
+from hybrid_lightning.records import pool
 
 CELL = dict(step=3, tokens=96, task="passkey", length=256, depth=0.5, in_window=None, n=2, accuracy=0.5,
             answer_tokens=10, token_accuracy=0.6, answer_loss=1.2, chance_token_accuracy=0.1, chance_loss=2.3,

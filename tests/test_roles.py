@@ -5,9 +5,11 @@ import pytest
 
 from hybrid_lightning.analysis.load import _identity
 from hybrid_lightning.config import RunConfig, config_to_dict, flatten
-from hybrid_lightning.config.resolve import _check_same
+from hybrid_lightning.training.resume import _check_same
 from hybrid_lightning.config.roles import NOT_IDENTITY, RESUMABLE_CHANGES, ROLES, role_of, roles_table
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE
+from hybrid_lightning.kinds import expand, layer_traits
+from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan
 
 CFG = RunConfig.model_validate({"model": {"pattern": "EEEF", "mixer": "swa", "vocab_size": 256}})
 
@@ -35,10 +37,15 @@ def test_a_resume_refuses_exactly_the_keys_that_are_fixed_for_a_run(key, tmp_pat
 
 def test_analysis_tells_architectures_apart_by_the_identity_keys():
     """With every layer kind present (E, F, a window), the architecture holds exactly the identity and
-    resumable keys; the bookkeeping and label keys are left out."""
+    resumable keys but the option sections of mixers the plan does not use; the bookkeeping and label keys
+    are left out."""
     flat = flatten(config_to_dict(CFG))
-    arch = _identity(flat, ["swa"], True)
-    assert set(arch) == {k for k in flat if role_of(k) in (IDENTITY, RESUMABLE)}
+    m = CFG.model
+    layers = tuple(LayerPlan(i, mixer, *layer_traits(mixer, m.window, m.pos.full, m.pos.efficient))
+                   for i, mixer in enumerate(expand(m.pattern, m.n_layers, m.mixer)))
+    arch = _identity(flat, RunPlan(layers, Budget(128, 16, 1, 1, 200)))
+    unused = tuple(f"model.{section}." for section in ("mamba2", "gated_deltanet", "lightning"))
+    assert set(arch) == {k for k in flat if role_of(k) in (IDENTITY, RESUMABLE) and not k.startswith(unused)}
     assert not set(arch) & NOT_IDENTITY
     # the keys where the old lists disagreed: the store's and the backends' now agree with the resume check
     for key in ("data.store", "data.shard_mb", "data.prepare_workers", "model.attn_backend", "train.val_batches"):
@@ -55,22 +62,23 @@ def test_the_roles_table_names_every_tagged_key():
             assert f"`{key}`" in table, key
 
 
-def test_tokens_per_step_is_the_train_configs_alone():
-    """One formula (``TrainConfig.tokens_per_step``): no other module multiplies batch size by sequence length."""
+def test_tokens_per_step_is_the_plans_alone():
+    """One formula (the run plan's ``Budget``): no other module multiplies batch size by sequence length."""
     import ast
 
     from conftest import REPO
     from hybrid_lightning.config import TrainConfig
+    from hybrid_lightning.plan.resolve import budget
 
-    t = TrainConfig(batch_size=4, seq_len=8, devices=2, num_nodes=3)
-    assert t.planned_world_size() == 6 and t.tokens_per_step(6, accumulate=2) == 4 * 8 * 6 * 2
-    assert TrainConfig().planned_world_size() == 1  # devices: auto
+    b = budget(TrainConfig(batch_size=4, seq_len=8, devices=2, num_nodes=3, accumulate_grad_batches=2))
+    assert b.world_size == 6 and b.tokens_per_step == 4 * 8 * 6 * 2 and b.tokens_at(3) == 3 * b.tokens_per_step
+    assert budget(TrainConfig(accelerator="cpu")).world_size == 1  # devices: auto on the CPU
     found = []
     for path in sorted([*(REPO / "hybrid_lightning").rglob("*.py"), *(REPO / "analysis").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
                 names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "value", None) for n in ast.walk(node)}
-                if {"batch_size", "seq_len"} <= names and path.name != "schema.py":
+                if {"batch_size", "seq_len"} <= names and path.name != "runplan.py":
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not found, found
 

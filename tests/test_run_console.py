@@ -5,10 +5,8 @@ model TFLOP/s, MFU where the peak is known) and peak memory."""
 import pytest
 
 from hybrid_lightning.config import load_config
-from hybrid_lightning.design import build_model
-from hybrid_lightning.model import BYTE_VOCAB, model_flops_per_token
-from hybrid_lightning.precision import peak_bf16_tflops
-from hybrid_lightning.rundir import read_events
+from hybrid_lightning.plan.precision import peak_bf16_tflops
+from hybrid_lightning.rundir import read_events, read_plan
 from hybrid_lightning.training.run import train
 
 from conftest import TINY, run_cli
@@ -34,8 +32,7 @@ def test_a_3_step_run_logs_and_validates_its_step_and_prints_no_banners(tmp_path
     assert "epoch" not in logged and "train/mfu" not in logged  # no MFU without a GPU of known peak
     acc = read_events(run_dir)
     tokens_per_sec, tflops = (acc.Scalars(t)[0].value for t in ("train/tokens_per_sec", "train/tflops_per_sec"))
-    cfg = load_config(None, [*TINY[1::2]])
-    flops = model_flops_per_token(build_model(cfg.model, BYTE_VOCAB), cfg.train.seq_len)
+    flops = read_plan(run_dir).flops_per_token
     assert tflops * 1e12 / tokens_per_sec == pytest.approx(flops, rel=1e-5)  # one device: its model FLOPs per second
     assert f"{run_dir}: " in r.stdout and "tokens in 3 steps, from step 0" in r.stdout
     assert "step 3/3  train/loss" in r.stdout  # the progress line of a run without a progress bar

@@ -136,7 +136,7 @@ def test_killed_prepare_resumes_to_the_same_store(tmp_path):
     with pytest.raises(ValueError, match="no token store"):  # a partial store is never read
         open_store(validate_config({"data": {"files": [str(tmp_path / "docs.jsonl")], "tokenizer": str(tok),
                                              "store": str(killed), "shard_mb": 0.02}}).data, build=False)
-    (killed / "train_00004.bin.tmp").write_bytes(b"torn")  # a rewrite cut short (of a file the store lists)
+    (killed / ".train_00004.bin.k1ll3d.tmp").write_bytes(b"torn")  # a rewrite cut short (of a file the store lists)
     (killed / "shard_00003.json").write_text("{")  # and a record cut short: units 3.. are redone
     resumed = run_cli(*args, "--set", f"data.store={killed}")
     assert resumed.returncode == 0, resumed.stderr

@@ -13,11 +13,11 @@ import urllib.request
 from pathlib import Path
 
 from hybrid_lightning.config import load_config
-from hybrid_lightning.eval.callback import CARD_PX
+from hybrid_lightning.training.evaluation import CARD_PX
 from hybrid_lightning.grid import load_grid
 from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
-from hybrid_lightning.training.callbacks import HPARAMS_METRICS, STUDY_KEYS
+from hybrid_lightning.training.hparams import HPARAMS_METRICS, STUDY_KEYS
 from hybrid_lightning.training.run import train
 
 from conftest import TINY

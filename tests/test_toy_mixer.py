@@ -10,7 +10,7 @@ from torch import nn
 from hybrid_lightning.analysis.report import analyze
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.kinds import KINDS, MixerKind
-from hybrid_lightning.design import build_model
+from hybrid_lightning.plan import build_model
 from hybrid_lightning.model.mixers import MIXERS, check_registry
 from hybrid_lightning.training.run import train
 

@@ -9,16 +9,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hybrid_lightning.config import PROVENANCE_KEY
-from hybrid_lightning.design import build_model
-from hybrid_lightning.model import count_params
-from hybrid_lightning.rundir import (
-    LAYERS_KEY,
-    PARAMS_KEY,
-    checkpoint_is_valid,
-    read_config_dict,
-    read_run_config,
-    read_status,
-)
+from hybrid_lightning.plan import build_model
+from hybrid_lightning.rundir import checkpoint_is_valid, read_config_dict, read_plan, read_run_config, read_status
 
 from conftest import TINY, run_cli
 
@@ -45,13 +37,14 @@ def test_train_200_steps_loss_falls(tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "checkpoints" / "step_0000100.ckpt").is_file()
     cfg = read_run_config(run_dir)
     assert cfg.train.max_steps == 200
-    # provenance: what analysis reads without building the model
-    provenance = read_config_dict(run_dir)[PROVENANCE_KEY]
-    counts = count_params(build_model(cfg.model))
-    assert provenance[PARAMS_KEY] == {k: counts[k] for k in ("embedding", "non_embedding", "total")}
-    assert provenance[LAYERS_KEY] == [{k: layer[k] for k in ("layer", "kind", "letter", "window", "pos")}
-                                      for layer in counts["layers"]]
-    assert [(layer["letter"], layer["window"]) for layer in provenance[LAYERS_KEY]] == [("S", 32), ("F", None)]  # pattern EF
+    # the run plan: what analysis, export and the offline commands read instead of working it out again
+    plan = read_plan(run_dir)
+    model = build_model(plan)
+    assert plan.params["total"] == sum(p.numel() for p in model.parameters())
+    assert [layer.params["total"] for layer in plan.layers] == [sum(p.numel() for p in b.parameters()) for b in model.layers]
+    assert [(layer.letter, layer.window) for layer in plan.layers] == [("S", 32), ("F", None)]  # pattern EF
+    assert plan.budget.tokens_per_step == 8 * 128 and plan.budget.max_steps == 200 and not plan.rebuilt
+    assert set(read_config_dict(run_dir)[PROVENANCE_KEY]) == {"git_revision", "package_version", "written", "data"}
     assert read_status(run_dir)["state"] == "done"
     # running it again: nothing to do, exit 0
     again = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")

@@ -15,8 +15,8 @@ from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.heads.retrieval import RetrievalHeads
 from hybrid_lightning.eval.runner import LongContextEval
-from hybrid_lightning.design import build_model
-from hybrid_lightning.config.resolve import resolve_config
+from hybrid_lightning.plan import build_model
+from hybrid_lightning.plan.resolve import resolve_config
 
 
 def _median_seconds(fn, repeats: int) -> float:

@@ -40,10 +40,10 @@ from hybrid_lightning.bench.__main__ import DEFAULT_OUT, markdown
 from hybrid_lightning.bench.gpu_resume import resume_check
 from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
-from hybrid_lightning.design import build_model
-from hybrid_lightning.model import count_params, model_flops_per_token
+from hybrid_lightning.plan import build_model
+from hybrid_lightning.plan.count import count
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
-from hybrid_lightning.precision import peak_bf16_tflops
+from hybrid_lightning.plan.precision import peak_bf16_tflops
 
 TOLERANCE = 2e-2  # relative RMS error allowed in bf16 (its unit roundoff is 2**-8 = 3.9e-3)
 # (T, window, cached keys before the queries, heads, kv heads): full, windows, a ragged T, GQA, a KV cache
@@ -157,9 +157,10 @@ def mfu(device: torch.device, peak_tflops: float | None, sizes: Sizes) -> list[d
             sync()
             secs = (time.perf_counter() - t0) / sizes.steps
             tokens = sizes.batch * sizes.seq
-            tflops = model_flops_per_token(model, sizes.seq) * tokens / secs / 1e12
+            counts = count(model.opts, model.plan, (sizes.seq,))
+            tflops = counts.flops[sizes.seq] * tokens / secs / 1e12
             rows.append({
-                "model": name, "compile": compiled, "params": count_params(model)["total"],
+                "model": name, "compile": compiled, "params": counts.total,
                 "step s": secs, "tokens/s": tokens / secs, "model TFLOP/s": tflops,
                 "MFU": tflops / peak_tflops if peak_tflops else "peak unknown: pass --peak-tflops",
                 "warm-up s": t0 - t_compile, "loss": loss,
@@ -194,7 +195,7 @@ def report(result: dict, name: str, sizes: Sizes) -> str:
         markdown({"title": f"Training MFU, {sizes.batch} x {sizes.seq} tokens, bf16 autocast ({name})",
                   "columns": list(mfu_rows[0]), "rows": mfu_rows,
                   "notes": f"Mean step time over {sizes.steps} steps after {sizes.warmup} warm-up steps; "
-                           f"peak {result['peak_bf16_tflops']} TFLOP/s; FLOPs per token as in model_flops_per_token."}),
+                           f"peak {result['peak_bf16_tflops']} TFLOP/s; FLOPs per token as in plan/count.py."}),
         f"## Recurrent mixers (fla)\n\n```\n{json.dumps(result['recurrent'], indent=1, default=str)}\n```\n",
         f"## Killed and resumed\n\n```\n{json.dumps(result['resume'], indent=1)}\n```\n",
     ])

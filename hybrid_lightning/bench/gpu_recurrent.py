@@ -4,7 +4,7 @@
     TRITON_INTERPRET=1 python -m hybrid_lightning.bench.gpu_recurrent --interpret
 
 ``--interpret`` runs the same checks on CPU tensors through Triton's interpreter (the ``fla-cpu``
-extra; ``model/ops/interpreter.py``), at tiny shapes in fp32, with fp32 tolerances: the kernels'
+extra; ``hybrid_lightning/interpreter.py``), at tiny shapes in fp32, with fp32 tolerances: the kernels'
 arguments, layouts, states and gradients checked before any GPU is at hand.
 
 For each operator (on bf16 inputs; the reference computes in fp32 on the same values) and each
@@ -27,11 +27,10 @@ import torch
 
 from hybrid_lightning.bench.recurrent import inputs
 from hybrid_lightning.kinds import KINDS
-from hybrid_lightning.design import resolve_model_config
+from hybrid_lightning.plan import layer_plan, resolve_model_config
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
-from hybrid_lightning.model.ops.interpreter import interpreting
-from hybrid_lightning.design.plan import layer_plan
+from hybrid_lightning.interpreter import interpreting, patch
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.002 per value); sums of thousands of such
 # terms in the kernels land around 1e-2 at worst. A wrong kernel call (swapped g and beta, a missing
@@ -187,6 +186,8 @@ def main(argv: list[str] | tuple[str, ...] = ()) -> int:
         print("gpu_recurrent --interpret: needs TRITON_INTERPRET=1 in the environment and the fla-cpu extra "
               "(pip install -e '.[fla-cpu]')", file=sys.stderr)
         return 2
+    if args.interpret:
+        patch()  # this process's explicit opt-in (hybrid_lightning/interpreter.py)
     if not args.interpret and (not torch.cuda.is_available() or not fla_available()):
         print("gpu_recurrent: needs a CUDA device and flash-linear-attention (pip install -e '.[gpu]')", file=sys.stderr)
         return 2

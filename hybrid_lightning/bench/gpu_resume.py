@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from hybrid_lightning.records import Tag
 from hybrid_lightning.rundir import checkpoint_is_valid
 
 MAX_STEPS, KILL_AFTER = 40, 20  # the second checkpoint (every 10 steps) is the last one before the kill
@@ -75,8 +76,8 @@ def resume_check(root: Path, accelerator: str) -> dict:
     a, b = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
             for d in (straight, killed))
     weights = max((a[k].float() - b[k].float()).abs().max().item() for k in a) if a.keys() == b.keys() else float("inf")
-    same = {tag: losses(straight, tag) == losses(killed, tag) for tag in ("train/loss", "val/loss")}
+    same = {tag: losses(straight, tag) == losses(killed, tag) for tag in (Tag.LOSS, Tag.VAL_LOSS)}
     return {"ok": weights <= TOLERANCE and all(same.values()), "accelerator": accelerator,
             "killed after step": KILL_AFTER, "steps": MAX_STEPS, "max weight difference": weights,
-            "train losses equal": same["train/loss"], "val losses equal": same["val/loss"],
+            "train losses equal": same[Tag.LOSS], "val losses equal": same[Tag.VAL_LOSS],
             "seconds": round(time.perf_counter() - t0, 1)}

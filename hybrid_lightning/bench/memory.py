@@ -1,5 +1,5 @@
 """(f) Peak memory of a training step with and without activation checkpointing, measured, beside the
-estimate ``grid plan`` and ``train`` use (``hybrid_lightning.design.memory``)."""
+estimate ``grid plan`` and ``train`` use (``hybrid_lightning.plan.memory``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from hybrid_lightning.bench.measure import peak_memory
 from hybrid_lightning.config import RunConfig, validate_config
-from hybrid_lightning.design import build_model
-from hybrid_lightning.design.memory import estimate_memory
+from hybrid_lightning.plan import build_model
+from hybrid_lightning.plan.memory import estimate_memory
+from hybrid_lightning.plan.resolve import budget
 
 MODELS = {  # four kinds of hybrid at the sizes of the CPU replica
     "SWA-64 EEEF, d=128": {"n_layers": 4, "d_model": 128, "n_heads": 4, "pattern": "EEEF", "mixer": "swa", "window": 64},
@@ -50,7 +51,7 @@ def run(quick: bool) -> dict:
     rows = []
     for name, model in (list(MODELS.items())[:1] if quick else MODELS.items()):
         cfg = config(model, batch, seq_len)
-        estimate = estimate_memory(cfg)
+        estimate = estimate_memory(cfg, budget(cfg.train))
         for on in (False, True):
             peak = measured_peak(cfg, on)
             rows.append({"model": name, "checkpointing": "on" if on else "off", "measured MiB": peak / 2**20,
@@ -63,5 +64,5 @@ def run(quick: bool) -> dict:
         "notes": (f"Batch {batch} x {seq_len}, fp32, AdamW, one CPU step after a first one. Measured: the weights and "
                   "AdamW's moments held, plus the most the step allocates on top, from the allocation events of "
                   "PyTorch's profiler (profile_memory=True; tensors only, not the process's RSS). Estimated: "
-                  "hybrid_lightning.design.memory, from fake tensors (no allocation)."),
+                  "hybrid_lightning.plan.memory, from fake tensors (no allocation)."),
     }

@@ -6,7 +6,7 @@
 2. One CPU thread at the CPU replica's size (d=128, 4 layers, batch 8 x 512) and the demo's (d=64,
    batch 8 x 256): the CPU time of a training step of full attention, SWA-32 and every recurrent hybrid,
    fp32 and under bf16 autocast, side by side; ``train.precision: auto`` follows the bf16 column
-   (``hybrid_lightning.precision.CPU_BF16``).
+   (``hybrid_lightning.plan.precision.CPU_BF16_SPEEDUP``).
 3. The Lightning path (the ``Trainer`` that ``hybrid-lightning train`` builds: logging, checkpoint and
    throughput callbacks, the step sampler) against a plain PyTorch loop doing the same step on the
    same model, optimizer, schedule and batches, alternating rounds, the embedded default run config.
@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from hybrid_lightning.bench.attention import WINDOWS
 from hybrid_lightning.bench.measure import interleaved_medians
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
-from hybrid_lightning.design import build_model
-from hybrid_lightning.model import count_params
+from hybrid_lightning.plan import build_model
+from hybrid_lightning.plan.count import count_params
 from hybrid_lightning.kinds import mixer_names
 
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64
@@ -145,24 +145,24 @@ def clocks() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def lightning_seconds(cfg: RunConfig, warm: int, run_dir: Path) -> tuple[float, float]:
+def lightning_seconds(cfg: RunConfig, plan, warm: int, run_dir: Path) -> tuple[float, float]:
     """(wall, CPU) seconds of steps warm ... max_steps-1 of ``hybrid-lightning train``'s Trainer."""
     from hybrid_lightning.training.trainer import build_trainer, fit
 
-    trainer, module, datamodule = build_trainer(cfg, run_dir)
+    trainer, module, datamodule = build_trainer(cfg, plan, run_dir)
     timer = _StepTimer(warm)
     trainer.callbacks.append(timer)
     fit(trainer, module, datamodule, None)
     return timer.end[0] - timer.start[0], timer.end[1] - timer.start[1]
 
 
-def plain_seconds(cfg: RunConfig, warm: int) -> tuple[float, float]:
+def plain_seconds(cfg: RunConfig, plan, warm: int) -> tuple[float, float]:
     """(wall, CPU) seconds of the same steps in a plain loop over the same batches."""
     from hybrid_lightning.data.datamodule import LMDataModule
     from hybrid_lightning.training.system import LMSystem
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    system = LMSystem(config_to_dict(cfg))
+    system = LMSystem(config_to_dict(cfg), plan.as_dict())
     opt = system.configure_optimizers()
     step = PlainStep(system.model, opt["optimizer"], opt["lr_scheduler"]["scheduler"], cfg.train.grad_clip)
     data = LMDataModule(cfg)
@@ -180,7 +180,7 @@ def plain_seconds(cfg: RunConfig, warm: int) -> tuple[float, float]:
 
 
 def lightning_rows(quick: bool) -> list[dict]:
-    from hybrid_lightning.config.resolve import resolve_config
+    from hybrid_lightning.plan.resolve import plan_run
 
     warm, measured, rounds = (2, 3, 1) if quick else (20, 100, 3)
     overrides = {"max_steps": warm + measured, "warmup_steps": 1, "progress_bar": False,
@@ -189,14 +189,14 @@ def lightning_rows(quick: bool) -> list[dict]:
     if quick:
         overrides.update(batch_size=2, seq_len=64)
     no_eval = {"every_n_steps": 0, "at_end": False}  # the evaluation callbacks are measured in the eval section
-    cfg = resolve_config(validate_config({"name": "bench", "model": model, "train": overrides,
+    cfg, plan = plan_run(validate_config({"name": "bench", "model": model, "train": overrides,
                                           "eval": {**no_eval, "heads": no_eval}}))
-    tokens = measured * cfg.train.tokens_per_step(1, accumulate=1)  # one process
+    tokens = measured * plan.budget.tokens_per_step  # one process, one micro-batch a step
     runs: dict[str, list[tuple[float, float]]] = {"Lightning": [], "plain loop": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            runs["Lightning"].append(lightning_seconds(cfg, warm, Path(tmp) / f"round{r}"))
-            runs["plain loop"].append(plain_seconds(cfg, warm))
+            runs["Lightning"].append(lightning_seconds(cfg, plan, warm, Path(tmp) / f"round{r}"))
+            runs["plain loop"].append(plain_seconds(cfg, plan, warm))
     wall = {k: tokens / statistics.median(w for w, _ in v) for k, v in runs.items()}
     cpu = {k: tokens / statistics.median(c for _, c in v) for k, v in runs.items()}
     m = cfg.model

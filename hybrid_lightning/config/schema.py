@@ -8,13 +8,15 @@ Reading YAML, overrides and turning validation errors into one ``ValueError`` li
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import typing
+from typing import Any, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, create_model, model_validator
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, Number, Whole, _Frozen, role
 
-from hybrid_lightning.kinds import KINDS, check_pattern, mixer_names, pattern_mixers
+from hybrid_lightning.kinds import KINDS, HeadsSettings, MixerKind, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
 class PosConfig(_Frozen):
@@ -25,49 +27,32 @@ class PosConfig(_Frozen):
     efficient: Literal["rope", "nope"] = Field("rope", description="positional encoding of the other attention layers (SWA)")
 
 
-class Mamba2Config(_Frozen):
-    """Mamba-2 layers (``M``); defaults of the paper's reference module (Dao & Gu 2024)."""
-
-    expand: Whole = Field(2, ge=1, description="inner width = expand * d_model")
-    head_dim: Whole = Field(64, ge=1, description="channels per SSM head; must divide expand * d_model")
-    d_state: Whole = Field(128, ge=1, description="SSM state size N")
-    conv_size: Whole = Field(4, ge=1, description="taps of the causal depthwise convolution")
-
-    def check(self, model: ModelConfig) -> None:
-        inner = self.expand * model.d_model
-        if inner % self.head_dim:
-            raise ValueError(f"model.mamba2.head_dim={self.head_dim} must divide model.mamba2.expand * model.d_model = {inner}")
+def _setting_type(annotation: Any) -> Any:
+    """A settings dataclass's field type as the schema types it: numbers as written (``Whole``, ``Number``),
+    switches strict, ``X | None`` kept optional."""
+    strict = {int: Whole, float: Number, bool: StrictBool}
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return strict.get(inner, inner) | None
+    return strict.get(annotation, annotation)
 
 
-class _HeadsConfig(_Frozen):
-    """Heads of a recurrent mixer; ``ModelConfig.heads`` fills what is left open from the model."""
-
-    n_heads: Whole | None = Field(None, ge=1, description="null = model.n_heads")
-    head_dim: Whole | None = Field(None, ge=1, description="(query/key) width per head; null = model's head_dim")
-
-    def check(self, model: ModelConfig) -> None:
-        """Constraints that involve the model's other settings (called for mixers the pattern uses)."""
-
-
-class GatedDeltaNetConfig(_HeadsConfig):
-    """Gated DeltaNet layers (``G``; Yang, Kautz & Hatamizadeh 2025)."""
-
-    expand_v: Number = Field(2.0, gt=0, description="value width per head = expand_v * head_dim")
-    conv_size: Whole = Field(4, ge=1, description="taps of the causal depthwise convolution")
-
-    def check(self, model: ModelConfig) -> None:
-        key_dim = model.heads(self)[1]
-        if key_dim * self.expand_v % 1:
-            raise ValueError(
-                f"model.gated_deltanet.expand_v={self.expand_v} times the head width {key_dim} must be a whole number"
-            )
+def _section(kind: MixerKind) -> type[_Frozen]:
+    """The ``model.<kind.section>`` section, derived from the kind's settings dataclass (``kinds/``): a field
+    per setting with its default, bounds and doc, and the dataclass's ``check(model)`` run by ``ModelConfig``."""
+    hints = typing.get_type_hints(kind.settings)
+    fields = {f.name: (_setting_type(hints[f.name]), Field(f.default, description=f.metadata["doc"],
+                                                          **{b: f.metadata[b] for b in ("ge", "gt") if b in f.metadata}))
+              for f in dataclasses.fields(kind.settings)}
+    return create_model(kind.settings.__name__.removesuffix("Settings") + "Config", __base__=_Frozen,
+                        __doc__=kind.settings.__doc__, __module__=__name__, **fields)
 
 
-class LightningConfig(_HeadsConfig):
-    """Lightning Attention layers (``L``; Qin et al. 2024, as in MiniMax-01)."""
+SECTIONS = {k.section: _section(k) for k in KINDS.values() if k.section}  # section name -> its schema
 
 
-class ModelConfig(_Frozen):
+class _ModelLayout(_Frozen):
     """The ``model:`` section; ``build_model`` takes it (or the same keys as a dict)."""
 
     n_layers: Whole = Field(4, ge=1, description="layers; `model.pattern` is tiled to them")
@@ -95,16 +80,13 @@ class ModelConfig(_Frozen):
         "auto", description="recurrent mixers: `auto` = fla on CUDA when installed, else `chunked` (docs/training.md, Recurrent "
         "mixers)", **role(BOOKKEEPING))
     recurrent_chunk: Whole = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend", **role(BOOKKEEPING))
-    mamba2: Mamba2Config = Field(default_factory=Mamba2Config)
-    gated_deltanet: GatedDeltaNetConfig = Field(default_factory=GatedDeltaNetConfig)
-    lightning: LightningConfig = Field(default_factory=LightningConfig)
     efficient_mlp_hidden: Whole | None = Field(None, ge=1, description="SwiGLU width of the non-full layers; null = `mlp_hidden`'s")
     match_params: str | None = Field(None, description="a reference pattern, e.g. `F`: sets the non-full layers' SwiGLU width "
                                      "so that the non-embedding parameter count matches the same model with that pattern "
                                      "(within 2%)")
 
     @model_validator(mode="after")
-    def _check(self) -> ModelConfig:
+    def _check(self) -> _ModelLayout:
         if self.mixer not in mixer_names(efficient_only=True):
             accepted = sorted(mixer_names(efficient_only=True))
             raise ValueError(f"model.mixer: {self.mixer!r} is not one of the accepted mixers {accepted}")
@@ -116,8 +98,8 @@ class ModelConfig(_Frozen):
         if self.n_heads % self.kv_heads:
             raise ValueError(f"model.n_kv_heads={self.kv_heads} must divide model.n_heads={self.n_heads}")
         for name in self.mixers_used:
-            if KINDS[name].options is not None:
-                getattr(self, KINDS[name].options).check(self)
+            if KINDS[name].section is not None:
+                self.settings(name).check(self)
         if self.match_params is not None:
             check_pattern(self.match_params, self.n_layers, field="model.match_params")
             if self.efficient_mlp_hidden is not None:
@@ -140,8 +122,12 @@ class ModelConfig(_Frozen):
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
-    def heads(self, opts: _HeadsConfig) -> tuple[int, int]:
-        """(heads, width per head) of a recurrent mixer's options, open values taken from the model."""
+    def settings(self, mixer: str) -> Any:
+        """The settings of ``mixer``'s section (``model.<mixer>``) as its kind's settings dataclass."""
+        return KINDS[mixer].settings(**getattr(self, KINDS[mixer].section).model_dump())
+
+    def heads(self, opts: HeadsSettings) -> tuple[int, int]:
+        """(heads, width per head) of a recurrent mixer's settings, open values taken from the model."""
         return opts.n_heads or self.n_heads, opts.head_dim or self.head_dim
 
     @property
@@ -152,6 +138,10 @@ class ModelConfig(_Frozen):
     def efficient_mlp_width(self) -> int:
         """SwiGLU width of the non-full layers before any parameter matching."""
         return self.efficient_mlp_hidden or self.mlp_width
+
+
+ModelConfig = create_model("ModelConfig", __base__=_ModelLayout, __doc__=_ModelLayout.__doc__, __module__=__name__,
+                           **{name: (section, Field(default_factory=section)) for name, section in SECTIONS.items()})
 
 
 class SyntheticConfig(_Frozen):
@@ -268,20 +258,6 @@ class TrainConfig(_Frozen):
         if self.tokens_per_param is not None and self.devices == "auto":
             raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on it")
         return self
-
-    def planned_world_size(self) -> int:
-        """Training processes as the config states them: devices (``auto`` counted as one) x nodes."""
-        return (1 if self.devices == "auto" else self.devices) * self.num_nodes
-
-    def tokens_per_step(self, world_size: int, accumulate: int) -> int:
-        """Training tokens per optimizer step over all ranks: sequences per device x their length x
-        ``world_size`` processes x ``accumulate`` micro-batches accumulated into each step."""
-        return self.batch_size * self.seq_len * world_size * accumulate
-
-    def planned_tokens(self) -> int:
-        """Training tokens of the whole run as the config states it: ``max_steps`` steps over
-        ``planned_world_size`` processes, each accumulating ``accumulate_grad_batches`` micro-batches."""
-        return self.max_steps * self.tokens_per_step(self.planned_world_size(), self.accumulate_grad_batches)
 
 
 def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from hybrid_lightning.config import DataConfig
 from hybrid_lightning.data.integrity import sha256_file
 from hybrid_lightning.data.store_folder import own, owned, remove
+from hybrid_lightning.fileio import write_atomic_with
 
 GOLDEN = 0.6180339887498949  # documents i with frac(i * GOLDEN) < val_fraction are held out: evenly spread
 COPY_TOKENS = 1 << 24  # tokens per chunk when files are joined
@@ -40,18 +40,10 @@ def finished_shards(folder: Path, plan_id: str) -> list[dict]:
 
 
 def write_with(path: Path, write) -> None:
-    """Writes ``path`` through ``write(f)`` into ``<path>.tmp``, then renames it; the name is listed as
-    the store's (data/store_folder.own) before anything is written."""
+    """Writes ``path`` through ``write(f)`` all at once (``fileio.write_atomic_with``); the name is listed as the
+    store's (data/store_folder.own) before anything is written."""
     own(path.parent, path.name)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-    except OSError as e:
-        if e.filename is None:  # a write's error (a full disk) names no file: name the one written
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
-    os.replace(tmp, path)
+    write_atomic_with(path, write)
 
 
 def write_shard(folder: Path, k: int, tokens: np.ndarray, lengths: np.ndarray, doc0: int, train0: int,

@@ -2,8 +2,9 @@
 
 A folder becomes a store when the package creates it or finds it empty: it then holds ``MARKER``, a
 JSON list of every file name the package writes there, each name added before its file is written.
-Only the files so listed (and their ``.tmp`` temporaries) are ever removed. A non-empty folder
-without the marker is not a store and is refused, so the user's files there (a corpus, notes) stay.
+Only the files so listed (and their temporaries, ``fileio.temporary_beside``) are ever removed. A non-empty
+folder without the marker is not a store and is refused, so the user's files there (a corpus, notes) stay; a
+marker that does not read is refused too, naming it, and nothing in the folder is touched.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import json
 import os
 from pathlib import Path
 
+from hybrid_lightning.fileio import LOCK_FILE, TMP_SUFFIX, write_atomic
+
 MARKER = ".hybrid-lightning-store"  # {"files": [names the package wrote in this folder]}
-LOCK = ".lock"  # the build lock (filelock), inside the store
+LOCK = LOCK_FILE  # the build lock (filelock), inside the store
 
 
 def is_store(folder: Path) -> bool:
@@ -53,17 +56,23 @@ def claim(folder: Path) -> None:
 
 
 def owned(folder: Path) -> set[str]:
-    """The names the package wrote in ``folder`` (none for a folder that is not a store)."""
-    try:
-        return set(json.loads((folder / MARKER).read_text())["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """The names the package wrote in ``folder`` (none for a folder that is not a store); a ``ValueError`` naming
+    the marker when it does not read, so that no file of the folder is taken for another's or written over."""
+    path = folder / MARKER
+    if not path.is_file():
         return set()
+    try:
+        names = json.loads(path.read_text())["files"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise TypeError("not a list of file names")
+        return set(names)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"data.store: {path} does not read ({type(e).__name__}: {e}); the store in {folder} is left as it "
+                         "is: move that folder away (or restore the file) and run again") from None
 
 
 def _save(folder: Path, names: set[str]) -> None:
-    tmp = folder / f"{MARKER}.tmp"
-    tmp.write_text(json.dumps({"files": sorted(names)}))
-    os.replace(tmp, folder / MARKER)
+    write_atomic(folder / MARKER, json.dumps({"files": sorted(names)}))
 
 
 def own(folder: Path, *names: str) -> None:
@@ -79,7 +88,8 @@ def remove(folder: Path, names) -> None:
     gone = have & set(names)
     for name in gone:
         (folder / name).unlink(missing_ok=True)
-        (folder / f"{name}.tmp").unlink(missing_ok=True)
+        for tmp in folder.glob(f".{name}.*{TMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
     if gone:
         _save(folder, have - gone)
 

@@ -26,7 +26,7 @@ import torch
 from hybrid_lightning.config import EvalConfig, RunConfig
 from hybrid_lightning.eval.scoring import evaluating, short_context_nll, token_nll
 from hybrid_lightning.fileio import write_atomic
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_run_config, read_status
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_status
 
 NO_EVALUATOR = "no evaluator model (eval.longppl_evaluator is null): key tokens are chosen by one model for all"
 
@@ -87,10 +87,11 @@ def resolve_evaluator(spec: str) -> tuple[Path | None, str | None]:
 
 def load_model(ckpt: Path, device: torch.device) -> tuple[RunConfig, torch.nn.Module]:
     """The model of checkpoint ``ckpt`` (in ``<run>/checkpoints/``) with its run's config, in eval mode."""
-    from hybrid_lightning.design import load_trained
+    from hybrid_lightning.plan import load_trained
+    from hybrid_lightning.plan.resolve import run_plan
 
-    cfg = read_run_config(ckpt.parent.parent)
-    model, _ = load_trained(cfg.model, ckpt)
+    cfg, plan = run_plan(ckpt.parent.parent)
+    model, _ = load_trained(plan, ckpt)
     return cfg, model.to(device).eval()
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.records import LONGCTX_TAGS, pooled, weighted_sums
+from hybrid_lightning.records import LONGCTX_TAGS, Tag, pool
+from hybrid_lightning.records import headline as cells_headline
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 # Record field -> the generation statistic (scoring.STATS) it averages over the cell's generated samples.
@@ -20,43 +21,9 @@ ROW_KEYS = {
 }
 
 
-def pool(records: list[dict], **where) -> dict | None:
-    """Pooled figures (``records.pooled``) of the records matching ``where`` (e.g. task=...,
-    in_window=True); None if no record matches."""
-    rows = [r for r in records if all(r[k] == v for k, v in where.items())]
-    return pooled(weighted_sums(rows)) if rows else None
-
-
-def mean_over_cells(records: list[dict], measure: str) -> float | None:
-    """``measure`` of ``pool`` per (task, length), pooled over depths, averaged over (task, length);
-    None without records (or, for a generation measure, without generations)."""
-    values = [pool(records, task=t, length=n)[measure] for t, n in sorted({(r["task"], r["length"]) for r in records})]
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-def within(report: dict, beyond: bool = False) -> list[dict]:
-    """The report's records of lengths up to the training length ``seq_len`` (every record where the report
-    has none), or with ``beyond`` those of longer lengths."""
-    seq_len = report.get("seq_len")
-    return [r for r in report["records"] if (seq_len is not None and r["length"] > seq_len) == beyond]
-
-
-def score(report: dict, beyond: bool = False) -> float | None:
-    """``val_longctx/score``, the headline: answer-token accuracy above chance (teacher-forced, the
-    accuracy of a predictor that knows the answer's format but retrieves nothing subtracted,
-    probes/chance.py; 0 = no retrieval), averaged over (task, length) up to the training length
-    (retrieval, not extrapolation), each pooled over depths; with ``beyond`` over the longer lengths
-    (``val_longctx/score_beyond``). It moves long before exact match does."""
-    return mean_over_cells(within(report, beyond), "score")
-
-
 def headline(report: dict) -> dict[str, float | None]:
-    """The report's summary figures: ``score`` and ``score_beyond`` and, beside them, exact match and
-    RULER's generation scores (over every length)."""
-    records = report["records"]
-    return {"score": score(report), "score_beyond": score(report, beyond=True), "exact": mean_over_cells(records, "accuracy"),
-            **{k: mean_over_cells(records, k) for k in ("match_all", "match_part")}}
+    """The report's summary figures (``records.headline`` of its cells at its training length)."""
+    return cells_headline(report["records"], report.get("seq_len"))
 
 
 def scalars(report: dict) -> dict[str, float]:
@@ -75,12 +42,12 @@ def scalars(report: dict) -> dict[str, float]:
             p = pool(records, task=task, **where)
             if p is not None:
                 out[f"{LONGCTX_TAGS}/{task}/token_acc{suffix}"], out[f"{LONGCTX_TAGS}/{task}/answer_loss{suffix}"] = p["token_accuracy"], p["answer_loss"]
-    out.update({f"{LONGCTX_TAGS}/{k}": v for k, v in headline(report).items() if v is not None})
+    out.update({f"{LONGCTX_TAGS}/{k}": v for k, v in headline(report).items() if v is not None})  # Tag.SCORE, ...
     for row in report["position_loss"]:
         out[f"{LONGCTX_TAGS}/position_loss/{row['position_lo']:06d}-{row['position_hi'] - 1:06d}"] = row["loss"]
     for row in report["longppl"]:
         if row["longppl"] is not None:
-            out[f"{LONGCTX_TAGS}/longppl"] = row["longppl"]
+            out[Tag.LONGPPL] = row["longppl"]
         if row["key_tokens"] is not None:
             out[f"{LONGCTX_TAGS}/key_token_share"] = row["key_tokens"] / row["scored_tokens"]
         out[f"{LONGCTX_TAGS}/ppl_long"] = row["ppl"]

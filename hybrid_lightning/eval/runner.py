@@ -21,8 +21,7 @@ from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.eval.longppl import NO_EVALUATOR, KeyTokens, scored_columns
 from hybrid_lightning.eval.report import GENERATION_FIELDS
 from hybrid_lightning.eval.scoring import STATS, evaluating, position_buckets, score_samples, token_nll
-from hybrid_lightning.probes.haystack import NOISE
-from hybrid_lightning.probes.tasks import GenContext, Sample, check_tasks, make_sample
+from hybrid_lightning.probes.tasks import GenContext, Sample, make_sample
 from hybrid_lightning.records import row
 
 
@@ -72,15 +71,6 @@ def probe_batches(specs: list[tuple], ctx: GenContext, batch_size: int, seed: in
 def model_window(model) -> int | None:
     """The largest sliding window of the model's layers (None if it has no windowed layer)."""
     return max((s.window for s in model.plan if s.window is not None), default=None)
-
-
-def check_lengths(cfg: EvalConfig, tokenizer) -> None:
-    """Raises ``ValueError`` (naming eval.lengths or eval.value_tokens) when a probe cannot be built,
-    e.g. a length too short for a task's fixed text, or a task that does not exist; needs no held-out text."""
-    check_tasks(cfg.tasks)
-    ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), cfg.value_tokens, cfg.vt_example)
-    for task, length in itertools.product(cfg.tasks, cfg.lengths):
-        make_sample(task, ctx, length, 0.5, 0, cfg.seed)
 
 
 class LongContextEval:

@@ -1,7 +1,7 @@
 """``hybrid-lightning export``: a run's checkpoint as a ``transformers`` model folder.
 
     <out>/config.json              HybridLightningConfig: the model's options and the layer plan with each layer's
-                                   mixer options, as dicts (model/options.py)
+                                   mixer options, as dicts (hybrid_lightning/kinds/)
     <out>/model.safetensors        the weights, fp32, as the run's HybridLM holds them under ``model.``
     <out>/configuration_hybrid_lightning.py, modeling_hybrid_lightning.py   the wrapper (trust_remote_code)
     <out>/hl_*.py                  the package's model source, copied (export/source.py)
@@ -27,9 +27,12 @@ from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer
-from hybrid_lightning.design import load_trained
-from hybrid_lightning.model import HybridLM, LayerSpec
+from hybrid_lightning.kinds import LayerSpec
+from hybrid_lightning.model import HybridLM
+from hybrid_lightning.plan import load_trained
+from hybrid_lightning.plan.resolve import run_plan
 from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
+from hybrid_lightning.runplan import RunPlan
 
 LM_EVAL_DIR = "lm_eval"  # the probes' lm-evaluation-harness tasks (--probes)
 MODEL_CLASS = "HybridLightningForCausalLM"
@@ -63,7 +66,7 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"--out {out} is not empty; pass --force to replace it")
     rows = read_probes(probes) if probes is not None else None
-    model, tok = load_native(cfg, ckpt)
+    model, tok = load_native(*run_plan(run_dir), ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -98,11 +101,10 @@ def share_modes(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def load_native(cfg: RunConfig, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:
-    """The run's model (on the CPU, in eval mode) with the weights of checkpoint ``ckpt``, and its tokenizer."""
-    tok = load_tokenizer(cfg.data.tokenizer)
-    model, _ = load_trained(cfg.model, ckpt, tok.vocab_size)
-    return model.eval(), tok
+def load_native(cfg: RunConfig, plan: RunPlan, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:
+    """The run's model (on the CPU, in eval mode) of its plan with the weights of checkpoint ``ckpt``, and its tokenizer."""
+    model, _ = load_trained(plan, ckpt)
+    return model.eval(), load_tokenizer(cfg.data.tokenizer)
 
 
 def checkpoint_of(run_dir: Path, ckpt: str | Path | None = None) -> Path:
@@ -138,7 +140,7 @@ def write_folder(model: HybridLM, tok: ByteTokenizer | JsonTokenizer, out: Path)
 
 
 def exported_layer(spec: LayerSpec) -> dict:
-    """One layer of the plan as config.json stores it (``options.spec_from_dict`` rebuilds it), its mixer's
+    """One layer of the plan as config.json stores it (``kinds.spec_from_dict`` rebuilds it), its mixer's
     kernel ``auto``: the fast path where the loading machine has one, the torch path elsewhere."""
     layer = dataclasses.asdict(spec)
     layer["options"]["backend"] = "auto"

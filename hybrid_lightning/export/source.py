@@ -2,7 +2,7 @@
 flat beside the ``transformers`` wrapper with their package imports made relative, so that the
 folder runs with ``transformers`` and ``torch`` alone and computes exactly what the package does.
 
-The model code takes plain frozen options (``model/options.py``), which the folder rebuilds from
+The model code takes plain frozen options (``hybrid_lightning/kinds/``), which the folder rebuilds from
 config.json, so the files are copied as they are: a copied file imports only other copied files.
 """
 
@@ -18,13 +18,18 @@ CONFIG_MODULE = "configuration_hybrid_lightning"  # the folder's config module (
 # The package modules the model is made of, each copied as ``flat_name(module) + ".py"``.
 COPIED = (
     "hybrid_lightning.kinds",
+    "hybrid_lightning.kinds.base",
+    "hybrid_lightning.kinds.attention",
+    "hybrid_lightning.kinds.mamba2",
+    "hybrid_lightning.kinds.gated_deltanet",
+    "hybrid_lightning.kinds.lightning",
+    "hybrid_lightning.interpreter",
     "hybrid_lightning.model.transformer",
     "hybrid_lightning.model.rope",
     "hybrid_lightning.model.attention",
     "hybrid_lightning.model.blocked",
     "hybrid_lightning.model.documents",
     "hybrid_lightning.model.init",
-    "hybrid_lightning.model.options",
     "hybrid_lightning.model.mixers",
     "hybrid_lightning.model.mixers.attention",
     "hybrid_lightning.model.mixers.gated_deltanet",
@@ -35,7 +40,6 @@ COPIED = (
     "hybrid_lightning.model.ops.common",
     "hybrid_lightning.model.ops.delta_rule",
     "hybrid_lightning.model.ops.gated_linear",
-    "hybrid_lightning.model.ops.interpreter",
     "hybrid_lightning.model.ops.short_conv",
 )
 # The wrapper, written for the folder (export/remote/).

@@ -33,8 +33,8 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> str:
         from hybrid_lightning.config import validate_config
-        from hybrid_lightning.rundir import CKPT_DIR, LAST_CKPT, read_status
-        from hybrid_lightning.training.callbacks import StopOnRequest
+        from hybrid_lightning.rundir import read_status
+        from hybrid_lightning.training.checkpoints import StopOnRequest
         from hybrid_lightning.training.run import train
 
         import torch
@@ -62,7 +62,7 @@ class CellJob(submitit.helpers.Checkpointable):
 
         signal.signal(REQUEUE_SIGNAL, on_signal)
         run_dir = Path(self.run_dir)
-        train(validate_config(self.config), run_dir, [StopOnRequest(requested, run_dir / CKPT_DIR / LAST_CKPT)])
+        train(validate_config(self.config), run_dir, [StopOnRequest(requested)])
         timer.cancel()
         finished = (read_status(run_dir) or {}).get("state") == "done"
         if requested.is_set() and not finished and callable(submitit_handler):

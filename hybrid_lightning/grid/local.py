@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from hybrid_lightning.config import dump_config
+from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import add_records, cell_states, lock, now, read_jobs, write_jobs
@@ -94,33 +93,10 @@ def _live_state(record: dict) -> str | None:
     if record.get("host") != socket.gethostname():
         return None  # another machine's processes cannot be checked from here
     if record.get("pid"):
-        return "running" if process_alive(record["pid"], record.get("pid_start")) else None
+        return "running" if pid_alive(record["pid"], record.get("pid_start")) else None
     if record.get("cancelled"):
         return None
-    return "pending" if process_alive(record.get("submitter"), record.get("submitter_start")) else None
-
-
-def process_alive(pid: int | None, start: str | None) -> bool:
-    """Whether process ``pid`` exists, is not a zombie, and started at ``start`` (so a reused pid is not it)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    stat = process_start(pid)
-    return stat is None or start is None or stat == start
-
-
-def process_start(pid: int) -> str | None:
-    """The process's start time (``psutil``'s creation time, as text), None for a zombie or a process that is gone."""
-    try:
-        proc = psutil.Process(pid)
-        return None if proc.status() == psutil.STATUS_ZOMBIE else repr(proc.create_time())
-    except psutil.Error:
-        return None
+    return "pending" if pid_alive(record.get("submitter"), record.get("submitter_start")) else None
 
 
 def _mine(record: dict | None) -> bool:

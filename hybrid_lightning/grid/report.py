@@ -2,73 +2,47 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections import Counter
 
-from hybrid_lightning.config import ModelConfig
-
-from hybrid_lightning.grid.spec import Cell, Grid, format_value
+from hybrid_lightning.grid.spec import Grid, format_value
 from hybrid_lightning.grid.state import CellState, cell_states
-from hybrid_lightning.units import si
+from hybrid_lightning.units import format_table, si
 
 
 def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:
-    """One dict per cell: name, axis labels, overrides, run directory, parameters, tokens, the estimated peak
-    memory per device (``design.memory``: bytes, with the cell's and the other activation checkpointing
-    setting, and its parts), GPU-hours.
+    """One dict per cell, from its run plan: name, axis labels, overrides, run directory, parameters, tokens, the
+    estimated peak memory per device (bytes, with the cell's and the other activation checkpointing setting, and
+    its parts), GPU-hours.
 
     Args:
         grid: the expanded grid.
         throughput: training tokens per second per GPU, for the GPU-hour estimate of every cell.
-        tflops: sustained training TFLOP/s per GPU, for a GPU-hour estimate from each cell's FLOPs
-            per token (``model_flops_per_token``): cells of different sizes get their own.
+        tflops: sustained training TFLOP/s per GPU, for a GPU-hour estimate from each cell's FLOPs per token
+            (the plan's): cells of different sizes get their own.
     """
-    from hybrid_lightning.design.matching import non_embedding_params
-    from hybrid_lightning.design.memory import estimate_memory
+    from hybrid_lightning.plan.memory import MemoryEstimate
 
     rows = []
     for cell in grid.cells:
-        tokens = cell.config.train.planned_tokens()
-        memory = estimate_memory(cell.config)
+        plan = cell.plan
+        tokens, memory = plan.budget.tokens, MemoryEstimate(**plan.memory)
         row = {
             "name": cell.name, "axes": cell.labels, "overrides": cell.overrides, "run_dir": str(cell.run_dir),
-            "non_embedding_params": non_embedding_params(cell.config.model), "tokens": tokens,
+            "non_embedding_params": plan.params["non_embedding"], "tokens": tokens,
             "peak_memory": memory.peak(), "peak_memory_other_checkpointing": memory.peak(not memory.checkpointing),
-            "memory": dataclasses.asdict(memory),
+            "memory": dict(plan.memory),
         }
         if throughput:
             row["gpu_hours"] = tokens / throughput / 3600
         elif tflops:
-            row["gpu_hours"] = _flops_per_token(cell.config.model, cell.config.train.seq_len) * tokens / (tflops * 1e12) / 3600
+            row["gpu_hours"] = plan.flops_per_token * tokens / (tflops * 1e12) / 3600
         rows.append(row)
     return rows
 
 
-@functools.cache
-def _flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token; cells mostly share their models. Counted from one layer per distinct layer
-    (``layer_samples``): a plan of 100,000 layers is as quick."""
-    from hybrid_lightning.design import resolve_model_config
-    from hybrid_lightning.model import model_flops_per_token
-    from hybrid_lightning.design.matching import layer_samples
-
-    bare, samples = layer_samples(resolve_model_config(cfg))
-    base = model_flops_per_token(bare, seq_len)
-    return base + sum(n * (model_flops_per_token(m, seq_len) - base) for m, n in samples)
-
-
-def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
-    """Columns padded to their widest cell; the columns in ``left`` left-aligned, the others right."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows
-    )
-
-
 def plan_table(grid: Grid, rows: list[dict]) -> str:
     axes = list(grid.axes)
-    from hybrid_lightning.design.memory import gib
+    from hybrid_lightning.plan.memory import gib
 
     header = ["cell", *axes, "non-emb params", "tokens", "memory", "other ckpt"] + (["GPU-h"] if rows and "gpu_hours" in rows[0] else [])
     table = [header]
@@ -83,7 +57,7 @@ def plan_table(grid: Grid, rows: list[dict]) -> str:
         f", {sum(r['gpu_hours'] for r in rows):.3g} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
     )
     return (f"{format_table(table)}\n{footer}; run directories in {grid.root}\nmemory: estimated peak per device "
-            "(design/memory.py); other ckpt: the same with train.activation_checkpointing switched")
+            "(plan/memory.py); other ckpt: the same with train.activation_checkpointing switched")
 
 
 def dry_run_table(grid: Grid) -> str:
@@ -95,7 +69,7 @@ def dry_run_table(grid: Grid) -> str:
     todo = unfinished(grid, cell_states(grid))
     table, total = [["cell", "state", "steps", "tokens", "tokens/s", "time"]], 0.0
     for cell, state in todo:
-        est = estimate(cell.config)
+        est = estimate(cell.config, cell.plan)
         total += est.seconds
         table.append([cell.name, state.state, f"{est.steps:,}", si(est.tokens), f"{est.tokens_per_s:,.0f}", duration(est.seconds)])
     return (f"{format_table(table, left=(0, 1))}\n{len(todo)} of {len(grid.cells)} cells to submit, about "

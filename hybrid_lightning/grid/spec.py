@@ -18,14 +18,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hybrid_lightning.config import (
-    EvalConfig,
     RunConfig,
     apply_assignments,
     config_to_dict,
@@ -36,11 +34,10 @@ from hybrid_lightning.config import (
     suggest,
     validate_config,
 )
-from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.heads.retrieval import check_probes
 from hybrid_lightning.grid.schema import GridConfig, validate_grid_config
+from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.rundir import GRID_DIR
-from hybrid_lightning.config.resolve import resolve_config
+from hybrid_lightning.runplan import RunPlan
 
 MAX_NAME = 80  # characters; longer names keep a readable prefix and end in a hash
 _SAFE = re.compile(r"^[A-Za-z0-9._+=,\-]+$")
@@ -56,6 +53,7 @@ class Cell:
         overrides: dotted config key -> value applied to the base config.
         config: the validated, resolved run config (``name`` = the cell's name).
         run_dir: ``<root>/<name>``.
+        plan: its run plan (``plan.resolve.make_plan``); None for a grid loaded without resolving.
     """
 
     name: str
@@ -63,6 +61,7 @@ class Cell:
     overrides: dict[str, Any]
     config: RunConfig
     run_dir: Path
+    plan: RunPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
     Args:
         path: the grid YAML file.
         root: folder of the cells' run directories; default the file's ``root:``, else ``runs/<name>``.
-        resolve: False leaves the cells' configs validated but not resolved (``config.resolve_config``):
+        resolve: False leaves the cells' configs validated but neither resolved nor planned (``plan.resolve.plan_run``):
             their data files and tokenizer need not exist, as for analysis, which needs the cells' names.
     """
     path = Path(path)
@@ -138,10 +137,10 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
         if hits:
             continue
         overrides = _merge([option.assignment for option in combo], path)
-        cfg = _cell_config(base, overrides, cell_name_for(labels, short), path, resolve)
+        cfg, plan = _cell_config(base, overrides, cell_name_for(labels, short), path, resolve)
         labels = _normalised(labels, cfg)
         cell_name = cell_name_for(labels, short)
-        cells.append(Cell(cell_name, labels, overrides, cfg.model_copy(update={"name": cell_name}), root / cell_name))
+        cells.append(Cell(cell_name, labels, overrides, cfg.model_copy(update={"name": cell_name}), root / cell_name, plan))
     for i, hit in enumerate(matched):
         if not hit:
             raise ValueError(f"{path}: exclude[{i}] {dict(spec.exclude[i])} matches no cell")
@@ -232,24 +231,16 @@ def _merge(assignments: list[dict[str, Any]], grid_path: Path) -> dict[str, Any]
     return out
 
 
-def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Path, resolve: bool) -> RunConfig:
+def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Path,
+                 resolve: bool) -> tuple[RunConfig, RunPlan | None]:
+    """The cell's config, with ``resolve`` resolved and planned (``plan_run``: a bad cell is refused here)."""
     if "name" in overrides:
         raise ValueError(f"{grid_path}: 'name' cannot be set by an axis; each cell is named after its values")
     try:
         raw = resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent)
-        if not resolve:
-            return validate_config(raw)
-        cfg = resolve_config(validate_config(raw))
-        _check_probes(cfg.eval, cfg.data.tokenizer)
-        return cfg
+        return plan_run(validate_config(raw)) if resolve else (validate_config(raw), None)
     except ValueError as e:
         raise ValueError(f"{grid_path}: cell {name}: {e}") from None
-
-
-@functools.cache
-def _check_probes(eval_cfg: EvalConfig, tokenizer: str) -> None:
-    """Cells mostly share their evaluation settings: each distinct one is checked once."""
-    check_probes(eval_cfg, load_tokenizer(tokenizer))
 
 
 def _check_excludes(spec: GridConfig, label_values: dict[str, list], grid_path: Path) -> None:

@@ -26,7 +26,7 @@ from filelock import FileLock
 
 from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.records import LONGCTX_TAGS
+from hybrid_lightning.records import Tag
 from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.rundir import read_events, read_status
 
@@ -119,13 +119,13 @@ def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live
     """``record`` is the cell's newest job record, ``executor`` the one that wrote it, ``live`` its live state."""
     status = read_status(cell.run_dir) or {}
     max_steps = cell.config.train.max_steps
-    scalars = _last_scalars(cell.run_dir, ("train/loss", f"{LONGCTX_TAGS}/score", f"{LONGCTX_TAGS}/score_beyond"))
+    scalars = _last_scalars(cell.run_dir, (Tag.LOSS, Tag.SCORE, Tag.SCORE_BEYOND))
     step = status.get("step")
-    if "train/loss" in scalars:
-        step = max(step or 0, scalars["train/loss"][0] + 1)  # the loss of step s is logged at index s
+    if Tag.LOSS in scalars:
+        step = max(step or 0, scalars[Tag.LOSS][0] + 1)  # the loss of step s is logged at index s
     row = CellState(
-        cell.name, "not submitted", False, step, max_steps, scalars.get("train/loss", (0, None))[1],
-        scalars.get(f"{LONGCTX_TAGS}/score", (0, None))[1], scalars.get(f"{LONGCTX_TAGS}/score_beyond", (0, None))[1], None, None, None,
+        cell.name, "not submitted", False, step, max_steps, scalars.get(Tag.LOSS, (0, None))[1],
+        scalars.get(Tag.SCORE, (0, None))[1], scalars.get(Tag.SCORE_BEYOND, (0, None))[1], None, None, None,
         str(cell.run_dir),
     )
     if record is not None and (job_id := executor.job_id(record)) is not None:

@@ -10,7 +10,7 @@ from hybrid_lightning.grid.executor import executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
-from hybrid_lightning.config.resolve import check_same_run
+from hybrid_lightning.training.resume import check_same_run
 
 
 def submit_grid(

@@ -13,13 +13,11 @@ evaluation ran, ``val_longctx/score`` (lengths up to ``train.seq_len``), ``val_l
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from hybrid_lightning.grid.spec import Grid, format_value
 from hybrid_lightning.rundir import HPARAMS_SUFFIX as SUFFIX
-from hybrid_lightning.training.callbacks import HPARAMS_METRICS as METRICS
-from hybrid_lightning.training.callbacks import study_hparams
+from hybrid_lightning.training.hparams import study_hparams, write_session
 
 
 def _hparam_values(values: list[Any]) -> list[Any]:
@@ -31,37 +29,16 @@ def _hparam_values(values: list[Any]) -> list[Any]:
     return [format_value(v) for v in values]
 
 
-def _write(folder: Path, summaries: list) -> None:
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(folder), filename_suffix=SUFFIX)
-    for summary in summaries:
-        writer._get_file_writer().add_summary(summary)
-    writer.close()
-
-
 def write_hparams(grid: Grid) -> None:
-    """Writes every cell's session and, with the first cell's, the experiment summary (call under
-    the grid's lock). Files of an older layout at the grid's root are removed."""
-    from torch.utils.tensorboard.summary import hparams
-
+    """Writes every cell's session and, with the first cell's, the experiment summary (call under the grid's
+    lock); a cell that has its session keeps it (``hparams.write_session``). Files of an older layout at the
+    grid's root are removed."""
     sessions = [_session_values(grid, cell) for cell in grid.cells]
     domains = {key: list(dict.fromkeys(values[key] for values in sessions)) for key in sessions[0]}
     for old in grid.root.glob(f"events.out.tfevents.*{SUFFIX}"):
         old.unlink()
-    experiment, _, _ = hparams(sessions[0], dict.fromkeys(METRICS, 0.0), domains)
     for i, (cell, values) in enumerate(zip(grid.cells, sessions)):
-        _, session, _ = hparams(values, {})
-        _rewrite(cell.run_dir, [experiment, session] if i == 0 else [session])
-
-
-def _rewrite(folder: Path, summaries: list) -> None:
-    """Writes ``summaries`` as the folder's hparams file unless it has one: a resubmitted grid leaves the
-    files of its cells, finished ones included, untouched (as their names, their values do not change)."""
-    if any(folder.glob(f"events.out.tfevents.*{SUFFIX}")):
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    _write(folder, summaries)
+        write_session(cell.run_dir, values, domains if i == 0 else None)
 
 
 def _session_values(grid: Grid, cell) -> dict[str, Any]:

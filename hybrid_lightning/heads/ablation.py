@@ -28,8 +28,9 @@ import torch
 
 from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
-from hybrid_lightning.eval.report import pool
-from hybrid_lightning.eval.runner import LongContextEval, check_lengths
+from hybrid_lightning.records import pool
+from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.probes.check import check_lengths
 from hybrid_lightning.records import row
 
 SELECTIONS = {"top": "--mask-top", "random": "--mask-random", "list": "--mask"}  # selection -> its CLI option

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 
 import numpy as np
 import torch
@@ -53,9 +52,8 @@ import torch
 from hybrid_lightning import records
 from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.probes.near import make_probe
-from hybrid_lightning.eval.runner import SumTable, check_lengths, probe_batches
+from hybrid_lightning.eval.runner import SumTable, probe_batches
 from hybrid_lightning.eval.scoring import STATS, evaluating, score_samples
-from hybrid_lightning.probes.haystack import NOISE
 from hybrid_lightning.probes.tasks import GenContext, Sample
 from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
@@ -67,29 +65,6 @@ HEAD_STATS = ("score", "token_score", "in_span", "span_mass", "source_mass", "hi
               "reach_steps")
 # Per-evaluation sums: samples, samples kept by the filter, exact matches, answer tokens, correct ones.
 SAMPLE_STATS = ("samples", "kept", "exact", "answer_tokens", "correct")
-
-
-def check_heads_probes(cfg: EvalConfig, tokenizer) -> None:
-    """``check_lengths`` for the ``eval.heads`` probes; the error names eval.heads.* keys."""
-    h = cfg.heads
-    try:
-        probes = cfg.model_copy(update={"tasks": h.tasks, "lengths": h.lengths, "value_tokens": h.value_tokens})
-        check_lengths(probes, tokenizer)
-        if h.echo:
-            ctx = GenContext(tokenizer, tokenizer.encode(NOISE * 8), h.value_tokens, cfg.vt_example)
-            for task, length in itertools.product(h.tasks, h.lengths):
-                make_probe((task, length, 0.5, 0, True), ctx, cfg.seed)
-    except ValueError as e:
-        raise ValueError(re.sub(r"^eval\.", "eval.heads.", str(e))) from None
-
-
-def check_probes(cfg: EvalConfig, tokenizer) -> None:
-    """Raises ``ValueError`` naming the key when a probe of an enabled evaluation callback (long-context or heads) cannot be
-    built (e.g. ``eval.lengths`` too short for a task), so a grid fails at planning, not in its cells. Imports no Lightning: the grid planner calls it."""
-    if cfg.every_n_steps or cfg.at_end:
-        check_lengths(cfg, tokenizer)
-    if cfg.heads.every_n_steps or cfg.heads.at_end:
-        check_heads_probes(cfg, tokenizer)
 
 
 def attention_layers(model) -> list[tuple[int, Attention]]:

@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hybrid_lightning.model.documents import by_document
 from hybrid_lightning.model.mixers import MIXERS
-from hybrid_lightning.model.options import LayerSpec, ModelOptions
+from hybrid_lightning.kinds import LayerSpec, ModelOptions
 
 
 class SwiGLU(nn.Module):
@@ -61,9 +61,9 @@ class HybridLM(nn.Module):
     (set by training) recomputes each block's activations in the backward instead of keeping them.
 
     Args:
-        opts: the numbers the whole model shares (``design.plan.model_options`` of the ``model:`` section).
-        plan: the layers, each with its mixer's options (``design.plan.layer_plan``; ``build_model`` passes
-            ``design.matching.matched_plan``, the non-full widths of a parameter-matched model solved).
+        opts: the numbers the whole model shares (``plan.layers.model_options`` of the ``model:`` section).
+        plan: the layers, each with its mixer's options (``plan.layers.layer_plan``; ``build_model`` passes the run
+            plan's layers, the non-full widths of a parameter-matched model solved).
     """
 
     def __init__(self, opts: ModelOptions, plan: tuple[LayerSpec, ...]):
@@ -106,21 +106,3 @@ class HybridLM(nn.Module):
             else:
                 x = layer(x, None if states is None else states[i], doc_ids)
         return self.lm_head(self.norm(x))
-
-
-def count_params(model: HybridLM) -> dict:
-    """Parameter counts: embedding (input embedding + untied output head), non-embedding, per layer."""
-    emb = model.embed.weight.numel()
-    if model.lm_head.weight is not model.embed.weight:
-        emb += model.lm_head.weight.numel()
-    layers = []
-    for spec, block in zip(model.plan, model.layers):
-        mixer = sum(p.numel() for p in block.mixer.parameters())
-        mlp = sum(p.numel() for p in block.mlp.parameters())
-        norms = sum(p.numel() for p in block.mixer_norm.parameters()) + sum(p.numel() for p in block.mlp_norm.parameters())
-        layers.append(
-            {"layer": spec.index, "kind": spec.mixer, "letter": spec.letter, "window": spec.window, "pos": spec.pos,
-             "mixer": mixer, "mlp": mlp, "norm": norms, "total": mixer + mlp + norms}
-        )
-    non_emb = sum(layer["total"] for layer in layers) + sum(p.numel() for p in model.norm.parameters())
-    return {"embedding": emb, "non_embedding": non_emb, "total": emb + non_emb, "layers": layers}

@@ -134,6 +134,13 @@ def answer_chance(tok, kind: str, values: list[str], vocabulary: tuple = ()) -> 
     return expected_correct(tok, pieces)
 
 
+def names_chance(tok, names: list[str]) -> tuple[float, float]:
+    """(-log P(answer), ``expected_correct``) of variable tracking's answer " n1 n2 ...": its names' letters
+    uniform, the spaces certain."""
+    nll = sum(len(name) for name in names) * float(np.log(LETTERS))
+    return nll, expected_correct(tok, [(" " + name, [1.0, *value_chances("names", name)]) for name in names])
+
+
 def expected_correct(tok, pieces: list[tuple[str, list[float]]]) -> float:
     """Expected correct answer tokens of the format-only predictor: ``pieces`` are the answer's texts as the
     probe tokenizes them one by one (``haystack.Piece``), each with the chance of each of its characters."""

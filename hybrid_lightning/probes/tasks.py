@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybrid_lightning.probes.chance import answer_chance, expected_correct, integers, value_chances
+from hybrid_lightning.probes.chance import answer_chance, integers, names_chance
 from hybrid_lightning.probes.haystack import NOISE, Piece, assemble, count, essay_units, fill, noise_units
 
 PASSKEY_HEAD = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -326,8 +326,7 @@ class VariableTracking:
         depths.insert(anchor, depth)
         prompt, placed = assemble(head, fill(tok, noise_units(tok, "\n"), budget), list(zip(depths, chain)), tail)
         order = [anchor] + [i for i in range(len(chain)) if i != anchor]
-        chance = len(names) * VT_VAR_LETTERS * math.log(26)
-        correct = expected_correct(tok, [(" " + name, [1.0, *value_chances("names", name)]) for name in names])
+        chance, correct = names_chance(tok, names)
         return _sample(task, length, depth, prompt, answer, [placed[i] for i in order] + placed[-1:],
                        [p["var"] for p in placed[:-1]], chance, correct, names, self.generate_tokens)
 

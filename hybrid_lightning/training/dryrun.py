@@ -1,23 +1,26 @@
-"""What a run will cost before it runs (``train --dry-run``, ``grid submit --dry-run``): its tokens,
-steps and an estimated time from a throughput measured here, on a few optimizer steps of the run's
-own model on random tokens. Nothing is written: no run directory, no token store, no cache."""
+"""What a run will cost before it runs (``train --dry-run``, ``grid submit --dry-run``): its tokens, steps
+and an estimated time from a throughput measured here, on optimizer steps of the run's own training step
+(``LMSystem.training_step``: its model, precision, document masking and activation checkpointing) on random
+tokens. Nothing is written: no run directory, no token store, no cache."""
 
 from __future__ import annotations
 
 import functools
+import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from hybrid_lightning.config import ModelConfig, RunConfig
-from hybrid_lightning.design import build_model
-from hybrid_lightning.precision import autocast_dtype, resolve_precision
+from hybrid_lightning.config import RunConfig, config_to_dict
+from hybrid_lightning.plan.precision import autocast_dtype
 from hybrid_lightning.rundir import find_resume_checkpoint
+from hybrid_lightning.runplan import RunPlan
 
-MEASURED_STEPS = 2  # timed optimizer steps, after one untimed step (allocations, lazy initialisation)
+WARMUP_STEPS = 1  # untimed optimizer steps first (allocations, lazy initialisation, a compilation)
+MEASURED_STEPS = 5  # then timed ones, each alone: the median is the step time (one slow step does not move it)
 MEASURED_TOKENS = 4096  # at most this many tokens per measured step: the run's batch, cut to fit (one sequence at least)
 
 
@@ -39,15 +42,15 @@ class Estimate:
 
     def describe(self) -> str:
         return (f"{self.steps:,} steps, {self.tokens:,} tokens; measured {self.tokens_per_s:,.0f} tokens/s on "
-                f"{self.device} (batch {self.batch}, {MEASURED_STEPS} steps) -> about {duration(self.seconds)} of training "
-                "(evaluations not counted)")
+                f"{self.device} (batch {self.batch}, median of {MEASURED_STEPS} steps) -> about {duration(self.seconds)} "
+                "of training (evaluations not counted)")
 
 
-def dry_run_report(cfg: RunConfig, run_dir: Path) -> str:
-    """Two lines on the resolved run ``cfg``: its size and estimated time, and its run directory."""
+def dry_run_report(cfg: RunConfig, plan: RunPlan, run_dir: Path) -> str:
+    """Two lines on the resolved run ``cfg`` and its plan: its size and estimated time, and its run directory."""
     resume = find_resume_checkpoint(run_dir)
     where = f"run directory {run_dir}" + (f" (resumes at step {resume[1]})" if resume else " (new)")
-    return f"{cfg.name}: {estimate(cfg).describe()}\n{where}; nothing written"
+    return f"{cfg.name}: {estimate(cfg, plan).describe()}\n{where}; nothing written"
 
 
 def duration(seconds: float) -> str:
@@ -59,37 +62,45 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimate(cfg: RunConfig) -> Estimate:
-    """The resolved run ``cfg``'s steps, tokens and training time (see ``MEASURED_TOKENS``)."""
+def estimate(cfg: RunConfig, plan: RunPlan) -> Estimate:
+    """The resolved run's steps, tokens and training time (see ``MEASURED_TOKENS``)."""
     device = "cuda" if cfg.train.accelerator != "cpu" and torch.cuda.is_available() else "cpu"
     batch = max(1, min(cfg.train.batch_size, MEASURED_TOKENS // cfg.train.seq_len))
-    precision = resolve_precision(cfg.train, cfg.model)
-    rate = measure(cfg.model, batch, cfg.train.seq_len, device, precision)  # one device; each trains its own batch
-    return Estimate(cfg.train.max_steps, cfg.train.planned_tokens(), rate * cfg.train.planned_world_size(), batch, device)
+    # what the step's time depends on: neither the run's name and seed nor its length (a grid's equal cells measure once)
+    raw = {**config_to_dict(cfg), "name": None, "seed": 0}
+    raw["train"] = {**raw["train"], "max_steps": None, "batch_size": batch}
+    rate = measure(json.dumps(raw, sort_keys=True), json.dumps(plan.as_dict(), sort_keys=True), device)
+    b = plan.budget
+    return Estimate(b.max_steps, b.tokens, rate * b.world_size, batch, device)  # one device each: its own batch
 
 
 @functools.cache
-def measure(model_cfg: ModelConfig, batch: int, seq_len: int, device: str, precision: str) -> float:
-    """Training tokens/s of one device: forward, loss, backward and an AdamW step on random tokens
-    (B, T) = (batch, seq_len), over ``MEASURED_STEPS`` steps after a first untimed one."""
-    model = build_model(model_cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, model_cfg.vocab_size, (batch, seq_len + 1), device=device)  # (B, T + 1)
-    dtype = autocast_dtype(precision)
+def measure(config: str, plan: str, device: str) -> float:
+    """Training tokens/s of one device running the training step of the run ``config`` (JSON, its
+    ``train.batch_size`` the measured batch) with its plan (JSON), and an AdamW step, on random tokens: the median
+    of ``MEASURED_STEPS`` steps timed alone, after ``WARMUP_STEPS``."""
+    from hybrid_lightning.training.system import LMSystem
 
-    def step() -> None:
+    raw, planned = json.loads(config), json.loads(plan)
+    raw["train"]["max_steps"] = 1
+    system = LMSystem(raw, planned).to(device)
+    opt = system.configure_optimizers()["optimizer"]
+    t = system.cfg.train
+    tokens = torch.randint(0, system.cfg.model.vocab_size, (t.batch_size, t.seq_len + 1), device=device)  # (B, T + 1)
+    dtype = autocast_dtype(planned["precision"])
+
+    def step() -> float:
+        start = time.perf_counter()
         with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
-            logits = model(tokens[:, :-1]).float()  # (B, T, V)
-        F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:]).backward()
+            loss = system.training_step(tokens, 0)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        system._step_losses.clear()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
 
-    step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(MEASURED_STEPS):
+    for _ in range(WARMUP_STEPS):
         step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return MEASURED_STEPS * batch * seq_len / (time.perf_counter() - start)
+    return tokens[:, :-1].numel() / statistics.median(step() for _ in range(MEASURED_STEPS))

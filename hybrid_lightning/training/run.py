@@ -4,43 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.config.resolve import (
-    check_extension,
-    check_same_run,
-    default_run_dir,
-    provenance,
-    recorded_data,
-    resolve_config,
-)
 from hybrid_lightning.data.integrity import fingerprint
 from hybrid_lightning.data.store import ensure_store
-from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.fileio import IOFailure, RunLock
-from hybrid_lightning.heads.retrieval import check_probes
-from hybrid_lightning.design.memory import check_fits
+from hybrid_lightning.plan.memory import MemoryEstimate, check_fits
+from hybrid_lightning.plan.resolve import default_run_dir, plan_run, provenance
 from hybrid_lightning.rundir import (
-    CKPT_DIR,
     DATA_KEY,
-    LAST_CKPT,
     find_resume_checkpoint,
+    process_status,
     read_status,
     remove_temporaries,
     write_config,
+    write_plan,
     write_status,
 )
+from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.training.resume import Resume, check_extension, check_same_run, recorded_data
 from hybrid_lightning.training.stop import Stopped
 
 if TYPE_CHECKING:
     import lightning as L
 
-    from hybrid_lightning.training.callbacks import StopOnSignals
+    from hybrid_lightning.training.checkpoints import StopOnSignals
 
 
 def check_devices(cfg: RunConfig) -> None:
@@ -70,58 +62,57 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     leaves the run ``interrupted``, to be resumed. SIGTERM and SIGINT, where no one else handles
     them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
     """
-    cfg = resolve_config(cfg)
-    check_fits(cfg)  # a size beyond the machine's memory is refused before anything is allocated
+    cfg, plan = plan_run(cfg)  # every derived fact, once; bad probes are refused here
+    check_fits(cfg, MemoryEstimate(**plan.memory))  # a size beyond the machine's memory is refused before anything is allocated
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
     check_devices(cfg)
-    from hybrid_lightning.training.callbacks import StopOnSignals
+    from hybrid_lightning.training.checkpoints import StopOnSignals
 
-    signals = StopOnSignals(run_dir / CKPT_DIR / LAST_CKPT)
+    signals = StopOnSignals()
     signals.install()
     try:
         with RunLock(run_dir) if is_rank_zero() else contextlib.nullcontext():
             if is_rank_zero():
                 remove_temporaries(run_dir)  # of a writer killed mid-write; the lock says none is running
-            return _train_locked(cfg, run_dir, [signals, *callbacks], signals)
+            return _train_locked(cfg, plan, run_dir, [signals, *callbacks], signals)
     finally:
         signals.restore()
 
 
-def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopOnSignals) -> Path:
+def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list, signals: StopOnSignals) -> Path:
     from hybrid_lightning.training.callbacks import StatusUpdates
 
-    resume = find_resume_checkpoint(run_dir)
-    check_same_run(run_dir, cfg, resume[0] if resume else None)
-    step = resume[1] if resume else 0
-    check_extension(cfg, resume[0] if resume else None, step)
+    resume = Resume.of(run_dir)  # the checkpoint read once, for every check below
+    check_same_run(run_dir, cfg, resume)
+    step = resume.step if resume else 0
+    check_extension(cfg, resume)
     if step >= cfg.train.max_steps:
         print(f"{run_dir}: already complete ({step}/{cfg.train.max_steps} steps)")
         if is_rank_zero():  # the process that trained it stays recorded
             old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
             write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
         return run_dir
-    check_probes(cfg.eval, load_tokenizer(cfg.data.tokenizer))  # before any store or directory exists
     # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
-    store = ensure_store(cfg, recorded_data(run_dir, resume[0] if resume else None))
+    store = ensure_store(cfg, recorded_data(run_dir, resume))
     # Imported here: Lightning is slow to import and not needed to validate.
     from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
     from hybrid_lightning.training.trainer import build_trainer, fit
 
-    status = StatusUpdates(lambda n: None, (cfg.train.log_every_n_steps, cfg.train.checkpoint_every_n_steps))
-    trainer, module, datamodule = build_trainer(cfg, run_dir, step, [*callbacks, status])
+    status = StatusUpdates(run_dir, (cfg.train.log_every_n_steps, cfg.train.checkpoint_every_n_steps))
+    trainer, module, datamodule = build_trainer(cfg, plan, run_dir, step, [*callbacks, status])
     io = trainer.strategy.checkpoint_io
     assert isinstance(io, AtomicCheckpointIO)
-    status.write = lambda n: io.later(lambda: _status(trainer, run_dir, "running", n, cfg))
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_config(run_dir, cfg, {**provenance(module.model), DATA_KEY: fingerprint(store.manifest)})
+        write_config(run_dir, cfg, {**provenance(), DATA_KEY: fingerprint(store.manifest)})
+        write_plan(run_dir, plan)
     if resume is not None:
-        print(f"{run_dir}: resuming from {resume[0].name} at step {step}")
-    _status(trainer, run_dir, "running", step, cfg)
+        print(f"{run_dir}: resuming from {resume.path.name} at step {step}")
+    _status(trainer, run_dir, "running", step)
     try:
-        fit(trainer, module, datamodule, resume[0] if resume else None)  # saves the last step (SaveAtEnd)
+        fit(trainer, module, datamodule, resume.path if resume else None)  # saves the last step (StepCheckpoints)
         finished = trainer.global_step >= cfg.train.max_steps
         io.wait()  # every checkpoint on disk under its name, or the failure raised
     except BaseException as e:  # an error fails the run; a signal or an exit interrupts it
@@ -131,39 +122,40 @@ def _train_locked(cfg: RunConfig, run_dir: Path, callbacks: list, signals: StopO
             reason = str(IOFailure.of(e))
         else:
             reason = str(e) if isinstance(e, Stopped) else f"{type(e).__name__}: {e}"
-        saved = saved_step(run_dir)  # where a rerun resumes, not the step training had reached
+        saved = saved_step(trainer, run_dir)  # where a rerun resumes, not the step training had reached
         with contextlib.suppress(OSError):  # a full disk may refuse this too; the error is raised anyway
-            _status(trainer, run_dir, state, saved, cfg, error=reason)
+            _status(trainer, run_dir, state, saved, error=reason)
         if isinstance(e, Stopped):
             e.step = saved
         raise
     io.teardown()
     if finished:
-        _status(trainer, run_dir, "done", trainer.global_step, cfg)
+        _status(trainer, run_dir, "done", trainer.global_step)
         return run_dir
-    saved = saved_step(run_dir)
+    saved = saved_step(trainer, run_dir)
     stopped = Stopped(signals.signum, saved) if signals.signum is not None else None  # on any rank (StopOnSignals)
-    _status(trainer, run_dir, "interrupted", saved, cfg, **({"error": str(stopped)} if stopped else {}))
+    _status(trainer, run_dir, "interrupted", saved, **({"error": str(stopped)} if stopped else {}))
     if stopped:
         raise stopped
     return run_dir
 
 
-def saved_step(run_dir: Path) -> int:
-    """The step a rerun resumes from: the newest valid checkpoint's (0 without one)."""
+def saved_step(trainer, run_dir: Path) -> int | None:
+    """The step a rerun resumes from: the newest valid checkpoint's (0 without one; None where every checkpoint is
+    damaged, which a rerun refuses, naming them). Rank 0 only (None on the others): it alone writes and rotates
+    the checkpoints, and it writes the status."""
+    if not trainer.is_global_zero:
+        return None
     try:
         found = find_resume_checkpoint(run_dir)
-    except ValueError:  # every checkpoint damaged
-        return 0
+    except ValueError:
+        return None
     return found[1] if found else 0
 
 
-def _status(trainer, run_dir: Path, state: str, step: int, cfg: RunConfig, **extra) -> None:
+def _status(trainer, run_dir: Path, state: str, step: int | None, **extra) -> None:
     if trainer.is_global_zero:
-        write_status(
-            run_dir, state=state, step=step, max_steps=cfg.train.max_steps, host=socket.gethostname(), pid=os.getpid(),
-            slurm_job_id=os.environ.get("SLURM_JOB_ID"), **extra,
-        )
+        write_status(run_dir, **process_status(state, step, trainer.max_steps, **extra))
 
 
 warnings.filterwarnings("ignore", message=".*srun.*command is available.*")

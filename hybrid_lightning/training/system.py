@@ -14,8 +14,10 @@ from hybrid_lightning.config import RunConfig, validate_config
 from hybrid_lightning.config.schedule import lr_factor
 from hybrid_lightning.data.datamodule import document_ids
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.design import build_model
+from hybrid_lightning.plan.build import build_model
+from hybrid_lightning.records import Tag
 from hybrid_lightning.rundir import DATA_FINGERPRINT
+from hybrid_lightning.runplan import plan_from_dict
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -23,11 +25,15 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class LMSystem(L.LightningModule):
-    def __init__(self, config: dict):
+    """Args: ``config``, the resolved run config, and ``plan``, its run plan, as plain data (both saved in every
+    checkpoint)."""
+
+    def __init__(self, config: dict, plan: dict):
         super().__init__()
-        self.save_hyperparameters()  # the resolved run config, as plain data
+        self.save_hyperparameters()
         self.cfg: RunConfig = validate_config(config)
-        self.model = build_model(self.cfg.model)
+        self.plan = plan_from_dict(plan)
+        self.model = build_model(self.plan)
         self.model.activation_checkpointing = self.cfg.train.activation_checkpointing
         # data.doc_mask: documents end at this token; None = every sequence is one document
         self.eos_id = load_tokenizer(self.cfg.data.tokenizer).eos_id if self.cfg.data.doc_mask else None
@@ -52,10 +58,14 @@ class LMSystem(L.LightningModule):
         logits, y = self._logits(batch)
         return F.cross_entropy(logits.transpose(1, 2), y)
 
+    def setup(self, stage: str) -> None:
+        if self.trainer.world_size != self.plan.budget.world_size:
+            raise ValueError(f"train.devices x train.num_nodes: the run was planned for {self.plan.budget.world_size} "
+                             f"processes but trains in {self.trainer.world_size}; set train.devices to a number")
+
     def tokens_at(self, step: int) -> int:
-        """Training tokens consumed by all ranks after ``step`` optimizer steps."""
-        t = self.cfg.train
-        return step * t.tokens_per_step(self.trainer.world_size, t.accumulate_grad_batches)
+        """Training tokens consumed by all ranks after ``step`` optimizer steps (the plan's)."""
+        return self.plan.budget.tokens_at(step)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
@@ -67,21 +77,21 @@ class LMSystem(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step, after the backward of its last micro-batch: logs the step's loss (the mean
         over its micro-batches, equal in tokens) and checks the gradients."""
-        self.log("train/loss", torch.stack(self._step_losses).mean(), prog_bar=True)  # every step: the progress bar
+        self.log(Tag.LOSS, torch.stack(self._step_losses).mean(), prog_bar=True)  # every step: the progress bar
         self._step_losses.clear()
         # The logger writes step metrics every log_every_n_steps steps only, and each self.log call costs
         # about 4 ms of CPU (measured: Lightning moves its metric state on every call), so lr and tokens
         # are logged on the steps that are written.
         if self._written_step():
-            self.log("train/lr", self.optimizers().param_groups[0]["lr"])
-            self.log("train/tokens", float(self.tokens_at(self.global_step + 1)))
+            self.log(Tag.LR, self.optimizers().param_groups[0]["lr"])
+            self.log(Tag.TOKENS, float(self.tokens_at(self.global_step + 1)))
         named = [(name, p.grad) for name, p in self.named_parameters() if p.grad is not None]
         norms = torch.stack(torch._foreach_norm([g for _, g in named]))  # one device sync per step
         if not torch.isfinite(norms).all():
             name = next(name for (name, _), norm in zip(named, norms) if not torch.isfinite(norm))
             raise NonFiniteLossError(f"non-finite gradient of {name} at step {self.global_step}")
         if self._written_step():  # before clipping: the norm train.grad_clip is compared with
-            self.log("train/grad_norm", norms.norm())
+            self.log(Tag.GRAD_NORM, norms.norm())
 
     def _written_step(self) -> bool:
         """Whether the logger writes this step's scalars: every log_every_n_steps and the last (callbacks.LastStep)."""
@@ -91,11 +101,11 @@ class LMSystem(L.LightningModule):
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx == 0:
             loss = self._loss(batch)
-            self.log("val/loss", loss, add_dataloader_idx=False, sync_dist=True)
-            self.log("val/ppl", loss.exp(), add_dataloader_idx=False, sync_dist=True)
+            self.log(Tag.VAL_LOSS, loss, add_dataloader_idx=False, sync_dist=True)
+            self.log(Tag.VAL_PPL, loss.exp(), add_dataloader_idx=False, sync_dist=True)
             return
         if self.cfg.data.text_val_files and dataloader_idx == 1 + (self.cfg.data.synthetic.fraction > 0):
-            self.log("val/text_loss", self._loss(batch), add_dataloader_idx=False, sync_dist=True)  # the last loader
+            self.log(Tag.TEXT_LOSS, self._loss(batch), add_dataloader_idx=False, sync_dist=True)  # the last loader
             return
         tokens, targets = batch
         logits, y = self._logits(tokens)
@@ -105,9 +115,9 @@ class LMSystem(L.LightningModule):
         self.retrieval_loss.update((losses * target).sum() / n.clamp(min=1), weight=n)
         self.retrieval_acc.update(((logits.argmax(-1) == y) & target).sum() / n.clamp(min=1), weight=n)
         log = {"add_dataloader_idx": False, "sync_dist": True}
-        self.log("val/synthetic_loss", losses.mean(), **log)
-        self.log("val/retrieval_loss", self.retrieval_loss, add_dataloader_idx=False)
-        self.log("val/retrieval_acc", self.retrieval_acc, add_dataloader_idx=False)
+        self.log(Tag.SYNTHETIC_LOSS, losses.mean(), **log)
+        self.log(Tag.RETRIEVAL_LOSS, self.retrieval_loss, add_dataloader_idx=False)
+        self.log(Tag.RETRIEVAL_ACC, self.retrieval_acc, add_dataloader_idx=False)
 
     def configure_optimizers(self):
         cfg = self.cfg.train

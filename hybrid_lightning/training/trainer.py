@@ -13,20 +13,12 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
-from hybrid_lightning.eval.callback import LongContextEvaluation, RetrievalHeadsEvaluation
-from hybrid_lightning.precision import resolve_precision
-from hybrid_lightning.rundir import CKPT_DIR, LAST_CKPT
-from hybrid_lightning.training.callbacks import (
-    Console,
-    LastStep,
-    PeakMemory,
-    RunSummary,
-    SaveAtEnd,
-    StepCheckpoints,
-    StepProgressBar,
-    Throughput,
-)
+from hybrid_lightning.training.evaluation import LongContextEvaluation, RetrievalHeadsEvaluation
+from hybrid_lightning.rundir import CKPT_DIR
+from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.training.callbacks import Console, LastStep, PeakMemory, RunSummary, StepProgressBar, Throughput
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
+from hybrid_lightning.training.checkpoints import StepCheckpoints
 from hybrid_lightning.training.system import LMSystem
 
 # The step sampler makes data order a function of the step, so Lightning's warning that a plain
@@ -52,7 +44,7 @@ class RunLogger(TensorBoardLogger):
 
 
 def build_trainer(
-    cfg: RunConfig, run_dir: Path, resume_step: int = 0, extra_callbacks: Sequence[L.Callback] = ()
+    cfg: RunConfig, plan: RunPlan, run_dir: Path, resume_step: int = 0, extra_callbacks: Sequence[L.Callback] = ()
 ) -> tuple[L.Trainer, LMSystem, LMDataModule]:
     t = cfg.train
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -63,18 +55,18 @@ def build_trainer(
         purge_step=resume_step,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
-    throughput = Throughput(t.tokens_per_step(1, t.accumulate_grad_batches), t.log_every_n_steps, t.seq_len)  # per rank
+    throughput = Throughput(plan, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
-    # SaveAtEnd before the evaluations: a stop during the end-of-training ones keeps the last step
-    callbacks = [checkpoints, SaveAtEnd(run_dir / CKPT_DIR / LAST_CKPT, t.checkpoint_every_n_steps), throughput,
-                 PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir), *extra_callbacks]
+    # the checkpoints first: the last step is saved before the evaluations at the end, so a stop during them keeps it
+    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir),
+                 *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
         callbacks.append(RetrievalHeadsEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
-    callbacks.append(Console(run_dir, None if t.progress_bar else t.log_every_n_steps))  # after the evaluations: it reports them
+    callbacks.append(Console(run_dir, plan, None if t.progress_bar else t.log_every_n_steps))  # after the evaluations: it reports them
     plugins = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeue
@@ -86,7 +78,7 @@ def build_trainer(
         devices=t.devices,
         num_nodes=t.num_nodes,
         strategy=t.strategy,
-        precision=resolve_precision(t, cfg.model),
+        precision=plan.precision,
         logger=logger,
         callbacks=callbacks,
         plugins=plugins,
@@ -98,9 +90,10 @@ def build_trainer(
         num_sanity_val_steps=0,
         enable_progress_bar=t.progress_bar,
         enable_model_summary=False,
+        enable_checkpointing=False,  # StepCheckpoints, not Lightning's ModelCheckpoint, writes the checkpoints
         use_distributed_sampler=False,  # the step sampler slices batches per rank itself
     )
-    return trainer, LMSystem(config_to_dict(cfg)), datamodule
+    return trainer, LMSystem(config_to_dict(cfg), plan.as_dict()), datamodule
 
 
 def fit(trainer: L.Trainer, module: LMSystem, datamodule: LMDataModule, ckpt_path: Path | None) -> None:

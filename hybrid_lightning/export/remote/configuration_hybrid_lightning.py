@@ -3,7 +3,7 @@
 ``hybrid_model`` holds the numbers the whole model shares (the package's ``ModelOptions``), ``layers``
 the per-layer plan with each layer's mixer options, all as dicts (``dataclasses.asdict``) of the frozen
 options the package resolved from the run's ``model:`` section. The model code in this folder is the
-package's own, copied at export; ``hl_options.py`` rebuilds the options from these dicts.
+package's own, copied at export; ``hl_kinds.py`` rebuilds the options from these dicts.
 """
 
 from __future__ import annotations

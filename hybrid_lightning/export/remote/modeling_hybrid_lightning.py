@@ -20,7 +20,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_hybrid_lightning import HybridLightningConfig
-from .hl_options import ModelOptions, spec_from_dict
+from .hl_kinds import ModelOptions, spec_from_dict
 from .hl_transformer import HybridLM
 
 

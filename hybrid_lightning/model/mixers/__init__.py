@@ -6,12 +6,12 @@
 ``state`` is None for a plain causal forward from position 0, or a dict (empty at first)
 that the mixer reads and updates in place so that a sequence fed in pieces gives the
 same outputs as one full forward. ``opts`` is ``spec.options``, the mixer's frozen options
-(``model/options.py``, resolved from the config by the layer plan): a mixer reads nothing else.
-What a mixer is (letter, window, positions, options) is data in ``hybrid_lightning/kinds.py``;
-this dict only names the class of each kind.
+(its kind's options class, ``hybrid_lightning/kinds/``, resolved from the config by the layer plan): a
+mixer reads nothing else. What a mixer is (letter, window, positions, options, config section) is its
+definition in ``hybrid_lightning/kinds/``; this dict only names the class of each kind.
 
-Adding a mixer: one file beside this one, one line below and one row in ``kinds.KINDS`` (and its
-options class in ``model/options.OPTIONS``, if it has options).
+Adding a mixer: its definition in ``kinds/`` (one file, listed in ``kinds.KINDS``), its module beside this
+one and one line below (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from hybrid_lightning.model.mixers.attention import Attention
 from hybrid_lightning.model.mixers.gated_deltanet import GatedDeltaNet
 from hybrid_lightning.model.mixers.lightning import LightningAttention
 from hybrid_lightning.model.mixers.mamba2 import Mamba2
-from hybrid_lightning.model.options import OPTIONS
 
 MIXERS: dict[str, type[nn.Module]] = {
     "full": Attention,
@@ -35,15 +34,12 @@ MIXERS: dict[str, type[nn.Module]] = {
 
 
 def check_registry() -> None:
-    """Every kind in the table has a class and every class a kind, and every options class a kind (run at
-    import and by tests)."""
+    """Every kind in the table has a class and every class a kind (run at import and by tests)."""
     if set(MIXERS) != set(KINDS):
         raise RuntimeError(
             f"mixer classes {sorted(MIXERS)} and mixer kinds {sorted(KINDS)} disagree: "
-            "add the class to MIXERS and the row to hybrid_lightning/kinds.py together"
+            "add the class to MIXERS and the definition to hybrid_lightning/kinds/ together"
         )
-    if not set(OPTIONS) <= set(KINDS):
-        raise RuntimeError(f"options classes of unknown mixer kinds {sorted(set(OPTIONS) - set(KINDS))} in model/options.py")
 
 
 check_registry()

@@ -12,7 +12,7 @@ from hybrid_lightning.model.documents import document_positions
 from hybrid_lightning.model.rope import Rotary
 
 if TYPE_CHECKING:
-    from hybrid_lightning.model.options import AttentionOptions, LayerSpec
+    from hybrid_lightning.kinds import AttentionOptions, LayerSpec
 
 
 class Attention(nn.Module):

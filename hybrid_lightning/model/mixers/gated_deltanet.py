@@ -20,7 +20,7 @@ from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
 from hybrid_lightning.model.ops import ShortConv, chunked_delta_rule_flops, gated_delta_rule
 
 if TYPE_CHECKING:
-    from hybrid_lightning.model.options import GatedDeltaNetOptions, LayerSpec
+    from hybrid_lightning.kinds import GatedDeltaNetOptions, LayerSpec
 
 A_INIT = (0.0, 16.0)  # the paper's released layer draws A ~ U[0, 16]
 

@@ -19,7 +19,7 @@ from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
 from hybrid_lightning.model.ops import chunked_gla_flops, gated_linear_attention
 
 if TYPE_CHECKING:
-    from hybrid_lightning.model.options import LayerSpec, LightningOptions
+    from hybrid_lightning.kinds import LayerSpec, LightningOptions
 
 
 def decay_rates(n_heads: int, layer: int, n_layers: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
 from hybrid_lightning.model.ops import ShortConv, chunked_gla_flops, gated_linear_attention
 
 if TYPE_CHECKING:
-    from hybrid_lightning.model.options import LayerSpec, Mamba2Options
+    from hybrid_lightning.kinds import LayerSpec, Mamba2Options
 
 A_INIT = (1.0, 16.0)  # the reference module's initial range: A ~ U[1, 16] (Δ: model/init.py)
 

@@ -7,7 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from hybrid_lightning.model.ops.interpreter import interpreting, patch
+from hybrid_lightning.interpreter import interpreting, patched
 
 BACKENDS = ("auto", "chunked", "recurrent", "fla")
 
@@ -44,10 +44,10 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
                 f"(TRITON_INTERPRET=1, the fla-cpu extra), but this forward runs on {x.device.type}; "
                 "use 'auto' or 'chunked'"
             )
-        try:
-            patch()
-        except RuntimeError as e:
-            raise ValueError(f"model.recurrent_backend='fla': {e}") from e
+        if not patched():
+            raise ValueError("model.recurrent_backend='fla' on CPU: Triton's interpreter needs the package's patches, "
+                             "applied at the start of the process: hybrid-lightning applies them when TRITON_INTERPRET=1 is "
+                             "set; a script calls hybrid_lightning.interpreter.patch() first")
     if backend == "fla" and not fla_available():
         raise ValueError(
             "model.recurrent_backend='fla' needs flash-linear-attention (pip install -e '.[gpu]'), "

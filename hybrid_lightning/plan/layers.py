@@ -4,10 +4,10 @@
 named by ``model.mixer``) and the letter of any registered mixer (``S`` = SWA, ...),
 tiled to fill ``model.n_layers``: ``EEEF`` with 8 layers is ``EEEFEEEF``; ``SSMF`` mixes
 SWA and Mamba-2 layers explicitly. A parameter-matched model (``model.match_params``) gets its
-non-full width from ``design.matching.matched_plan``, which solves it by counting unmatched models.
+non-full width from ``plan.matching.matched_plan``, which solves it by counting unmatched models.
 
 This is where the ``model:`` section (a validated ``ModelConfig``) becomes the options the model is
-built from (``model/options.py``): ``model_options`` and, per layer, ``mixer_options``.
+built from (``hybrid_lightning/kinds/``): ``model_options`` and, per layer, ``mixer_options``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, KINDS, by_letter
-from hybrid_lightning.model.options import LayerSpec, MixerOptions, ModelOptions, options_class
+from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, MixerOptions, ModelOptions, expand, layer_traits
 
 
 def model_options(cfg: Any) -> ModelOptions:
@@ -30,7 +29,7 @@ def model_options(cfg: Any) -> ModelOptions:
 def mixer_options(cfg: Any, mixer: str) -> MixerOptions:
     """The options of a ``mixer`` layer in the model of ``cfg``: each field of its options class takes the
     value of that name among the model's settings, the attention or recurrent ones and the kind's own
-    ``model:`` section (``KINDS[mixer].options``), heads left open there resolved by ``cfg.heads``."""
+    ``model:`` section (``KINDS[mixer].section``), heads left open there resolved by ``cfg.heads``."""
     kind = KINDS[mixer]
     values = {"d_model": cfg.d_model, "norm_eps": cfg.norm_eps, "n_layers": cfg.n_layers}
     if kind.attention:
@@ -38,13 +37,12 @@ def mixer_options(cfg: Any, mixer: str) -> MixerOptions:
                    "rope_theta": cfg.rope_theta, "backend": cfg.attn_backend}
     else:
         values |= {"backend": cfg.recurrent_backend, "chunk": cfg.recurrent_chunk}
-    if kind.options is not None:
-        section = getattr(cfg, kind.options)
-        values |= section.model_dump()
+    if kind.section is not None:
+        settings = cfg.settings(mixer)
+        values |= dataclasses.asdict(settings)
         if "n_heads" in values:
-            values["n_heads"], values["head_dim"] = cfg.heads(section)
-    cls = options_class(mixer)
-    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+            values["n_heads"], values["head_dim"] = cfg.heads(settings)
+    return kind.options(**{f.name: values[f.name] for f in dataclasses.fields(kind.options)})
 
 
 def layer_plan(cfg: Any, efficient_width: int | None = None) -> tuple[LayerSpec, ...]:
@@ -53,27 +51,19 @@ def layer_plan(cfg: Any, efficient_width: int | None = None) -> tuple[LayerSpec,
     Args:
         cfg: the ``model:`` section (a ``ModelConfig``).
         efficient_width: SwiGLU width of the non-full layers, required with ``cfg.match_params`` (the
-            matched width, ``design.matching.matched_plan``); default ``cfg.efficient_mlp_width``.
+            matched width, ``plan.matching.matched_plan``); default ``cfg.efficient_mlp_width``.
             Full-attention layers get ``cfg.mlp_width``.
     """
     if efficient_width is None:
         if cfg.match_params is not None:
-            raise ValueError("model.match_params: the matched width is solved by design.matching.matched_plan; "
+            raise ValueError("model.match_params: the matched width is solved by plan.matching.matched_plan; "
                              "build the model with build_model")
         efficient_width = cfg.efficient_mlp_width
-    letters = by_letter()
-    tiled = cfg.pattern * (cfg.n_layers // len(cfg.pattern))
+    mixers = expand(cfg.pattern, cfg.n_layers, cfg.mixer)
+    options = {m: mixer_options(cfg, m) for m in dict.fromkeys(mixers)}
     specs = []
-    for i, ch in enumerate(tiled):
-        mixer = cfg.mixer if ch == EFFICIENT_LETTER else letters[ch]
-        full = mixer == FULL
-        pos = (cfg.pos.full if full else cfg.pos.efficient) if KINDS[mixer].uses_position else None
-        window = cfg.window if KINDS[mixer].has_window else None
-        hidden = cfg.mlp_width if full else efficient_width
-        specs.append(LayerSpec(index=i, mixer=mixer, window=window, pos=pos, mlp_hidden=hidden,
-                               options=mixer_options(cfg, mixer)))
+    for i, mixer in enumerate(mixers):
+        window, pos = layer_traits(mixer, cfg.window, cfg.pos.full, cfg.pos.efficient)
+        hidden = cfg.mlp_width if mixer == FULL else efficient_width
+        specs.append(LayerSpec(index=i, mixer=mixer, window=window, pos=pos, mlp_hidden=hidden, options=options[mixer]))
     return tuple(specs)
-
-
-def plan_string(plan: tuple[LayerSpec, ...]) -> str:
-    return "".join(s.letter for s in plan)

@@ -1,6 +1,9 @@
 """flash-linear-attention's Triton kernels on CPU tensors, through Triton's interpreter (``TRITON_INTERPRET=1``).
 
-fla 0.6's kernels run under Triton 3.9's interpreter after two patches, which ``patch()`` applies:
+fla 0.6's kernels run under Triton 3.9's interpreter after two patches to Triton, process-wide, which
+``patch()`` applies: an explicit step at the start of a process, never from inside a model. The command line
+takes it when ``TRITON_INTERPRET`` is set (``cli.main``); a script calls ``patch()`` itself. The model's ``fla``
+backend on CPU refuses to run until it has (``patched``).
 
 1. The autotuner benchmarks every config through a GPU driver ("0 active drivers"): it keeps only the
    first config that its own pruning leaves.
@@ -8,9 +11,10 @@ fla 0.6's kernels run under Triton 3.9's interpreter after two patches, which ``
    ("'int' object has no attribute 'to'"): while a kernel runs, its globals hold a ``range`` that
    yields the interpreter's integer tensors, as a compiled kernel's loop variables are.
 
-Both reach into Triton's internals, so they are pinned to the versions they were tested with
-(``TESTED``); others are refused with a message saying so. The interpreter runs each program of the
-grid in numpy, slowly: it is for checking the ``fla`` backend on a CPU machine, not for training.
+Both reach into Triton's internals, so they are pinned to the versions they were tested with: the pins of the
+package's ``fla-cpu`` extra, read from its installed metadata (``tested``); others are refused with a message
+saying so. The interpreter runs each program of the grid in numpy, slowly: it is for checking the ``fla``
+backend on a CPU machine, not for training.
 """
 
 from __future__ import annotations
@@ -20,7 +24,24 @@ import functools
 import importlib.metadata
 import os
 
-TESTED = {"triton": ("3.9.0",), "fla-core": ("0.6.0",)}
+EXTRA = "fla-cpu"  # the extra of pyproject.toml that pins the tested versions
+PATCHED = "_hybrid_lightning_patched"  # set on triton's Autotuner once patch() ran in this process
+
+
+def tested() -> dict[str, tuple[str, ...]]:
+    """Package -> the versions the patches were tested with: the ``==`` pins of the ``fla-cpu`` extra in the
+    installed package's metadata (empty where the package is not installed as a distribution)."""
+    from packaging.requirements import Requirement
+
+    try:
+        requires = importlib.metadata.requires("hybrid-lightning") or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    pins = {}
+    for req in map(Requirement, requires):
+        if req.marker is not None and req.marker.evaluate({"extra": EXTRA}) and not req.marker.evaluate({"extra": ""}):
+            pins[req.name] = tuple(s.version for s in req.specifier if s.operator == "==")
+    return {name: versions for name, versions in pins.items() if versions}
 
 
 def interpreting() -> bool:
@@ -31,7 +52,7 @@ def interpreting() -> bool:
 def untested_versions() -> list[str]:
     """'name version' of each installed package the patches were not tested with (empty when all match)."""
     found = []
-    for name, versions in TESTED.items():
+    for name, versions in tested().items():
         try:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -52,6 +73,7 @@ def patch() -> None:
         )
     from triton.runtime import autotuner, interpreter
 
+    setattr(autotuner.Autotuner, PATCHED, True)
     prune = autotuner.Autotuner.prune_configs
     autotuner.Autotuner.prune_configs = lambda self, kwargs: prune(self, kwargs)[:1]
 
@@ -74,6 +96,14 @@ def patch() -> None:
                 scope["range"] = before
 
     interpreter.GridExecutor.__call__ = run_with_range
+
+
+def patched() -> bool:
+    """Whether ``patch()`` ran in this process (without importing triton where nothing has)."""
+    import sys
+
+    autotuner = sys.modules.get("triton.runtime.autotuner")
+    return autotuner is not None and getattr(autotuner.Autotuner, PATCHED, False)
 
 
 def _host_int(bound) -> int:

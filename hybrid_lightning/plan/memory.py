@@ -32,11 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hybrid_lightning.design.matching import block_params, distinct_layers
-from hybrid_lightning.model.options import LayerSpec
-from hybrid_lightning.design.plan import model_options
-from hybrid_lightning.model.transformer import Block
-from hybrid_lightning.precision import autocast_dtype, resolve_precision
+from hybrid_lightning.kinds import LayerSpec
+from hybrid_lightning.model import Block
+from hybrid_lightning.plan.count import count, distinct
+from hybrid_lightning.plan.layers import model_options
+from hybrid_lightning.plan.matching import matched_plan
+from hybrid_lightning.plan.precision import autocast_dtype, resolve_precision
+from hybrid_lightning.runplan import Budget
 
 FP32 = 4
 GIB = 2**30
@@ -74,18 +76,18 @@ def gib(n: int) -> str:
     return f"{n / GIB:.3g} GiB" if n < 1000 * GIB else f"{n / GIB:,.0f} GiB"
 
 
-def estimate_memory(cfg: Any) -> MemoryEstimate:
-    """The estimate for the run config ``cfg`` (a ``RunConfig``, its vocabulary size resolved), in time independent
-    of ``model.n_layers``."""
+def estimate_memory(cfg: Any, budget: Budget) -> MemoryEstimate:
+    """The estimate for the run config ``cfg`` (a ``RunConfig``, its vocabulary size resolved) training on
+    ``budget``, in time independent of ``model.n_layers``."""
     m, t = cfg.model, cfg.train
     assert m.vocab_size is not None, "resolve the config first (the vocabulary size)"
-    kinds = distinct_layers(m)
-    embedding = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
-    params = sum(n * block_params(m, spec) for spec, n in kinds.items()) + m.d_model + embedding
+    specs = matched_plan(m)
+    kinds = distinct(specs)
+    params = count(model_options(m), specs).total
     dtype = autocast_dtype(resolve_precision(t, m))
     blocks = {spec: _along_t(_block_activations, m, spec, t.batch_size, t.seq_len, dtype) for spec in kinds}
     ends = _along_t(_ends_activations, m, None, t.batch_size, t.seq_len, dtype)
-    tokens = t.tokens_per_step(1, 1)  # one device's micro-batch: the tokens a forward holds
+    tokens = budget.micro_batch_tokens  # one device's micro-batch: the tokens a forward holds
     inputs = sum(kinds.values()) * tokens * m.d_model * FP32  # the residual stream, fp32
     return MemoryEstimate(
         weights=FP32 * params, gradients=FP32 * params, optimizer=2 * FP32 * params,
@@ -169,13 +171,12 @@ def machine_memory(cfg: Any) -> tuple[int, str]:
     return total // processes, f"this machine's {gib(total)} of RAM" + (f" shared by {processes} processes" if processes > 1 else "")
 
 
-def check_fits(cfg: Any) -> MemoryEstimate:
-    """The estimate, or a ``ValueError`` naming it when it exceeds what a device of this machine holds."""
-    estimate = estimate_memory(cfg)
+def check_fits(cfg: Any, estimate: MemoryEstimate) -> None:
+    """A ``ValueError`` naming the run's estimated peak memory (its plan's) when it exceeds what a device of this
+    machine holds, unless ``train.check_memory`` is off."""
     available, what = machine_memory(cfg)
     if estimate.peak() > available and cfg.train.check_memory:
         hint = "" if cfg.train.activation_checkpointing else ", set train.activation_checkpointing: true"
         raise ValueError(f"the estimated peak memory, {estimate.describe()}, exceeds {what}; lower train.batch_size "
                          f"(raising train.accumulate_grad_batches keeps the step), train.seq_len or the model{hint}, "
                          "or set train.check_memory: false to try anyway")
-    return estimate

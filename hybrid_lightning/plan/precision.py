@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from hybrid_lightning.config import ModelConfig, TrainConfig
-from hybrid_lightning.kinds import EFFICIENT_LETTER, FULL, by_letter
+from hybrid_lightning.kinds import FULL
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -45,8 +45,7 @@ def cpu_bf16_faster(model: ModelConfig) -> bool:
     """Whether bf16 autocast measured faster on CPU for every efficient mixer of ``model`` (for full
     attention when it has none), at the measured d_model nearest to its own."""
     measured = CPU_BF16_SPEEDUP[min(CPU_BF16_SPEEDUP, key=lambda d: abs(d - model.d_model))]
-    letters = by_letter()
-    mixers = {model.mixer if ch == EFFICIENT_LETTER else letters[ch] for ch in model.pattern}
+    mixers = set(model.mixers_used)
     return all(measured.get(m, 0.0) >= CPU_BF16_MARGIN for m in (mixers - {FULL} or {FULL}))
 
 

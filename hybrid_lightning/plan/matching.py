@@ -13,17 +13,13 @@ model layer imports no config class.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from hybrid_lightning.model.options import LayerSpec
-from hybrid_lightning.design.plan import layer_plan, model_options
-from hybrid_lightning.model.transformer import Block, HybridLM, count_params
+from hybrid_lightning.kinds import LayerSpec
+from hybrid_lightning.plan.count import count
+from hybrid_lightning.plan.layers import layer_plan, model_options
 
 MATCH_TOLERANCE = 0.02  # largest accepted relative deviation from the reference
 FULL_PATTERN = "F"  # the default reference: all layers full attention
@@ -42,37 +38,12 @@ class ParamMatch:
         return (self.matched - self.reference) / self.reference
 
 
-def distinct_layers(cfg: Any) -> Counter[LayerSpec]:
-    """The layers of ``cfg``'s (matched) plan, their index aside, with how many layers each stands for:
-    what a count summed over layers (parameters, FLOPs, activations) needs, whatever ``model.n_layers``."""
-    return Counter(dataclasses.replace(spec, index=0) for spec in matched_plan(cfg))
-
-
-@functools.cache
-def layer_samples(cfg: Any) -> tuple[HybridLM, tuple[tuple[HybridLM, int], ...]]:
-    """The model of ``cfg`` in pieces whose cost does not grow with ``model.n_layers``: the model
-    without layers, and one single-layer model per distinct layer (its index aside) with the number of
-    layers it stands for; on the meta device, without allocating. A count that sums over layers
-    (parameters, FLOPs) is the bare model's plus each sample's share times its number."""
-    cfg = cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2})
-    kinds = distinct_layers(cfg)
-    with torch.device("meta"):
-        opts = model_options(cfg)
-        return HybridLM(opts, ()), tuple((HybridLM(opts, (spec,)), n) for spec, n in kinds.items())
-
-
 @functools.cache
 def non_embedding_params(cfg: Any) -> int:
-    """``count_params(model)["non_embedding"]`` without building the model: one block of each kind of layer
-    the plan holds, on the meta device, so that the time does not grow with ``model.n_layers``."""
-    return sum(n * block_params(cfg, spec) for spec, n in distinct_layers(cfg).items()) + cfg.d_model  # + the final RMSNorm
-
-
-@functools.lru_cache(maxsize=256)
-def block_params(cfg: Any, spec: LayerSpec) -> int:
-    """Parameters of one block (mixer, SwiGLU, norms) of ``spec`` in a model of ``cfg``."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in Block(model_options(cfg), spec).parameters())
+    """The non-embedding parameters of the model of the ``model:`` section ``cfg`` (``count.count``; its vocabulary
+    need not be resolved)."""
+    cfg = cfg.model_copy(update={"vocab_size": cfg.vocab_size or 2})
+    return count(model_options(cfg), matched_plan(cfg)).non_embedding
 
 
 def matched_plan(cfg: Any) -> tuple[LayerSpec, ...]:
@@ -129,25 +100,3 @@ def match_params(cfg: Any) -> ParamMatch:
 
 def _count(cfg: Any, efficient_width: int) -> int:
     return non_embedding_params(cfg.model_copy(update={"match_params": None, "efficient_mlp_hidden": efficient_width}))
-
-
-def param_table(cfg: Any) -> str:
-    """``hybrid-lightning params``: per-layer parameter counts of the resolved model ``cfg`` (built on the
-    meta device, no weights allocated), the totals, and the comparison with its reference (``param_report``)."""
-    with torch.device("meta"):
-        model = HybridLM(model_options(cfg), matched_plan(cfg))
-    counts = count_params(model)
-    rows = [("layer", "kind", "window", "pos", "mixer", "mlp", "mlp width", "norm", "total")]
-    for layer, spec in zip(counts["layers"], model.plan):
-        rows.append((str(layer["layer"]), layer["kind"], str(layer["window"] or "-"), str(layer["pos"] or "-"),
-                     f"{layer['mixer']:,}", f"{layer['mlp']:,}", str(spec.mlp_hidden), f"{layer['norm']:,}",
-                     f"{layer['total']:,}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.append(f"non-embedding {counts['non_embedding']:,}  embedding {counts['embedding']:,}  total {counts['total']:,}")
-    match = param_report(cfg)
-    how = (f"non-full SwiGLU width {match.width}, matched from {match.base_width}" if cfg.match_params
-           else "not matched (set model.match_params to match)")
-    lines.append(f"reference (pattern {match.reference_pattern}) non-embedding {match.reference:,}  this model "
-                 f"{match.matched:,}  deviation {match.deviation:+.2%}  {how}")
-    return "\n".join(lines)

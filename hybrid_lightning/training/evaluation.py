@@ -1,5 +1,7 @@
-"""The evaluation callbacks. Every ``every_n_steps`` optimizer steps and when training ends, each
-evaluates the model on all ranks and, on rank 0, logs to TensorBoard and writes a JSON record:
+"""The evaluation callbacks, the training-time driver of the long-context evaluation (``eval``) and of the
+retrieval heads (``heads``). Every ``every_n_steps`` optimizer steps and when training ends, each evaluates
+the model on all ranks and, on rank 0, logs to TensorBoard and writes a JSON record (the run plan checked their
+probes before training):
 
 - ``LongContextEvaluation`` (``eval:``): the long-context probes, per-position loss and LongPPL
   (runner.py; the probes' generation score every ``eval.generate_every_n_steps`` steps and at the
@@ -11,22 +13,21 @@ evaluates the model on all ranks and, on rank 0, logs to TensorBoard and writes 
 from __future__ import annotations
 
 import abc
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
-from tqdm import tqdm
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.heads.retrieval import RetrievalHeads, check_heads_probes
-from hybrid_lightning.heads.report import heads_scalars, score_image, write_heads
 from hybrid_lightning.eval.longppl import evaluator_key_tokens
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
-from hybrid_lightning.eval.runner import LongContextEval, check_lengths
-from hybrid_lightning.precision import autocast_dtype
+from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.heads.report import heads_scalars, score_image, write_heads
+from hybrid_lightning.heads.retrieval import RetrievalHeads
+from hybrid_lightning.plan.precision import autocast_dtype
 from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
+from hybrid_lightning.training.steps import OnOptimizerSteps, say
 
 CARD_PX = 340  # the width of an image card in TensorBoard's Images dashboard (2.21, seen in a browser), in pixels
 
@@ -37,13 +38,7 @@ def fit_card(fig):
     return fig
 
 
-def say(text: str) -> None:
-    """Prints a line, above an active progress bar rather than into it."""
-    tqdm.write(text)
-    sys.stdout.flush()  # a cell's log shows the line now
-
-
-class PeriodicEvaluation(L.Callback, abc.ABC):
+class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
     """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
     training ends; on rank 0 writes its report and logs it under ``tag``, with ``<tag>/seconds``,
     and says on the console when an evaluation starts and how long it took.
@@ -65,8 +60,8 @@ class PeriodicEvaluation(L.Callback, abc.ABC):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step  # a resumed run has evaluated (or skipped) its resume step
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
-        if self.every and trainer.global_step % self.every == 0 and self._last_step != trainer.global_step:
+    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.every and trainer.global_step % self.every == 0:
             self.run(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -116,7 +111,6 @@ class LongContextEvaluation(PeriodicEvaluation):
     """
 
     def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
-        check_lengths(cfg.eval, tokenizer)  # a bad eval.lengths fails before the run directory exists
         super().__init__(cfg.eval.every_n_steps, cfg.eval.at_end, LONGCTX_TAGS, on_time)
         self.cfg, self.run_dir, self.tokenizer = cfg, Path(run_dir), tokenizer
         self._eval: LongContextEval | None = None
@@ -159,7 +153,6 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
     """
 
     def __init__(self, cfg: RunConfig, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
-        check_heads_probes(cfg.eval, tokenizer)  # a bad eval.heads.lengths fails before the run directory exists
         super().__init__(cfg.eval.heads.every_n_steps, cfg.eval.heads.at_end, HEADS_TAGS, on_time)
         self.cfg, self.run_dir, self.tokenizer = cfg, Path(run_dir), tokenizer
         self._heads: RetrievalHeads | None = None

@@ -1,0 +1,25 @@
+"""Lightning Attention (``L``; Qin et al. 2024, arXiv 2401.04658, as in MiniMax-01): its ``model.lightning``
+settings and the options its layer reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybrid_lightning.kinds.base import HeadsSettings, MixerKind, RecurrentOptions
+
+
+@dataclass(frozen=True)
+class LightningSettings(HeadsSettings):
+    """Lightning Attention layers (``L``; Qin et al. 2024, as in MiniMax-01)."""
+
+
+@dataclass(frozen=True)
+class LightningOptions(RecurrentOptions):
+    """Its settings, heads resolved; the decays follow from the layer's index among ``n_layers``."""
+
+    n_heads: int
+    head_dim: int
+    n_layers: int
+
+
+KIND = MixerKind("lightning", "L", options=LightningOptions, settings=LightningSettings, title="Lightning Attention")

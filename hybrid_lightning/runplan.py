@@ -1,0 +1,162 @@
+"""The run plan: every fact that follows from a run's validated config, resolved once (``hybrid_lightning.plan``)
+and recorded as ``plan.json`` beside ``config.yaml``. Training, ``grid plan``, ``--dry-run``, export and
+analysis read it; none of them works a fact out again.
+
+    plan.layers        one LayerPlan per layer: mixer, window, positional encoding, SwiGLU width, the
+                       mixer's options and the block's parameters
+    plan.params        embedding, non-embedding and total parameters
+    plan.budget        sequence length, micro-batch, accumulation, processes, steps; tokens per step
+    plan.flops_per_token, plan.precision, plan.memory, plan.match, plan.probes
+
+Plain data (neither torch nor pydantic), so that analysis reads it without the model. A run written before
+plans were recorded gets its plan rebuilt from its config.yaml on read (``rundir.read_plan``, ``rebuilt``
+true): layers, parameters and budget only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, canonical_pattern, spec_from_dict
+
+PLAN_VERSION = 1  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One layer: ``options`` are its mixer's options (``kinds`` options class of ``mixer``) and ``params``
+    the block's parameters (mixer, SwiGLU, norms); both None in a rebuilt plan."""
+
+    index: int
+    mixer: str
+    window: int | None  # attention window in tokens, current token included; None = unbounded or not attention
+    pos: str | None  # rope | nope for attention layers; None for mixers without positions
+    mlp_hidden: int | None = None
+    options: Mapping | None = None
+    params: Mapping | None = None  # mixer, mlp, norm, total
+
+    @property
+    def letter(self) -> str:
+        return KINDS[self.mixer].letter if self.mixer in KINDS else "?"
+
+    def spec(self) -> LayerSpec:
+        """The layer as the model builds it (a ``ValueError`` for a rebuilt plan, which holds no options)."""
+        if self.options is None:
+            raise ValueError("a plan rebuilt from an older run's config.yaml holds no layer options; plan the run "
+                             "from its config (plan.resolve.make_plan)")
+        return spec_from_dict({**dataclasses.asdict(self), "options": dict(self.options)})
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run trains on: ``batch_size`` sequences of ``seq_len`` tokens per process and forward,
+    ``accumulate`` forwards per optimizer step, ``world_size`` processes, ``max_steps`` optimizer steps."""
+
+    seq_len: int
+    batch_size: int
+    accumulate: int
+    world_size: int
+    max_steps: int
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Tokens of one forward of one process (the micro-batch)."""
+        return self.batch_size * self.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens of one optimizer step over all processes."""
+        return self.micro_batch_tokens * self.world_size * self.accumulate
+
+    def tokens_at(self, step: int) -> int:
+        """Training tokens consumed after ``step`` optimizer steps."""
+        return step * self.tokens_per_step
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_at(self.max_steps)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Args:
+        layers: the layer plan.
+        budget: tokens and steps.
+        model: the numbers the whole model shares (``kinds`` ``ModelOptions`` fields); None in a rebuilt plan.
+        params: ``embedding``, ``non_embedding``, ``total``.
+        flops_per_token: training FLOPs per token at ``budget.seq_len``, forward and backward.
+        precision: the Lightning precision string ``train.precision`` resolved to.
+        memory: the estimated peak memory per device (``plan.memory.MemoryEstimate`` fields, bytes).
+        match: the parameter match (reference pattern, its count, this model's, the deviation).
+        probes: the checked probe settings of ``eval`` and ``eval.heads``.
+        rebuilt: True for a plan rebuilt on read from a run written before plans were recorded.
+    """
+
+    layers: tuple[LayerPlan, ...]
+    budget: Budget
+    model: Mapping | None = None
+    params: Mapping | None = None
+    flops_per_token: float | None = None
+    precision: str | None = None
+    memory: Mapping | None = None
+    match: Mapping | None = None
+    probes: Mapping | None = None
+    rebuilt: bool = False
+    version: int = PLAN_VERSION
+
+    @property
+    def mixers(self) -> list[str]:
+        """The efficient (non-full) mixers, in order of first use."""
+        return list(dict.fromkeys(layer.mixer for layer in self.layers if layer.mixer != FULL))
+
+    @property
+    def pattern(self) -> str:
+        """The plan's pattern however the config spelled it (``kinds.canonical_pattern``): one architecture, one pattern."""
+        return canonical_pattern([layer.mixer for layer in self.layers])
+
+    @property
+    def windows(self) -> list[int]:
+        """The windows of the windowed layers, sorted."""
+        return sorted({layer.window for layer in self.layers if layer.window is not None})
+
+    @property
+    def window(self) -> int | None:
+        """The largest window (None without windowed layers)."""
+        return max(self.windows, default=None)
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(layer.index for layer in self.layers if layer.mixer == FULL)
+
+    @property
+    def windowed_hybrid(self) -> bool:
+        """Full-attention layers beside efficient ones that all attend within a window (an SWA hybrid)."""
+        efficient = [layer for layer in self.layers if layer.mixer != FULL]
+        return bool(self.full_layers) and bool(efficient) and all(layer.window is not None for layer in efficient)
+
+    def position(self, full: bool) -> str | None:
+        """The positional encoding of the full layers (``full``) or of the efficient layers that take one;
+        None where the plan has no such layer (several encodings: joined by ``+``)."""
+        found = dict.fromkeys(layer.pos for layer in self.layers if (layer.mixer == FULL) == full and layer.pos is not None)
+        return "+".join(found) or None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def plan_from_dict(data: Mapping, source: str = "plan.json") -> RunPlan:
+    """The ``RunPlan`` of ``RunPlan.as_dict`` (plan.json); a ``ValueError`` naming ``source`` for a file of a
+    newer layout or one that does not read as a plan."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{source}: not a run plan (a JSON object); the file is damaged")
+    version = data.get("version")
+    if not isinstance(version, int) or version > PLAN_VERSION:
+        raise ValueError(f"{source}: plan version {version!r}; this package reads versions up to {PLAN_VERSION} "
+                         "(a newer hybrid-lightning wrote it)")
+    try:
+        layers = tuple(LayerPlan(**layer) for layer in data["layers"])
+        return RunPlan(**{**data, "layers": layers, "budget": Budget(**data["budget"])})
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{source}: not a run plan of version {version} ({e}); the file is damaged") from None
