@@ -80,6 +80,8 @@ def test_relative_data_paths_are_taken_from_the_config_files_folder(tmp_path):
     (tmp_path / "configs").mkdir()
     path = tmp_path / "configs" / "run.yaml"
     path.write_text("data: {files: [../data/a.txt], text_val_files: ../data/held_out.txt}\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "held_out.txt").write_text("held-out text, which a grid's cells check before they train\n")
     data = load_config(path).data
     assert data.files == (str(tmp_path / "data" / "a.txt"),) and data.text_val_files == (str(tmp_path / "data" / "held_out.txt"),)
     grid = tmp_path / "configs" / "g.yaml"

@@ -4,9 +4,10 @@ of each key (config/roles.py)."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 # Each key's role for a run (config/roles.py): untagged = identity.
 ROLE_KEY, IDENTITY, RESUMABLE, BOOKKEEPING, LABEL = "role", "identity", "resumable", "bookkeeping", "label"
@@ -25,10 +26,16 @@ def _a_number(value):
     return value
 
 
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"input should be a finite number, got {value}")
+    return value
+
+
 # Numbers as written: neither YAML's true/false nor a quoted number ("32" would otherwise pass as 32,
-# and a grid would name it apart from 32). Configs are read with YAML 1.2's number rules
+# and a grid would name it apart from 32), nor .inf or .nan. Configs are read with YAML 1.2's number rules
 # (config/loading.read_yaml), so an unquoted 3e-4 is a float.
-Number = Annotated[float, BeforeValidator(_a_number)]
+Number = Annotated[float, BeforeValidator(_a_number), AfterValidator(_finite)]
 Whole = Annotated[int, BeforeValidator(_a_number)]
 
 

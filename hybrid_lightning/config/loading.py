@@ -47,9 +47,24 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), read_yaml(raw, f"--set {item}") if raw.strip() else None
 
 
+MAX_DEPTH = 32  # sections and lists nested deeper than this are no config
+MAX_NODES = 1_000_000  # values in a config once its aliases are expanded (a grid of a few thousand cells is far below)
+
+
 class _Loader(yaml.SafeLoader):
-    """``yaml.safe_load`` with YAML 1.2's numbers: ``3e-4`` is a float (PyYAML's YAML 1.1 rules make
-    it the string "3e-4", which the strict number check would refuse)."""
+    """``yaml.safe_load`` with YAML 1.2's numbers (``3e-4`` is a float; PyYAML's YAML 1.1 rules make it the
+    string "3e-4", which the strict number check would refuse), and a key given twice in one mapping refused
+    (YAML 1.2 forbids it; PyYAML would keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
@@ -57,15 +72,40 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\
 
 
 def read_yaml(text: str, source: str | Path) -> Any:
-    """``yaml.safe_load(text)`` (YAML 1.2 numbers); a syntax error is a ``ValueError`` naming ``source``,
-    line and column."""
+    """``yaml.safe_load(text)`` (YAML 1.2 numbers); a syntax error, a duplicate key, nesting deeper than
+    ``MAX_DEPTH`` or more than ``MAX_NODES`` values once aliases are expanded (an alias bomb) is a ``ValueError``
+    naming ``source`` (with the line and column where YAML gives them)."""
     try:
-        return yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise ValueError(f"{source}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ValueError(f"{source}: nested deeper than a config can be (at most {MAX_DEPTH} levels)") from None
+    _check_size(data, source)
+    return data
+
+
+def _check_size(data: Any, source: str | Path) -> None:
+    """Refuses ``data`` nested deeper than ``MAX_DEPTH`` or holding more than ``MAX_NODES`` values when its shared
+    parts (YAML aliases) are counted as often as they occur; without recursion, each part counted once."""
+    sizes: dict[int, int] = {}
+    stack = [(data, 0, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list) else []
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{source}: nested deeper than a config can be (at most {MAX_DEPTH} levels)")
+        if done:
+            sizes[id(node)] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            if sizes[id(node)] > MAX_NODES:
+                raise ValueError(f"{source}: over {MAX_NODES:,} values once its aliases are expanded; a config is far "
+                                 "smaller (an alias bomb?)")
+        elif children and id(node) not in sizes:
+            stack.append((node, depth, True))
+            stack.extend((c, depth + 1, False) for c in children)
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
@@ -124,9 +164,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     raw: dict = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file not found: {path}")
-        raw = read_yaml(path.read_text(), path) or {}
+        raw = read_yaml(read_text_file(path, "config file"), path) or {}
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: a run config must be a YAML mapping")
         raw.pop(PROVENANCE_KEY, None)  # written by train next to the config; not an input
@@ -134,6 +172,20 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         raw.setdefault("name", path.stem)
     raw = resolve_paths(apply_overrides(raw, overrides), Path.cwd())
     return validate_config(raw)
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """The text of ``path``, a ``ValueError`` saying what is wrong otherwise: not found, not a regular file (a
+    folder, a FIFO, a device), not UTF-8 text."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{what} not found: {path}")
+    if not path.is_file():
+        raise ValueError(f"{what} {path} is not a regular file; give a YAML file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {path} is not UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at byte {e.start})") from None
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:

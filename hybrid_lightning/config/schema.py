@@ -19,6 +19,8 @@ from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMAB
 from hybrid_lightning.kinds import KINDS, HeadsSettings, MixerKind, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
+MAX_STEPS = 10**12  # more optimizer steps than any budget can mean (the paper's largest: under 10^12 tokens)
+MAX_TOKENS_PER_PARAM = 10**6  # the paper trains on 100N to 1000N tokens
 class PosConfig(_Frozen):
     """Positional encoding per layer type. NoPE applies no rotation at all."""
 
@@ -204,8 +206,8 @@ class DataConfig(_Frozen):
 class TrainConfig(_Frozen):
     """The ``train:`` section."""
 
-    max_steps: Whole = Field(200, ge=1, description="optimizer steps", **role(RESUMABLE))
-    tokens_per_param: Number | None = Field(None, gt=0, description="a token budget in units of the non-embedding parameter "
+    max_steps: Whole = Field(200, ge=1, le=MAX_STEPS, description="optimizer steps", **role(RESUMABLE))
+    tokens_per_param: Number | None = Field(None, gt=0, le=MAX_TOKENS_PER_PARAM, description="a token budget in units of the non-embedding parameter "
                                            "count N (the paper's 100N-1000N): replaces `max_steps` by ceil(k N / (batch_size "
                                            "x seq_len x accumulate_grad_batches x devices x num_nodes)); needs `train.devices` as a number")
     batch_size: Whole = Field(16, ge=1, description="sequences per device per forward (the micro-batch)")
@@ -358,3 +360,12 @@ class RunConfig(_Frozen):
     eval: EvalConfig = Field(default_factory=EvalConfig, **role(BOOKKEEPING))  # evaluation does not change training
 
 
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        longest = max(self.train.seq_len, self.eval.position_len, *self.eval.lengths, *self.eval.heads.lengths)
+        windowed = any(KINDS[m].has_window for m in self.model.mixers_used)
+        if windowed and self.model.window > longest:
+            raise ValueError(f"model.window={self.model.window} is longer than any sequence the model sees (at most "
+                             f"{longest} tokens: train.seq_len and the eval lengths); a window that long is full "
+                             "attention: use pattern letter F, or a window of at most that")
+        return self

@@ -17,6 +17,7 @@ import glob
 import json
 import math
 import os
+import re
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,16 +86,25 @@ def file_kind(path: Path) -> str:
 
 
 def check_sources(cfg: DataConfig) -> None:
-    """Fails early (before any run directory or store exists) on missing, empty or binary files, a
-    missing text field, or a tokenizer that does not load. Reads the start of each file only: a
-    fault further in is reported, naming the file, when the store is prepared."""
+    """Fails early (before any run directory or store exists) on missing, empty or binary files of ``data.files``
+    and ``data.text_val_files`` (the error names the key), a missing text field, or a tokenizer that does not
+    load. Reads the start of each file only: a fault further in is reported, naming the file, when the store is
+    prepared."""
     load_tokenizer(cfg.tokenizer)
-    for path in resolve_files(cfg.files) if cfg.files else []:
+    _check_files(cfg.files, cfg.text_field)
+    try:
+        _check_files(cfg.text_val_files, cfg.text_field)
+    except ValueError as e:
+        raise ValueError(re.sub(r"^data\.files", "data.text_val_files", str(e))) from None
+
+
+def _check_files(patterns: tuple[str, ...], text_field: str) -> None:
+    for path in resolve_files(patterns) if patterns else []:
         if path.stat().st_size == 0:
             raise ValueError(f"data.files: {path} is empty")
         kind = file_kind(path)
         if kind == "parquet":
-            _check_parquet(path, cfg.text_field)
+            _check_parquet(path, text_field)
             continue
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
@@ -103,7 +113,7 @@ def check_sources(cfg: DataConfig) -> None:
             first = next((line for line in head.splitlines() if line.strip()), None)
             if first is None or len(first) == len(head) == SNIFF_BYTES:  # no whole line in the sample
                 continue
-            _field(_json_row(first, path, 0), cfg.text_field, path)
+            _field(_json_row(first, path, 0), text_field, path)
 
 
 def decode(raw: bytes, path: Path, partial: bool = False, offset: int = 0) -> str:

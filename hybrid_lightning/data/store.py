@@ -116,7 +116,7 @@ class Store:
         return self._val
 
     def damaged(self) -> str | None:
-        """The first file that fails its check (every shard read now), or None."""
+        """The first file that fails its check (every shard and its document index read now), or None."""
         for i, path in enumerate(self.train.paths):
             try:
                 self.train._shard(i)
@@ -126,6 +126,9 @@ class Store:
             self.val
         except ValueError:
             return str(self.folder / self.manifest["val"]["file"])
+        for entry in [*self.manifest["shards"], self.manifest["val"]]:  # stores of format 3 before these digests: none
+            if entry.get("docs_sha256") is not None and sha256_file(self.folder / entry["docs"]) != entry["docs_sha256"]:
+                return str(self.folder / entry["docs"])
         return None
 
     def check_fits(self, seq_len: int) -> None:
@@ -173,6 +176,8 @@ def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, 
     builds under a file lock; the others wait and then read it). Opening reads the manifest and
     checks the shards' sizes: its cost does not grow with the store. ``verify`` (``data prepare``):
     every shard is checked now, and a damaged store is prepared again."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
     tok = tokenizer or load_tokenizer(cfg.tokenizer)
     ident = identity(cfg, tok.name)
     folder = store_folder(cfg, ident)
@@ -337,17 +342,19 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
         head, val_lengths = split_lengths(val_lengths, cut)
         write_with(folder / "train_tail.docs.npy", lambda f: np.save(f, head))
         shards = [{"file": "train_tail.bin", "docs": "train_tail.docs.npy", "tokens": cut,
-                   "sha256": sha256_file(folder / "train_tail.bin")}]
+                   "sha256": sha256_file(folder / "train_tail.bin"), "docs_sha256": sha256_file(folder / "train_tail.docs.npy")}]
         train_tokens, val_tokens = cut, val_tokens - cut
     else:
         join(folder, val_pieces, dtype, folder / "val.bin")
         shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy", "tokens": r["train_tokens"],
-                   "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"]} for r in records if r["train_tokens"]]
+                   "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"], "docs_sha256": r["sha256"][f"train_{r['unit']:05d}.docs.npy"]}
+                  for r in records if r["train_tokens"]]
     write_with(folder / "val.docs.npy", lambda f: np.save(f, val_lengths))
     manifest = {
         "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
-        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin")},
+        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin"),
+                "docs_sha256": sha256_file(folder / "val.docs.npy")},
     }
     write_with(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     remove(folder, val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)])

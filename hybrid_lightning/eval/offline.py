@@ -10,7 +10,7 @@ import torch
 
 from hybrid_lightning.config import RunConfig, apply_overrides, config_to_dict, validate_config
 from hybrid_lightning.plan.precision import autocast_dtype
-from hybrid_lightning.rundir import find_resume_checkpoint
+from hybrid_lightning.rundir import find_resume_checkpoint, given_checkpoint
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
         if found is None:
             raise ValueError(f"{run_dir}: no checkpoint to evaluate")
         ckpt = found[0]
-    elif not Path(ckpt).is_file():
-        raise ValueError(f"--ckpt: file not found: {ckpt}")
+    else:
+        ckpt = given_checkpoint(ckpt)
     model, state = load_trained(plan, ckpt)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.accelerator != "cpu" else "cpu")
     model.to(device)

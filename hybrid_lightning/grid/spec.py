@@ -29,6 +29,7 @@ from hybrid_lightning.config import (
     config_to_dict,
     flatten,
     load_config,
+    read_text_file,
     read_yaml,
     resolve_paths,
     suggest,
@@ -107,9 +108,7 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
             their data files and tokenizer need not exist, as for analysis, which needs the cells' names.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"grid file not found: {path}")
-    raw = read_yaml(path.read_text(), path)
+    raw = read_yaml(read_text_file(path, "grid file"), path)
     try:
         spec = validate_grid_config(raw)
     except ValueError as e:

@@ -31,9 +31,12 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     """Fills what follows from other settings: the vocabulary size from the tokenizer, the name, and
     ``train.max_steps`` from ``train.tokens_per_param``."""
     check_sources(cfg.data)
-    model = cfg.model
+    model, tokens = cfg.model, load_tokenizer(cfg.data.tokenizer).vocab_size
     if model.vocab_size is None:
-        model = model.model_copy(update={"vocab_size": load_tokenizer(cfg.data.tokenizer).vocab_size})
+        model = model.model_copy(update={"vocab_size": tokens})
+    elif model.vocab_size < tokens:
+        raise ValueError(f"model.vocab_size={model.vocab_size} is below the {tokens} tokens of data.tokenizer "
+                         f"({cfg.data.tokenizer}); raise it to at least {tokens}, or leave it null (the tokenizer's)")
     cfg = cfg.model_copy(update={"model": model, "name": cfg.name or "run"})
     if cfg.train.tokens_per_param is None:
         return cfg

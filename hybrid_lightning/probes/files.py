@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import DataConfig
+from hybrid_lightning.fileio import refuse_existing, write_atomic
 from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.probes.tasks import GenContext, check_tasks, make_sample
@@ -27,8 +28,11 @@ def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples
     ``eval.seed`` of a run keeps its evaluation probes out of what it trains on.
     """
     check_tasks(tasks, field="tasks")
+    refuse_existing(Path(out), "--out")
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
+    if not lengths or min(lengths) < 2:
+        raise ValueError(f"--lengths must be at least 2 tokens each, got {list(lengths)}")
     tok = load_tokenizer(tokenizer)
     _, held_out = load_corpus(DataConfig(tokenizer=tokenizer), tok)  # the essay haystacks' text
     ctx = GenContext(tok, held_out, value_tokens)
@@ -44,7 +48,7 @@ def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples
                                      "answer": tok.decode(s.answer.tolist())}))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_atomic(out, "\n".join(lines) + "\n")
     return len(lines)
 
 
