@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -116,7 +117,8 @@ def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
     records, totals, heads, layers, ablations = [], [], [], [], []
     for kind, _, path in eval_files(run_dir):
         report = read_eval_record(path)
-        if report is None:  # being written: the next analysis reads it
+        if not _readable(kind, report):  # written whole or not at all: damaged
+            print(f"analyze: skipping {path}: it does not read as an evaluation record (damaged)", file=sys.stderr)
             continue
         if kind == "heads":
             totals.append({"step": report["step"], "tokens": report["tokens"], **report["total"]})
@@ -128,17 +130,51 @@ def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
     return records, totals, heads, layers, ablations
 
 
-def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
+def _readable(kind: str, report) -> bool:
+    needed = ("step", "tokens", "total", "heads", "layers") if kind == "heads" else ("step", "tokens", "records")
+    return isinstance(report, dict) and all(k in report for k in needed)
+
+
+def _read_config(run_dir: Path) -> dict:
+    """config.yaml with its provenance; a ``ValueError`` naming it where it is cut short."""
     config = read_config_dict(run_dir) or {}
     if PROVENANCE_KEY not in config:  # training writes it last: a file without it was cut short
         raise ValueError(f"{Path(run_dir) / CONFIG_FILE}: no {PROVENANCE_KEY} section, which training writes last: "
                          "the file is cut short; train the run again (same command) to rewrite it")
+    return config
+
+
+def damaged_records(run_dir: Path) -> list[str]:
+    """What of a run directory's records does not read as analysis reads it (config.yaml, plan.json, status.json,
+    eval/*.json, a packed run's scalars.csv), each as 'path: why'; empty for a sound run."""
+    found = []
+    for check in (_read_config, read_plan):
+        try:
+            check(run_dir)
+        except ValueError as e:
+            found.append(str(e))
+    if (read_status(run_dir) or {}).get("state") == "damaged":
+        found.append(read_status(run_dir)["error"])
+    found += [f"{path}: not an evaluation record" for kind, _, path in eval_files(run_dir) if not _readable(kind, read_eval_record(path))]
+    if (Path(run_dir) / SCALARS_FILE).is_file():
+        try:
+            pd.read_csv(Path(run_dir) / SCALARS_FILE, dtype={"step": "int64", "metric": str, "value": "float64"})
+        except (ValueError, pd.errors.ParserError) as e:
+            found.append(f"{Path(run_dir) / SCALARS_FILE}: {e}")
+    return found
+
+
+def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
+    config = _read_config(run_dir)
+    status = read_status(run_dir) or {}
+    if status.get("state") == "damaged":
+        print(f"analyze: {status['error']}; the run counts as not done", file=sys.stderr)
     provenance = config.pop(PROVENANCE_KEY, None) or {}
     records, totals, heads, layers, ablations = read_evals(run_dir)
     flat = flat_config(config)
     if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
         flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
-    return {"config": flat, "plan": read_plan(run_dir), "status": read_status(run_dir) or {},
+    return {"config": flat, "plan": read_plan(run_dir), "status": status,
             "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads, "layers": layers,
             "ablations": ablations}
 

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.fileio import overlap, write_atomic
-from hybrid_lightning.rundir import CONFIG_FILE, EVAL_DIR, SCALARS_FILE, STATUS_FILE, eval_files, read_status
+from hybrid_lightning.rundir import CONFIG_FILE, EVAL_DIR, PLAN_FILE, SCALARS_FILE, STATUS_FILE, eval_files, read_status
 
-PACKED = (CONFIG_FILE, STATUS_FILE, SCALARS_FILE)  # with eval/<record>.json: every file a packed run holds
+PACKED = (CONFIG_FILE, PLAN_FILE, STATUS_FILE, SCALARS_FILE)  # with eval/<record>.json: every file a packed run holds
 
 
 def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
@@ -40,6 +40,7 @@ def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = 
         raise ValueError(f"DIR: no run directory (a folder with {CONFIG_FILE}) under {root}")
     done = [d for d in dirs if (read_status(d) or {}).get("state") == "done"]
     for run in done:
+        _check_sound(run)
         _check_target(run, out / run.relative_to(root))
     results = [(d.relative_to(root).as_posix(), f"skipped: {(read_status(d) or {}).get('state', 'no status.json')}, not done")
                for d in dirs if d not in done]
@@ -52,7 +53,7 @@ def packed_files(run: Path, tags: tuple[str, ...]) -> dict[str, bytes]:
     """The packed run of run directory ``run``: relative path -> content."""
     from hybrid_lightning.analysis.load import read_scalars
 
-    files = {name: (run / name).read_bytes() for name in (CONFIG_FILE, STATUS_FILE)}
+    files = {name: (run / name).read_bytes() for name in (CONFIG_FILE, PLAN_FILE, STATUS_FILE) if (run / name).is_file()}
     files |= {f"{EVAL_DIR}/{path.name}": path.read_bytes() for _, _, path in eval_files(run)}
     # repr of each stored float: read back, it is the same number
     files[SCALARS_FILE] = read_scalars(run, tags).to_csv(index=False, float_format=lambda v: repr(float(v))).encode()
@@ -99,13 +100,26 @@ def copy_packed(packed: str | Path, root: str | Path) -> list[str]:
     from hybrid_lightning.analysis.load import find_runs
 
     packed, root = Path(packed), Path(root)
+    runs = find_runs(packed)
+    for run in runs:
+        _check_sound(run)
     copied = []
-    for run in find_runs(packed):
+    for run in runs:
         target = root / run.relative_to(packed)
         if not target.exists():
             shutil.copytree(run, target)
             copied.append(run.relative_to(packed).as_posix())
     return copied
+
+
+def _check_sound(run: Path) -> None:
+    """Refuses a run whose records do not read as analysis reads them (``load.damaged_records``), naming them:
+    nothing is packed or copied then."""
+    from hybrid_lightning.analysis.load import damaged_records
+
+    damaged = damaged_records(run)
+    if damaged:
+        raise ValueError(f"{run}: damaged records, nothing written: {'; '.join(damaged)}")
 
 
 def add_parsers(sub, command: Callable[..., argparse.ArgumentParser]) -> None:

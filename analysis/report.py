@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -11,9 +13,11 @@ import pandas as pd
 from hybrid_lightning.analysis import figures, tables
 from hybrid_lightning.analysis.load import Runs, find_runs, load_runs
 from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
+from hybrid_lightning.fileio import publish
 from hybrid_lightning.units import si
 
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
+MARKER = ".hybrid-lightning-analysis"  # in an output folder: the files analyze wrote there (fileio.publish)
 
 
 def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
@@ -37,7 +41,19 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
         raise ValueError(f"DIR: no run directory (a folder with config.yaml) under {folder}")
     out = Path(out) if out is not None else folder / "analysis"
     runs = load_runs(dirs, root=folder, workers=workers or min(4, os.cpu_count() or 1))  # every run read first
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # beside out: every file, then moved in
+    try:
+        _report(runs, folder, staging, metric, tag, planned, findings)
+        publish(staging, out, MARKER, "--out")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # the package's own temporary folder
+    return out / "report.md"
+
+
+def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str, planned: list[tuple[str, Path]] | None,
+            findings: bool) -> None:
+    """Writes every table, figure and report.md of ``runs`` into ``out``."""
     sections = [f"# Analysis of {folder}\n",
                 f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
                 f"(`--metric {metric}`): {METRIC_TEXT[metric]}. Spread over seeds: min-max range (figures, "
@@ -50,9 +66,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     summary = tables.summary(runs.metrics, runs.configs, metric)
     sections += [_emergence(runs, out, metric, tag), _laziness(runs, out), _niah(runs, out, metric),
                  _pos(runs, out, metric, summary), _head_maps(runs, out), _ablation(runs, out), _summary(summary, out)]
-    path = out / "report.md"
-    path.write_text("\n".join(sections))
-    return path
+    (out / "report.md").write_text("\n".join(sections))
 
 
 def _findings(runs: Runs, out: Path) -> str:

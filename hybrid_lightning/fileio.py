@@ -1,6 +1,7 @@
-"""File I/O that the run directory, the grid, the token store and the checkpoints share: a write that
-replaces its target all at once (``write_atomic``), errors that say what to do (``IOFailure``), and the
-one-writer lock of a run directory (``RunLock``)."""
+"""File I/O that the run directory, the grid, the token store, the checkpoints and every output option share: a
+write that replaces its target all at once (``write_atomic``), errors that say what to do (``IOFailure``), the
+one-writer lock of a run directory (``RunLock``), and the files the package owns in a folder it shares with a
+user (``owned``, ``own``, ``publish``): it writes over, or deletes, only files that its marker there lists."""
 
 from __future__ import annotations
 
@@ -19,15 +20,15 @@ import psutil
 
 LOCK_FILE = ".lock"  # a run directory's writer lock (RunLock) and a token store's build lock
 TMP_SUFFIX = ".tmp"  # temporaries are hidden: .<target name>.<random>.tmp, beside their target
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 
 
 def temporary_beside(path: Path) -> tuple[int, Path]:
     """A new, uniquely named temporary file in ``path``'s own folder (so that ``os.replace`` onto
     ``path`` is a rename on one filesystem, never a copy): (open descriptor, its path)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    os.fchmod(fd, 0o666 & ~_UMASK)  # the mode of a plain new file, not mkstemp's 0600
+    umask = os.umask(0o022)  # read (and put back) the process's umask now: it may have changed since the import
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # the mode of a plain new file, not mkstemp's 0600
     return fd, Path(tmp)
 
 
@@ -71,6 +72,74 @@ def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def owned(folder: Path, marker: str) -> set[str]:
+    """The names (paths under ``folder``) the package wrote there, as its ``marker`` file lists them; none without
+    one. A ``ValueError`` naming the marker when it does not read: nothing of the folder is then taken for the
+    package's."""
+    path = Path(folder) / marker
+    if not path.is_file():
+        return set()
+    try:
+        names = json.loads(path.read_text())["files"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise TypeError("not a list of file names")
+        return set(names)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} does not read ({type(e).__name__}: {e}); the files in {folder} are left as they are: "
+                         "move that folder away (or restore the file) and run again") from None
+
+
+def own(folder: Path, marker: str, names: set[str]) -> None:
+    """Lists ``names`` in ``folder``'s ``marker`` as the package's (before they are written)."""
+    write_atomic(Path(folder) / marker, json.dumps({"files": sorted(names)}))
+
+
+def publish(staging: Path, out: Path, marker: str, flag: str) -> None:
+    """Moves the files written into ``staging`` (a folder beside ``out``) into ``out``, each replacing a file of that
+    name only if ``out``'s ``marker`` lists it as the package's; files of an earlier publication that this one does
+    not hold are removed, other files are left. A name that exists unlisted (or as a link) refuses the whole
+    publication first (``ValueError`` naming ``flag`` and the file): nothing is moved then."""
+    out = Path(out).resolve()  # a link to a folder: the folder it names, under the same rule
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out} is a file, not a folder; give a folder")
+    new = {p.relative_to(staging).as_posix() for p in Path(staging).rglob("*") if p.is_file()}
+    mine = owned(out, marker)
+    for name in sorted(new):
+        target = out / name
+        if target.is_symlink() or (target.exists() and (name not in mine or not target.is_file())):
+            raise ValueError(f"{flag} {out}: {name} is there and was not written by hybrid-lightning; give another "
+                             "folder (the package never writes over a file it did not write)")
+    out.mkdir(parents=True, exist_ok=True)
+    own(out, marker, mine | new)
+    for name in sorted(new):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(Path(staging) / name, out / name)
+    for name in sorted(mine - new):  # an earlier publication's file this one does not have
+        (out / name).unlink(missing_ok=True)
+    own(out, marker, new)
+    fsync_dir(out)
+
+
+def write_owned(folder: Path, marker: str, name: str, text: str | bytes, flag: str) -> None:
+    """Writes ``folder/name`` (``write_atomic``) where it is new or ``folder``'s ``marker`` lists it as the package's;
+    a ``ValueError`` naming ``flag`` and the file otherwise."""
+    folder = Path(folder)
+    mine, target = owned(folder, marker), folder / name
+    if target.is_symlink() or (target.exists() and name not in mine):
+        raise ValueError(f"{flag} {folder}: {name} is there and was not written by hybrid-lightning; give another folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    if name not in mine:
+        own(folder, marker, mine | {name})
+    write_atomic(target, text)
+
+
+def refuse_existing(path: Path, flag: str) -> None:
+    """A ``ValueError`` naming ``flag`` when ``path`` exists (or is a link): a file output never replaces one."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise ValueError(f"{flag} {path} exists; give a new path (the package never writes over a file it did not write)")
 
 
 def io_error_hint(code: int | None, path: Path | str | None = None) -> str:

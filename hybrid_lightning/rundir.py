@@ -29,7 +29,16 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config, flatten, read_yaml, validate_config
+from hybrid_lightning.config import (
+    PROVENANCE_KEY,
+    RunConfig,
+    config_to_dict,
+    dump_config,
+    flatten,
+    read_text_file,
+    read_yaml,
+    validate_config,
+)
 from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, process_start, write_atomic
 from hybrid_lightning.kinds import expand, layer_traits
 from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan, plan_from_dict
@@ -71,7 +80,7 @@ def read_config_dict(run_dir: Path) -> dict | None:
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         return None
-    raw = read_yaml(path.read_text(), path) or {}
+    raw = read_yaml(read_text_file(path, "run config"), path) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: not a YAML mapping; the file is damaged")
     return raw
@@ -149,13 +158,18 @@ _DEFAULTS = flatten(config_to_dict(validate_config({})))  # every key's default,
 
 
 def read_status(run_dir: Path) -> dict | None:
-    """``status.json``, or None while it cannot be read. A ``running`` status whose process is gone
+    """``status.json``, None without one. A file that does not read as a status (written whole or not at all, so
+    damaged) reads ``{"state": "damaged", "error": ...}`` naming it; a ``running`` status whose process is gone
     (on this host) reads ``interrupted``: that process was killed without a chance to write."""
     path = Path(run_dir) / STATUS_FILE
     try:
         status = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if not isinstance(status, dict) or not isinstance(status.get("state"), str):
+            raise ValueError("not a JSON object with a state")
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as e:
+        return {"state": "damaged", "error": f"{path} does not read as a run status ({e}); training the run rewrites it"}
     pid, host = int(status.get("pid") or 0), status.get("host")
     if status.get("state") == "running" and host == socket.gethostname() and not pid_alive(pid, status.get("started")):
         status.update(state="interrupted", error=f"killed: its process (pid {pid} on {host}) ended without a word")
@@ -190,7 +204,7 @@ def eval_files(run_dir: Path) -> list[tuple[str, int, Path]]:
 
 
 def read_eval_record(path: Path) -> dict | None:
-    """An evaluation record, or None while it cannot be read (being written elsewhere: read it next time)."""
+    """An evaluation record, or None where it does not read (records are written whole or not at all, so damaged)."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -273,6 +287,17 @@ def read_checkpoint_meta(path: Path) -> dict:
     ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     return {"step": int(ckpt["global_step"]), "config": (ckpt.get("hyper_parameters") or {}).get("config"),
             "data": ckpt.get(DATA_FINGERPRINT)}
+
+
+def given_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file a user named (``--ckpt``), checked whole (every member's CRC); a ``ValueError`` naming it
+    otherwise: missing, not a regular file, not a checkpoint (a YAML file, an empty or truncated file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--ckpt: {'file not found' if not path.exists() else 'not a regular file'}: {path}")
+    if not checkpoint_is_valid(path):
+        raise ValueError(f"--ckpt: {path} is not a whole checkpoint (not a torch zip archive, empty, truncated or damaged)")
+    return path
 
 
 def find_resume_checkpoint(run_dir: Path) -> tuple[Path, int] | None:

@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 
 from hybrid_lightning.bench import SECTIONS
+from hybrid_lightning.fileio import write_owned
 
 DEFAULT_OUT = Path("analysis/results/bench")
+MARKER = ".hybrid-lightning-bench"  # in an output folder: the files the benchmarks wrote there (fileio.write_owned)
 
 
 def markdown(result: dict) -> str:
@@ -51,13 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in args.sections if s not in SECTIONS]
     if unknown:
         p.error(f"unknown section(s) {unknown}; choose from {sorted(SECTIONS)}")
-    args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections or list(SECTIONS):
         print(f"[bench] {name}: {SECTIONS[name]}", file=sys.stderr)
         t0, machine = time.perf_counter(), describe_machine()
         result = importlib.import_module(f"hybrid_lightning.bench.{name}").run(quick=args.quick)
         result["machine"], result["seconds"] = machine, round(time.perf_counter() - t0, 1)
-        (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+        write_owned(args.out, MARKER, f"{name}.json", json.dumps(result, indent=1), "--out")
         print(markdown(result))
     write_index(args.out)
     return 0
@@ -72,7 +73,7 @@ def write_index(out: Path) -> None:
     for name in sections:
         result = json.loads((out / f"{name}.json").read_text())
         body += [markdown(result), f"_{result['machine']}; {result['seconds']} s_", ""]
-    (out / "README.md").write_text("\n".join(body))
+    write_owned(out, MARKER, "README.md", "\n".join(body), "--out")
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-from hybrid_lightning.bench.__main__ import DEFAULT_OUT, markdown
+from hybrid_lightning.bench.__main__ import DEFAULT_OUT, MARKER, markdown
 from hybrid_lightning.bench.gpu_resume import resume_check
+from hybrid_lightning.fileio import write_owned
 from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
 from hybrid_lightning.plan import build_model
@@ -219,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = REHEARSAL if args.rehearse else GPU
     result = {"device": name, **checks(device, sizes, peak)}
     stem = "rehearsal" if args.rehearse else "gpu"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    write_owned(args.out, MARKER, f"{stem}.json", json.dumps(result, indent=1, default=str), "--out")
     tables = report(result, name, sizes)
-    (args.out / f"{stem}.md").write_text(f"# GPU check{' (rehearsal)' * args.rehearse}\n\n{tables}\n_{result['seconds']} s_\n")
+    write_owned(args.out, MARKER, f"{stem}.md", f"# GPU check{' (rehearsal)' * args.rehearse}\n\n{tables}\n_{result['seconds']} s_\n",
+                "--out")
     print(tables)
     return 0 if result["ok"] else 1
 

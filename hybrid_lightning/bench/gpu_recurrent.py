@@ -30,6 +30,7 @@ from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.plan import layer_plan, resolve_model_config
 from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
+from hybrid_lightning.fileio import refuse_existing
 from hybrid_lightning.interpreter import interpreting, patch
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.002 per value); sums of thousands of such
@@ -182,6 +183,8 @@ def main(argv: list[str] | tuple[str, ...] = ()) -> int:
     p.add_argument("--interpret", action="store_true", help="on CPU through Triton's interpreter (TRITON_INTERPRET=1)")
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
     args = p.parse_args(list(argv))
+    if args.out:
+        refuse_existing(args.out, "--out")
     if args.interpret and not (interpreting() and fla_available()):
         print("gpu_recurrent --interpret: needs TRITON_INTERPRET=1 in the environment and the fla-cpu extra "
               "(pip install -e '.[fla-cpu]')", file=sys.stderr)

@@ -13,7 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from hybrid_lightning.fileio import LOCK_FILE, TMP_SUFFIX, write_atomic
+from hybrid_lightning import fileio
+from hybrid_lightning.fileio import LOCK_FILE, TMP_SUFFIX
 
 MARKER = ".hybrid-lightning-store"  # {"files": [names the package wrote in this folder]}
 LOCK = LOCK_FILE  # the build lock (filelock), inside the store
@@ -29,8 +30,12 @@ def missing_folders(folder: Path) -> list[Path]:
 
 
 def refuse_foreign(folder: Path) -> None:
-    """A ``ValueError`` when ``folder`` is a file, or a folder that holds files and is not a store."""
-    if is_store(folder) or not folder.exists():
+    """A ``ValueError`` when ``folder`` is a file, a folder that holds files and is not a store, or a store whose
+    marker does not read."""
+    if is_store(folder):
+        owned(folder)  # raises, naming the marker, before anything is locked or written
+        return
+    if not folder.exists():
         return
     if not folder.is_dir():
         raise ValueError(f"data.store: {folder} is a file, not a folder")
@@ -57,29 +62,15 @@ def claim(folder: Path) -> None:
 
 def owned(folder: Path) -> set[str]:
     """The names the package wrote in ``folder`` (none for a folder that is not a store); a ``ValueError`` naming
-    the marker when it does not read, so that no file of the folder is taken for another's or written over."""
-    path = folder / MARKER
-    if not path.is_file():
-        return set()
-    try:
-        names = json.loads(path.read_text())["files"]
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise TypeError("not a list of file names")
-        return set(names)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"data.store: {path} does not read ({type(e).__name__}: {e}); the store in {folder} is left as it "
-                         "is: move that folder away (or restore the file) and run again") from None
-
-
-def _save(folder: Path, names: set[str]) -> None:
-    write_atomic(folder / MARKER, json.dumps({"files": sorted(names)}))
+    the marker when it does not read (``fileio.owned``)."""
+    return fileio.owned(folder, MARKER)
 
 
 def own(folder: Path, *names: str) -> None:
     """Lists ``names`` as the package's, before they are written (call it holding the build lock)."""
     have = owned(folder)
     if not set(names) <= have:
-        _save(folder, have | set(names))
+        fileio.own(folder, MARKER, have | set(names))
 
 
 def remove(folder: Path, names) -> None:
@@ -91,7 +82,7 @@ def remove(folder: Path, names) -> None:
         for tmp in folder.glob(f".{name}.*{TMP_SUFFIX}"):
             tmp.unlink(missing_ok=True)
     if gone:
-        _save(folder, have - gone)
+        fileio.own(folder, MARKER, have - gone)
 
 
 def discard(folder: Path, made: list[Path]) -> None:

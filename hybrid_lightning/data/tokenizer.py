@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_lightning.fileio import refuse_existing, write_atomic
+
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
 ACCEPTED = "'byte', a tokenizers JSON file or a folder holding tokenizer.json"
 
@@ -96,6 +98,7 @@ def train_bpe(documents: Iterable[str], vocab_size: int, out: str | Path) -> Jso
 
     if vocab_size < 257:
         raise ValueError(f"--vocab-size must be at least 257 (256 bytes and <|endoftext|>), got {vocab_size}")
+    refuse_existing(Path(out), "--out")  # before the training, which reads the whole corpus
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -106,5 +109,5 @@ def train_bpe(documents: Iterable[str], vocab_size: int, out: str | Path) -> Jso
     tok.train_from_iterator(documents, trainer)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out))
+    write_atomic(out, tok.to_str(pretty=True))  # as Tokenizer.save writes it
     return JsonTokenizer(out)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.fileio import overlap
+from hybrid_lightning.fileio import overlap, own, owned
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
 from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
@@ -31,10 +31,11 @@ from hybrid_lightning.kinds import LayerSpec
 from hybrid_lightning.model import HybridLM
 from hybrid_lightning.plan import load_trained
 from hybrid_lightning.plan.resolve import run_plan
-from hybrid_lightning.rundir import find_resume_checkpoint, read_run_config
+from hybrid_lightning.rundir import find_resume_checkpoint, given_checkpoint, read_run_config
 from hybrid_lightning.runplan import RunPlan
 
 LM_EVAL_DIR = "lm_eval"  # the probes' lm-evaluation-harness tasks (--probes)
+MARKER = ".hybrid-lightning-export"  # the files an export wrote in its folder: --force replaces only those
 MODEL_CLASS = "HybridLightningForCausalLM"
 AUTO_MAP = {
     "AutoConfig": f"{CONFIG_MODULE}.HybridLightningConfig",
@@ -61,10 +62,7 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     ckpt = checkpoint_of(run_dir, ckpt)
     tokenizer = [Path(cfg.data.tokenizer)] if cfg.data.tokenizer != "byte" else []
     check_apart(out, [run_dir, ckpt, *tokenizer, *([Path(probes)] if probes is not None else [])])
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"--out {out} is not empty; pass --force to replace it")
+    check_out(out, force)
     rows = read_probes(probes) if probes is not None else None
     model, tok = load_native(*run_plan(run_dir), ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +77,28 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
         shutil.rmtree(staging, ignore_errors=True)
     if rows is not None:  # after the move: the tasks name their data files by absolute path
         write_probe_tasks(rows, tok, out / LM_EVAL_DIR)
+    own(out, MARKER, {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()})
     return out
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuses an ``out`` that is a link or a file, or holds files, unless ``force`` and every one of them is an
+    earlier export's (its marker lists them): the export replaces nothing it did not write."""
+    if out.is_symlink():
+        raise ValueError(f"--out {out} is a symbolic link; give the folder itself")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    if not (out.is_dir() and any(out.iterdir())):
+        return
+    if not force:
+        raise ValueError(f"--out {out} is not empty; pass --force to replace an earlier export there")
+    mine = owned(out, MARKER) | {MARKER}
+    foreign = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
+                     if (p.is_file() or p.is_symlink()) and p.relative_to(out).as_posix() not in mine)
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise ValueError(f"--out {out}: {foreign[0]}{more} was not written by hybrid-lightning export; --force replaces "
+                         "only an earlier export: give another folder")
 
 
 def check_apart(out: Path, sources: list[Path]) -> None:
@@ -110,9 +129,7 @@ def load_native(cfg: RunConfig, plan: RunPlan, ckpt: Path) -> tuple[HybridLM, By
 def checkpoint_of(run_dir: Path, ckpt: str | Path | None = None) -> Path:
     """``ckpt`` if given (it must exist), else the run's newest valid checkpoint; ``ValueError`` otherwise."""
     if ckpt is not None:
-        if not Path(ckpt).is_file():
-            raise ValueError(f"--ckpt: file not found: {ckpt}")
-        return Path(ckpt)
+        return given_checkpoint(ckpt)
     found = find_resume_checkpoint(run_dir)
     if found is None:
         raise ValueError(f"{run_dir}: no checkpoint to export (checkpoints/ holds no valid .ckpt)")
