@@ -38,6 +38,9 @@ class StepCheckpoints(OnOptimizerSteps):
         self.folder, self.every, self.keep = Path(folder), every, keep
         self._saved: dict[str, int] = {}  # file name -> the step it was last written at
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.strategy.barrier("checkpoints")  # every rank has read its resume checkpoint before rank 0 rotates any
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
         commit(trainer)
