@@ -71,7 +71,8 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     assert {(r["task"], r["depth"]) for r in first["records"]} == {(t, d) for t in ("passkey", "niah_single_2") for d in (0.0, 1.0)}
 
     # a crash after the evaluation at step 30 but before any later checkpoint: resume from step 20
-    (run_dir / "checkpoints" / "last.ckpt").unlink()
+    for name in ("last.ckpt", "step_0000035.ckpt"):  # the checkpoint of the last step
+        (run_dir / "checkpoints" / name).unlink()
     assert "resuming from step_0000020.ckpt at step 20" in train(run_dir, 35).stdout
     acc = events(run_dir)
     assert [e.step for e in acc.Scalars("val_longctx/score_beyond")] == steps  # no duplicates

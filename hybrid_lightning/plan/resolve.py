@@ -23,6 +23,7 @@ from hybrid_lightning.plan.matching import matched_plan, non_embedding_params, p
 from hybrid_lightning.plan.memory import MemoryEstimate, estimate_memory
 from hybrid_lightning.plan.precision import resolve_precision
 from hybrid_lightning.probes.check import check_probes
+from hybrid_lightning.rundir import read_plan, read_run_config
 from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan
 from hybrid_lightning.units import format_table
 
@@ -73,14 +74,14 @@ def make_plan(cfg: RunConfig) -> RunPlan:
     """The run plan of the resolved config ``cfg`` (``resolve_config``); a ``ValueError`` naming the key for
     probes that cannot be built."""
     m, t = cfg.model, cfg.train
-    specs, opts = matched_plan(m), model_options(m)
+    specs, opts, tokens = matched_plan(m), model_options(m), budget(t)
     counts = count(opts, specs, (t.seq_len,))
     layers = tuple(LayerPlan(s.index, s.mixer, s.window, s.pos, s.mlp_hidden, dataclasses.asdict(s.options), c)
                    for s, c in zip(specs, counts.layers))
     match = param_report(m)
-    return RunPlan(layers, budget(t), model=dataclasses.asdict(opts), params=counts.totals(),
+    return RunPlan(layers, tokens, model=dataclasses.asdict(opts), params=counts.totals(),
                    flops_per_token=counts.flops[t.seq_len], precision=resolve_precision(t, m),
-                   memory=dataclasses.asdict(estimate_memory(cfg, budget(t))),
+                   memory=dataclasses.asdict(estimate_memory(cfg, tokens)),
                    match={**dataclasses.asdict(match), "deviation": match.deviation, "applied": m.match_params is not None},
                    probes=_probes(cfg.eval, cfg.data.tokenizer, t.seq_len))
 
@@ -141,8 +142,6 @@ def param_table(plan: RunPlan) -> str:
 def run_plan(run_dir: Path) -> tuple[RunConfig, RunPlan]:
     """A run directory's config and plan, to build its model from: for a run written before plans were recorded
     (``rundir.read_plan`` rebuilds only its layout), the plan made from its config here."""
-    from hybrid_lightning.rundir import read_plan, read_run_config
-
     cfg, plan = read_run_config(run_dir), read_plan(run_dir)
     if not plan.rebuilt:
         return cfg, plan
