@@ -31,7 +31,7 @@ LAYERS = [
     ("hybrid_lightning.eval.callback", "hybrid_lightning.eval.offline"),
     ("hybrid_lightning.training",),
     ("hybrid_lightning.grid",),
-    ("hybrid_lightning.cli", "hybrid_lightning.__main__", "hybrid_lightning.export",
+    ("hybrid_lightning.cli", "hybrid_lightning.cli_grid", "hybrid_lightning.__main__", "hybrid_lightning.export",
      "hybrid_lightning.bench", "hybrid_lightning.analysis"),
 ]
 # analysis sits beside the command line but reads the run directory only: it imports from these layers
