@@ -103,33 +103,41 @@ class SlurmExecutor(Executor):
 
     def lost_task(self, record: dict) -> str | None:
         """The task that failed before anything else ended the job's current run, from srun's error
-        line; not rank 0 exiting with an error code: the run records its error itself."""
+        line, with the task's own error where it raised one; not rank 0 exiting with an error code:
+        the run records its error itself."""
         events = _log_events(record)
         if not events or events[0][0] != "task":
             return None
         node, plural, tasks, what = events[0][1]
-        if tasks == "0" and what.startswith("Exited with exit code"):
+        first = re.split(r"[,-]", tasks)[0]
+        if first == "0" and what.startswith("Exited with exit code"):
             return None
-        return f"rank{plural} {tasks} on {node}: {what}"  # one task per rank: srun's task ids are the ranks
+        error = _task_error(record, first) if what.startswith("Exited with exit code") else None
+        return f"rank{plural} {tasks} on {node}: {error or what}"  # one task per rank: srun's task ids are the ranks
 
     def failure(self, record: dict) -> str | None:
-        """The task that failed first (``lost_task``), else the last line of the traceback submitit
-        pickled for a job that raised."""
-        lost = self.lost_task(record)
-        if lost is not None:
-            return lost
-        result = record.get("result")
-        if not result or not Path(result).is_file():
-            return None
-        try:
-            with open(result, "rb") as f:
-                kind, payload = pickle.load(f)
-        except Exception:  # a result being written or unreadable says nothing
-            return None
-        if kind != "error":
-            return None
-        lines = [line for line in str(payload).strip().splitlines() if line.strip()]
-        return lines[-1] if lines else None
+        """The task that failed first (``lost_task``), else the error rank 0 raised."""
+        return self.lost_task(record) or _task_error(record, "0")
+
+
+def _task_error(record: dict, task: str) -> str | None:
+    """The last line of the traceback submitit pickled for one task of the record's job (the record
+    names task 0's result file, ``<job>_0_result.pkl``); None when it raised none."""
+    result = record.get("result")
+    if not result:
+        return None
+    path = Path(result.removesuffix("_0_result.pkl") + f"_{task}_result.pkl")  # submitit: <job>_<task>_result.pkl
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as f:
+            kind, payload = pickle.load(f)
+    except Exception:  # a result being written or unreadable says nothing
+        return None
+    if kind != "error":
+        return None
+    lines = [line for line in str(payload).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None
 
 
 def _log_events(record: dict) -> list[tuple[str, tuple]]:
