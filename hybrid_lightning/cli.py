@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hybrid_lightning import __version__
 from hybrid_lightning.config import RunConfig, dump_config, load_config
+from hybrid_lightning.cli_grid import add_grid_parsers
 from hybrid_lightning.fileio import IOFailure
 from hybrid_lightning.interpreter import interpreting, patch
 from hybrid_lightning.rundir import read_status
@@ -145,77 +146,6 @@ def _add_analysis_parsers(sub) -> None:
     p.add_argument("--parallel", type=int, default=2, metavar="N", help="cells trained at once (default 2)")
     p.add_argument("--out", help="analysis output folder (default: <root>/analysis)")
     p.set_defaults(func=cmd_demo)
-
-
-def cmd_grid_plan(args: argparse.Namespace) -> int:
-    import json
-
-    from hybrid_lightning.grid import load_grid
-    from hybrid_lightning.grid.report import plan_rows, plan_table
-
-    grid = load_grid(args.grid, args.root)
-    rows = plan_rows(grid, args.throughput, args.tflops)
-    print(json.dumps(rows, indent=1) if args.json else plan_table(grid, rows))
-    return 0
-
-
-def cmd_grid_submit(args: argparse.Namespace) -> int:
-    from hybrid_lightning.grid import EXECUTORS, load_grid, submit_grid
-    from hybrid_lightning.grid.report import dry_run_table
-
-    if not (args.print_config or args.dry_run) and args.executor not in EXECUTORS:
-        raise ValueError(f"--executor {args.executor or 'is missing'}: one of {list(EXECUTORS)}")
-    grid = load_grid(args.grid, args.root)
-    if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
-        configs = (f"---\n# cell {c.name}: {c.run_dir}\n{dump_config(c.config)}" for c in grid.cells)
-        print("".join(configs) if args.print_config else dry_run_table(grid))
-        return 0
-    return submit_grid(grid, args.executor, args.profile, args.parallel)
-
-
-def cmd_grid_status(args: argparse.Namespace) -> int:
-    import json
-
-    from hybrid_lightning.grid import cell_states, load_grid
-    from hybrid_lightning.grid.report import status_table
-
-    rows = cell_states(load_grid(args.grid, args.root))
-    print(json.dumps([r.as_dict() for r in rows], indent=1) if args.json else status_table(rows))
-    return 0
-
-
-def cmd_grid_cancel(args: argparse.Namespace) -> int:
-    from hybrid_lightning.grid import cancel_grid, load_grid
-
-    return cancel_grid(load_grid(args.grid, args.root), args.cells)
-
-
-def _add_grid_parser(sub) -> None:
-    grid = _command(sub, "grid", "ablation grids: plan, submit (SLURM or local), status, cancel", "grids.md")
-    actions = grid.add_subparsers(dest="grid_command", required=True, metavar="ACTION")
-
-    def action(name: str, help: str, func) -> argparse.ArgumentParser:
-        p = _command(actions, name, help, "grids.md")
-        p.add_argument("grid", help="grid file (YAML: base, axes, zip, exclude)")
-        p.add_argument("--root", help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
-        p.set_defaults(func=func)
-        return p
-
-    p = action("plan", "validate every cell and print them", cmd_grid_plan)
-    p.add_argument("--json", action="store_true", help="the cells as a JSON list")
-    speed = p.add_mutually_exclusive_group()
-    speed.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
-    speed.add_argument("--tflops", type=float, metavar="TFLOPS",
-                       help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
-    p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
-    p.add_argument("--executor", metavar="NAME", help="local, slurm or another registered executor (docs/grids.md); needed to submit")
-    p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
-    p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
-    _add_preview_args(p)
-    p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
-    p.add_argument("--json", action="store_true", help="the rows as a JSON list")
-    p = action("cancel", "cancel the live jobs of the grid (or of the cells named)", cmd_grid_cancel)
-    p.add_argument("cells", nargs="*", help="cell names (default: every cell)")
 
 
 def cmd_probes(args: argparse.Namespace) -> int:
@@ -364,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_params)
 
-    _add_grid_parser(sub)
+    add_grid_parsers(sub, _command, _add_preview_args)
     _add_data_parser(sub)
     _add_analysis_parsers(sub)
     return parser

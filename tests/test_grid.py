@@ -17,7 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from hybrid_lightning.config import TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.report import plan_rows, status_table
-from hybrid_lightning.grid.slurm import cell_resources, load_profile
+from hybrid_lightning.grid.geometry import cell_resources
+from hybrid_lightning.grid.slurm import load_profile
 from hybrid_lightning.grid.spec import MAX_NAME, cell_name_for
 from hybrid_lightning.rundir import checkpoint_is_valid, read_status
 from hybrid_lightning.training.checkpoints import StopOnRequest
@@ -162,7 +163,8 @@ def test_bad_grid_on_the_command_line_exits_2_and_submits_nothing(tmp_path):
 def test_profiles_are_checked_and_resources_follow_the_cell(tmp_path):
     cases = [
         ({"slurm_partitoin": "debug"}, "unknown submitit parameter 'slurm_partitoin'; did you mean 'slurm_partition'"),
-        ({"tasks_per_node": 2}, "'tasks_per_node' follows from each cell (train.devices)"),
+        ({"slurm_gpus_per_task": 1}, "'slurm_gpus_per_task' follows from each cell (train.devices GPUs per node)"),
+        ({"nodes": "two"}, "nodes must be a whole number >= 1, got 'two'"),
         ({"timeout_min": "soon"}, "timeout_min"),
     ]
     for profile, message in cases:

@@ -6,6 +6,7 @@ SLURM not installed). Training steps here are as small as possible; times are do
 SLURM's own clock (a 30 s cycle for time-limit signals, ~10 s before a requeued job restarts).
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,14 +37,14 @@ pytestmark = pytest.mark.slow
 SCRIPT = REPO / "slurm" / "local-cluster.sh"
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A running single-node cluster; SLURM_CONF points at it for this module."""
+@contextlib.contextmanager
+def local_cluster(*args: str, cpus: int = 4):
+    """A running cluster of slurm/local-cluster.sh (``up ARGS``), each node declaring ``cpus`` CPUs;
+    SLURM_CONF points at it meanwhile. Skips, with the reason, where SLURM cannot be started."""
     folder = Path(tempfile.mkdtemp(prefix="hl-slurm-"))
     try:
-        # 4 CPUs declared on this 2-core machine: the tests' small jobs run side by side.
-        up = subprocess.run(["bash", str(SCRIPT), "up", str(folder)], capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "LOCAL_CLUSTER_CPUS": "4"})
+        up = subprocess.run(["bash", str(SCRIPT), "up", *args, str(folder)], capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "LOCAL_CLUSTER_CPUS": str(cpus)})
         reason = up.stderr.strip()[-1500:] if up.returncode else None
     except (OSError, subprocess.TimeoutExpired) as e:
         reason = str(e)
@@ -52,12 +53,21 @@ def cluster():
         pytest.skip(f"SLURM could not be started on this machine, so the SLURM tests did not run: {reason}")
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
-    yield folder
-    subprocess.run(["bash", str(SCRIPT), "down", str(folder)], capture_output=True, timeout=300)
-    if previous is None:
-        os.environ.pop("SLURM_CONF")
-    else:
-        os.environ["SLURM_CONF"] = previous
+    try:
+        yield folder
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "down", str(folder)], capture_output=True, timeout=300)
+        if previous is None:
+            os.environ.pop("SLURM_CONF")
+        else:
+            os.environ["SLURM_CONF"] = previous
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A running single-node cluster; 4 CPUs declared on this 2-core machine: the tests' small jobs run side by side."""
+    with local_cluster() as folder:
+        yield folder
 
 
 def profile(folder, **params):
@@ -318,8 +328,9 @@ def test_gpu_request_and_cpu_ddp_through_slurm(cluster, tmp_path):
 
 
 def test_bad_submissions_submit_nothing(cluster, tmp_path):
-    """E7 with SLURM: an unreachable controller and a partition sbatch refuses fail with a clear
-    message and leave no job; bad grid files and profiles are tested in test_grid.py."""
+    """E7 with SLURM: an unreachable controller, a partition the cluster does not have and a request
+    sbatch refuses fail with a clear message and leave no job; bad grid files and profiles are tested
+    in test_grid.py."""
     path = write_grid(tmp_path, "e7", base=tiny(), axes={"model.window": [8]})
     conf = Path(os.environ["SLURM_CONF"]).read_text().splitlines()
     dead = tmp_path / "dead.conf"
@@ -329,7 +340,10 @@ def test_bad_submissions_submit_nothing(cluster, tmp_path):
     assert r.returncode == 2 and "SLURM is unreachable" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = run_cli("grid", "submit", str(path), "--executor", "slurm", "--profile", str(profile(tmp_path, slurm_partition="nope")),
                 timeout=300)
-    assert r.returncode == 2 and "sbatch refused" in r.stderr and "invalid partition" in r.stderr.lower(), r.stderr
+    assert r.returncode == 2 and "'nope' is not a partition of this cluster (sinfo lists ['debug'])" in r.stderr, r.stderr
+    r = run_cli("grid", "submit", str(path), "--executor", "slurm", "--profile", str(profile(tmp_path, mem_gb=100000)),
+                timeout=300)
+    assert r.returncode == 2 and "sbatch refused" in r.stderr and "memory specification" in r.stderr.lower(), r.stderr
     assert read_jobs(load_grid(path)) == {}
 
 

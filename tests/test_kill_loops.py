@@ -22,7 +22,7 @@ def run_args(accumulate: int, steps: int = STEPS, *extra: str) -> list[str]:
     """The tiny model at a global batch of 12 sequences: 12 / ``accumulate`` per micro-batch."""
     return [*TINY, *QUIET, "--set", f"train.batch_size={12 // accumulate}", "--set", f"train.accumulate_grad_batches={accumulate}",
             "--set", f"train.max_steps={steps}", "--set", f"train.checkpoint_every_n_steps={EVERY}",
-            "--set", "train.log_every_n_steps=1", "--set", "train.precision=32", *extra]
+            "--set", "train.log_every_n_steps=1", "--set", "train.precision='32'", *extra]
 
 
 def state(run: Path) -> tuple[dict, dict]:

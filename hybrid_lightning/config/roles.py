@@ -7,7 +7,7 @@
     label        names a run of an architecture (``seed``, ``name``): fixed for a run directory, not
                  part of the architecture
 
-``RESUMABLE_CHANGES`` (``config/resolve.py``'s resume check) and ``NOT_IDENTITY`` (analysis's
+``RESUMABLE_CHANGES`` (``training/resume.py``'s resume check) and ``NOT_IDENTITY`` (analysis's
 architectures) follow from these tags, and the docs' table is ``roles_table()``.
 """
 

@@ -1,6 +1,6 @@
 """The learning-rate schedule as a function of the step and the train section: training follows it
 (training/system.py) and a resume checks that a changed ``train.max_steps`` keeps it for the steps
-already trained (config/resolve.check_extension)."""
+already trained (training/resume.check_extension)."""
 
 from __future__ import annotations
 

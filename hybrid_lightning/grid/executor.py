@@ -13,7 +13,7 @@ and imported by ``grid/__init__.py``. The command line's ``--executor`` choices 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -32,18 +32,25 @@ class Executor(ABC):
     Args:
         profile: the ``--profile`` file, for executors that take one.
         parallel: ``--parallel``, cells run at once by executors that run them here.
+        overrides: ``--set PARAM=VALUE`` items, parameters of the profile set on the command line.
     """
 
     name: ClassVar[str]  # --executor NAME, and the "executor" field of its job records
     help: ClassVar[str]  # one line for --executor's help
 
-    def __init__(self, profile: str | Path | None = None, parallel: int = 1):
-        self.profile, self.parallel = profile, parallel
+    def __init__(self, profile: str | Path | None = None, parallel: int = 1, overrides: Sequence[str] = ()):
+        self.profile, self.parallel, self.overrides = profile, parallel, tuple(overrides)
 
     @abstractmethod
     def check(self) -> None:
         """Before anything is submitted: a ``ValueError`` naming a bad option, a bad profile, or
         what is unavailable here (e.g. the cluster)."""
+
+    def check_cells(self, cells: list[Cell]) -> str | None:
+        """After ``check()``, before anything is submitted: a ``ValueError`` naming a cell that this
+        executor cannot run (e.g. a world its machines cannot hold); a note on what could not be
+        checked, or None. Default: every cell can run."""
+        return None
 
     @abstractmethod
     def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
@@ -82,6 +89,11 @@ class Executor(ABC):
     def failure(self, record: dict) -> str | None:
         """Why a job that ended early failed, as the executor knows it (e.g. an exit code);
         None sends the reader to the log. Default: None."""
+        return None
+
+    def lost_task(self, record: dict) -> str | None:
+        """In a job of several tasks, the task that ended badly before the others, with its rank and
+        node (e.g. ``rank 1 on n2: Killed``): the cause when the others then fail. Default: None."""
         return None
 
 

@@ -1,13 +1,16 @@
-"""The SLURM job of one grid cell: train (or resume) its run directory; on a timeout or preemption
-signal, stop at the next step boundary with a checkpoint and have submitit requeue the job."""
+"""The SLURM job of one grid cell: train (or resume) its run directory; on SLURM's signals, stop
+every task at the next step boundary with a checkpoint, and have submitit requeue the job when
+the signal asks for it."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
+import lightning as L
 import submitit
 
 # submitit asks SLURM for this signal `signal_delay_s` before the time limit (and on preemption).
@@ -43,28 +46,78 @@ class CellJob(submitit.helpers.Checkpointable):
         if os.environ.get("SLURM_CPUS_PER_TASK"):  # torch would otherwise use every core of a shared node
             torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
         print(
-            f"grid cell {self.name}: job {env.job_id}, task {env.global_rank} of {env.num_tasks} on {env.hostname}, "
+            f"grid cell {self.name}: job {env.job_id}, task {env.global_rank} of {env.num_tasks} on node "
+            f"{os.environ.get('SLURMD_NODENAME', env.hostname)} ({env.hostname}, pid {os.getpid()}), "
             f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}",
             flush=True,
         )
-        requested = threading.Event()
-        submitit_handler = signal.getsignal(REQUEUE_SIGNAL)
-        timer = threading.Timer(self.grace_s, os.kill, (os.getpid(), REQUEUE_SIGNAL))
-        timer.daemon = True
-
-        def on_signal(signum, frame):
-            if requested.is_set():  # the second call, from the grace timer: requeue now
-                submitit_handler(signum, frame)
-                return
-            print(f"grid cell {self.name}: requeue signal; stopping at the next step", flush=True)
-            requested.set()
-            timer.start()
-
-        signal.signal(REQUEUE_SIGNAL, on_signal)
+        signals = JobSignals(self.name, self.grace_s)
+        signals.install()
         run_dir = Path(self.run_dir)
-        train(validate_config(self.config), run_dir, [StopOnRequest(requested)])
-        timer.cancel()
-        finished = (read_status(run_dir) or {}).get("state") == "done"
-        if requested.is_set() and not finished and callable(submitit_handler):
-            submitit_handler(REQUEUE_SIGNAL, None)  # calls checkpoint(), requeues, exits (task 0)
+        callbacks = [StopOnRequest(signals.stop), SigtermStaysWithTheJob(signals.on_term)]
+        train(validate_config(self.config), run_dir, callbacks)
+        signals.after_training(finished=(read_status(run_dir) or {}).get("state") == "done")
         return str(run_dir)
+
+
+class JobSignals:
+    """SLURM's signals to one task of a cell's job. Both of these stop training at the next step
+    boundary with ``last.ckpt`` (``stop``; ``StopOnRequest`` makes every rank stop at the same step):
+
+    - the requeue signal (time limit, preemption): the job is then requeued by submitit (task 0).
+      If no step boundary comes within ``grace_s``, it is requeued from the newest periodic
+      checkpoint anyway.
+    - SIGTERM (``scancel``; a preemption sends it before the requeue signal): submitit only logs it.
+      After stopping, the task waits up to ``grace_s`` for a requeue signal before it ends; SLURM's
+      SIGKILL usually comes first (``KillWait`` after the SIGTERM).
+    """
+
+    def __init__(self, name: str, grace_s: float):
+        self.name, self.grace_s = name, grace_s
+        self.stop, self.requeue = threading.Event(), threading.Event()
+        self.timer = threading.Timer(grace_s, os.kill, (os.getpid(), REQUEUE_SIGNAL))
+        self.timer.daemon = True
+        self.submitit_handler = None
+
+    def install(self) -> None:
+        self.submitit_handler = signal.getsignal(REQUEUE_SIGNAL)
+        signal.signal(REQUEUE_SIGNAL, self._on_requeue)
+        signal.signal(signal.SIGTERM, self.on_term)
+
+    def _on_requeue(self, signum, frame) -> None:
+        if self.requeue.is_set():  # the second call, from the grace timer: requeue now
+            self.submitit_handler(signum, frame)
+            return
+        print(f"grid cell {self.name}: requeue signal; stopping at the next step", flush=True)
+        self.requeue.set()
+        self.stop.set()
+        self.timer.start()
+
+    def on_term(self, signum, frame) -> None:
+        print(f"grid cell {self.name}: SIGTERM; stopping at the next step with a checkpoint", flush=True)
+        self.stop.set()
+
+    def after_training(self, finished: bool) -> None:
+        """After ``train`` returned: a stop by SIGTERM alone waits for a requeue signal; a requeue
+        signal requeues the job (submitit: ``checkpoint()``, requeue, exit on task 0)."""
+        self.timer.cancel()
+        if finished or not self.stop.is_set():
+            return
+        deadline = time.monotonic() + self.grace_s
+        while not self.requeue.is_set() and time.monotonic() < deadline:  # set by the signal's handler
+            time.sleep(0.2)
+        if self.requeue.is_set() and callable(self.submitit_handler):
+            self.submitit_handler(REQUEUE_SIGNAL, None)
+
+
+class SigtermStaysWithTheJob(L.Callback):
+    """Gives SIGTERM back to the job's handler when training starts. Lightning installs its own then,
+    which broadcasts from inside the handler (a collective that hangs when the ranks are between
+    other collectives: measured, a ``scancel`` of a two-node job waited for SIGKILL) and ends ``fit``
+    at the next batch without a checkpoint. Lightning restores the job's handler at its teardown."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        signal.signal(signal.SIGTERM, self.handler)

@@ -25,6 +25,7 @@ from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import add_records, cell_states, lock, now, read_jobs, write_jobs
+from hybrid_lightning.training.cluster import check_cpu_devices, trains_on_cpu_here
 
 PROGRESS_EVERY_S = 60.0
 POLL_S = 0.5
@@ -39,10 +40,22 @@ class LocalExecutor(Executor):
     help = "this machine, --parallel cells at a time"
 
     def check(self) -> None:
-        if self.profile is not None:
-            raise ValueError(f"--profile does not apply to --executor {self.name}")
+        if self.profile is not None or self.overrides:
+            raise ValueError(f"--profile and --set (a SLURM profile's parameters) do not apply to --executor {self.name}")
         if self.parallel < 1:
             raise ValueError(f"--parallel must be at least 1, got {self.parallel}")
+
+    def check_cells(self, cells: list[Cell]) -> None:
+        """Refuses cells this machine cannot train alone: several nodes, or more CPU processes than cores."""
+        for cell in cells:
+            train = cell.config.train
+            if train.num_nodes > 1:
+                raise ValueError(f"cell {cell.name}: train.num_nodes={train.num_nodes}, but --executor {self.name} trains on "
+                                 f"this machine alone; submit it with --executor slurm")
+            try:
+                check_cpu_devices(train, trains_on_cpu_here(train))
+            except ValueError as e:
+                raise ValueError(f"cell {cell.name}: {e}") from None
 
     def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
         """Claims ``cells`` for this process and writes their config files."""

@@ -4,9 +4,10 @@ slurmstepd's last words in the log and submitit's result files.
 A profile (``slurm/<cluster>.yaml``) is a mapping of submitit ``AutoExecutor`` parameters:
 ``timeout_min``, ``cpus_per_task``, ``mem_gb``, ``slurm_partition``, ``slurm_array_parallelism``,
 ``slurm_setup``, ``slurm_additional_parameters``, ... plus the executor's own
-``slurm_max_num_timeout``. The world of a cell follows from its config, one task per device:
-``train.num_nodes`` nodes, ``train.devices`` tasks per node, and as many GPUs per node on GPU
-cells; a profile's ``gpus_per_node`` is the default for cells with ``train.devices: auto``.
+``slurm_max_num_timeout``; ``--set PARAM=VALUE`` overrides one. The world of a cell follows from
+its config (``grid/geometry.py``): a profile may repeat it but not contradict it, and the partition
+must hold it, both checked before anything is submitted. srun ends a job's step when one of its
+tasks fails (``--kill-on-bad-exit``): the others would wait for it in their next collective.
 """
 
 from __future__ import annotations
@@ -24,22 +25,25 @@ import submitit
 import yaml
 from submitit.core.utils import FailedJobError
 
-from hybrid_lightning.config import TrainConfig, config_to_dict, suggest
+from hybrid_lightning.config import apply_overrides, config_to_dict, suggest
 from hybrid_lightning.grid.executor import Executor, register
+from hybrid_lightning.grid.geometry import (
+    GPU_KEYS, WORLD_KEYS, World, cell_resources, check_partition, check_profile_world, partition_nodes,
+)
 from hybrid_lightning.grid.job import CellJob
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import add_records, now
 
 # Arguments of submitit's SlurmExecutor constructor rather than of update_parameters.
 _CONSTRUCTOR_KEYS = {"slurm_max_num_timeout", "slurm_max_pickle_size_gb", "slurm_python"}
-# The world a cell trains in is the cell's own setting (train.devices, train.num_nodes): one owner.
-_FROM_CELL = {
-    "nodes": "train.num_nodes", "tasks_per_node": "train.devices", "slurm_nodes": "train.num_nodes",
-    "slurm_ntasks_per_node": "train.devices", "slurm_gpus_per_node": "train.devices (and gpus_per_node)",
-    "slurm_num_gpus": "train.devices (and gpus_per_node)", "slurm_gpus_per_task": "train.devices (and gpus_per_node)",
-}
+# srun ends the step when a task exits with an error or a signal, instead of leaving the others waiting for it
+_KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 # slurmstepd's last words in a job's log when it is killed: "*** JOB 12 ON node CANCELLED AT <time> [DUE TO ...] ***"
 _KILLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
+# srun's word on tasks that ended badly: "srun: error: n2: task 1: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
+_TASK_ENDED = re.compile(r"^srun: error: (\S+): task(s?) ([\d,\-]+): (.+)$", re.M)
+# submitit's line at every start of a task: what follows the last one in the log is the job's current run
+_STARTED = "Starting with JobEnvironment"
 # squeue's states of a live job that read as grid states; the others show lower-cased (e.g. completing)
 _LIVE_STATES = {
     "RUNNING": "running", "CONFIGURING": "running", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued",
@@ -56,8 +60,22 @@ class SlurmExecutor(Executor):
     help = "SLURM job arrays through submitit, with --profile"
 
     def check(self) -> None:
-        self.settings = load_profile(self.profile)
+        self.load()
         check_slurm()
+
+    def load(self) -> None:
+        """Reads the profile and ``--set`` (no SLURM needed): ``settings``, and ``origin`` (key -> where it was set)."""
+        self.settings, self.origin = read_profile(self.profile, self.overrides)
+
+    def check_cells(self, cells: list[Cell]) -> str | None:
+        """Refuses a profile that contradicts a cell's world, or a partition that cannot hold it (where
+        SLURM answers; otherwise says so). Call ``load`` or ``check`` first."""
+        check_profile_world(cells, self.settings, self.origin)
+        found = partition_nodes(self.settings.get("slurm_partition"))
+        if found is None:
+            return "the cells were not checked against the partition: SLURM does not answer here"
+        check_partition(cells, self.settings, *found)
+        return None
 
     def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
         submit_slurm(grid, cells, self.settings, say)
@@ -75,31 +93,66 @@ class SlurmExecutor(Executor):
         return record["job_id"]
 
     def ending(self, record: dict) -> tuple[str, str] | None:
-        """(time, cause) from slurmstepd's last words in the log: cause '' for scancel, else e.g. 'TIME LIMIT'."""
-        log = record.get("log")
-        if not log or not Path(log).is_file():
+        """(time, cause) from slurmstepd's last words in the log: cause '' for scancel, else e.g. 'TIME LIMIT'.
+        A step that srun ended because a task failed first is not ended from outside (``lost_task``)."""
+        events = _log_events(record)
+        if events and events[0][0] == "task":
             return None
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 20000))
-            tail = f.read().decode(errors="replace")
-        # A requeue also kills the job step, but the job goes on: not an ending.
-        found = [(when, cause) for when, cause in _KILLED.findall(tail) if cause != "JOB REQUEUE"]
-        return found[-1] if found else None
+        kills = [found for kind, found in events if kind == "killed"]
+        return kills[-1] if kills else None
+
+    def lost_task(self, record: dict) -> str | None:
+        """The task that failed before anything else ended the job's current run, from srun's error
+        line, with the task's own error where it raised one; not rank 0 exiting with an error code:
+        the run records its error itself."""
+        events = _log_events(record)
+        if not events or events[0][0] != "task":
+            return None
+        node, plural, tasks, what = events[0][1]
+        first = re.split(r"[,-]", tasks)[0]
+        if first == "0" and what.startswith("Exited with exit code"):
+            return None
+        error = _task_error(record, first) if what.startswith("Exited with exit code") else None
+        return f"rank{plural} {tasks} on {node}: {error or what}"  # one task per rank: srun's task ids are the ranks
 
     def failure(self, record: dict) -> str | None:
-        """The last line of the traceback submitit pickled for a job that raised."""
-        result = record.get("result")
-        if not result or not Path(result).is_file():
-            return None
-        try:
-            with open(result, "rb") as f:
-                kind, payload = pickle.load(f)
-        except Exception:  # a result being written or unreadable says nothing
-            return None
-        if kind != "error":
-            return None
-        lines = [line for line in str(payload).strip().splitlines() if line.strip()]
-        return lines[-1] if lines else None
+        """The task that failed first (``lost_task``), else the error rank 0 raised."""
+        return self.lost_task(record) or _task_error(record, "0")
+
+
+def _task_error(record: dict, task: str) -> str | None:
+    """The last line of the traceback submitit pickled for one task of the record's job (the record
+    names task 0's result file, ``<job>_0_result.pkl``); None when it raised none."""
+    result = record.get("result")
+    if not result:
+        return None
+    path = Path(result.removesuffix("_0_result.pkl") + f"_{task}_result.pkl")  # submitit: <job>_<task>_result.pkl
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as f:
+            kind, payload = pickle.load(f)
+    except Exception:  # a result being written or unreadable says nothing
+        return None
+    if kind != "error":
+        return None
+    lines = [line for line in str(payload).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def _log_events(record: dict) -> list[tuple[str, tuple]]:
+    """In log order, the ends of the job's current run (after its last start) that its log records:
+    ``("killed", (time, cause))`` from slurmstepd, requeues left out (the job goes on), and
+    ``("task", (node, plural, tasks, what))`` from srun."""
+    log = record.get("log")
+    if not log or not Path(log).is_file():
+        return []
+    with open(log, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 20000))
+        run = f.read().decode(errors="replace").rpartition(_STARTED)[2]
+    kills = [(m.start(), "killed", m.groups(default="")) for m in _KILLED.finditer(run) if m.group(2) != "JOB REQUEUE"]
+    tasks = [(m.start(), "task", m.groups()) for m in _TASK_ENDED.finditer(run)]
+    return [(kind, found) for _, kind, found in sorted(kills + tasks)]
 
 
 def _grid_state(state: str, restarts: int) -> str:
@@ -141,66 +194,64 @@ def _valid_keys() -> set[str]:
     return set(submitit.AutoExecutor._valid_parameters()) | slurm | _CONSTRUCTOR_KEYS
 
 
-def load_profile(path: str | Path | None) -> dict:
-    """Reads and checks a profile; a ``ValueError`` names a missing file or a bad key."""
-    if path is None:
+def load_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Reads and checks a profile with ``--set`` ``overrides`` applied; a ``ValueError`` names a
+    missing file or a bad key. Keys that state the world (``nodes``, ``tasks_per_node``, ...) are
+    checked against each cell later (``geometry.check_profile_world``)."""
+    return read_profile(path, overrides)[0]
+
+
+def read_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> tuple[dict, dict[str, str]]:
+    """``load_profile``, and where each key was set (``profile PATH`` or ``--set``), for messages."""
+    if path is None and not overrides:
         raise ValueError("--executor slurm needs --profile: a YAML file of submitit AutoExecutor parameters (see slurm/example.yaml)")
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"profile not found: {path}")
-    try:
-        profile = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"profile {path}: not valid YAML: {e}") from None
-    if not isinstance(profile, dict):
-        raise ValueError(f"profile {path}: must be a mapping of submitit AutoExecutor parameters")
+    profile: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"profile not found: {path}")
+        try:
+            profile = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"profile {path}: not valid YAML: {e}") from None
+        if not isinstance(profile, dict):
+            raise ValueError(f"profile {path}: must be a mapping of submitit AutoExecutor parameters")
+    origin = dict.fromkeys(profile, f"profile {path}")
+    origin.update({item.partition("=")[0].strip().split(".")[0]: "--set" for item in overrides})
+    profile = apply_overrides(profile, overrides)
     valid = _valid_keys()
     for key in profile:
-        if key in _FROM_CELL:
-            raise ValueError(f"profile {path}: '{key}' follows from each cell ({_FROM_CELL[key]}); remove it from the profile")
+        if key in GPU_KEYS:
+            raise ValueError(f"{origin[key]}: '{key}' follows from each cell (train.devices GPUs per node); remove it")
         if key not in valid:
             hint = suggest(key, sorted(valid), cutoff=0.6)
-            raise ValueError(f"profile {path}: unknown submitit parameter '{key}'{hint}")
-    gpus = profile.get("gpus_per_node", 0)
-    if not isinstance(gpus, int) or gpus < 0:
-        raise ValueError(f"profile {path}: gpus_per_node must be a whole number >= 0, got {gpus!r}")
+            raise ValueError(f"{origin[key]}: unknown submitit parameter '{key}'{hint}")
+    for key in ("gpus_per_node", *WORLD_KEYS):
+        value, least = profile.get(key, 1), 0 if "gpus" in key else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{origin[key]}: {key} must be a whole number >= {least}, got {value!r}")
     # submitit checks the names and types; its local flavour does so without SLURM on this machine.
-    _executor(path.parent, profile, (1, 1, gpus), "check", path, cluster="local")
-    return profile
-
-
-def cell_resources(train: TrainConfig, default_gpus: int) -> tuple[int, int, int]:
-    """(nodes, tasks per node, GPUs per node) of a cell: one task per device.
-
-    Args:
-        train: the cell's ``train`` section (accelerator, devices, num_nodes).
-        default_gpus: the profile's ``gpus_per_node``, used when ``train.devices`` is ``auto``.
-    """
-    devices = None if train.devices == "auto" else train.devices
-    if train.accelerator == "cpu":
-        gpus = 0
-    elif devices is not None and (train.accelerator == "gpu" or default_gpus):
-        gpus = devices
-    elif train.accelerator == "gpu":
-        gpus = default_gpus or 1
-    else:
-        gpus = default_gpus
-    return train.num_nodes, gpus or devices or 1, gpus
+    folder = Path(path).parent if path is not None else Path.cwd()
+    _executor(folder, profile, (1, 1, profile.get("gpus_per_node", 0)), "check", f"profile {path or '(--set)'}", "local")
+    return profile, origin
 
 
 def _executor(
-    folder: Path, profile: dict, resources: tuple[int, int, int], name: str, where: Path | None = None, cluster: str = "slurm"
+    folder: Path, profile: dict, resources: World, name: str, where: str = "profile", cluster: str = "slurm"
 ) -> submitit.AutoExecutor:
     nodes, tasks, gpus = resources
     params = {"name": name, "stderr_to_stdout": True}  # one log per task: the researcher reads one file
-    params.update({k: v for k, v in profile.items() if k not in _CONSTRUCTOR_KEYS and k != "gpus_per_node"})
+    params.update({k: v for k, v in profile.items() if k not in _CONSTRUCTOR_KEYS | WORLD_KEYS.keys() | {"gpus_per_node"}})
     params.update(nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus or None)
+    srun_args = list(profile.get("slurm_srun_args") or [])
+    if not any(a.startswith(("--kill-on-bad-exit", "-K")) for a in srun_args):
+        params["slurm_srun_args"] = [*srun_args, _KILL_ON_BAD_EXIT]
     try:
         constructor = {k: profile[k] for k in _CONSTRUCTOR_KEYS & set(profile)}
         executor = submitit.AutoExecutor(folder=folder, cluster=cluster, **constructor)
         executor.update_parameters(**params)
     except (NameError, AssertionError, TypeError, ValueError) as e:
-        raise ValueError(f"profile {where or ''}: {e}") from None
+        raise ValueError(f"{where}: {e}") from None
     except RuntimeError as e:  # no srun on this machine
         raise ValueError(f"SLURM is not available here: {e}") from None
     return executor

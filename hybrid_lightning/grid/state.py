@@ -149,8 +149,8 @@ def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live
     ending = executor.ending(record)
     if record.get("cancelled") or (ending is not None and ending[1] == ""):
         row.state, row.reason = "cancelled", f"cancelled at {ending[0]}" if ending else "cancelled"
-    elif status.get("state") == "failed":
-        row.state, row.reason = "failed", status.get("error")
+    elif status.get("state") == "failed":  # on another rank's failure, rank 0's error is a consequence: the rank first
+        row.state, row.reason = "failed", "; then ".join(filter(None, (executor.lost_task(record), status.get("error")))) or None
     elif ending is not None:
         row.state, row.reason = "failed", f"killed: {ending[1].lower()} (at step {step or 0}/{max_steps})"
     elif status.get("state") == "interrupted":  # e.g. the local executor stopped by Ctrl-C

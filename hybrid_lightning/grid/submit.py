@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hybrid_lightning.grid.executor import executor_class
+from hybrid_lightning.grid.slurm import SlurmExecutor
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
+from hybrid_lightning.training.cluster import check_cpu_devices
 from hybrid_lightning.training.resume import check_same_run
 
 
 def submit_grid(
-    grid: Grid, executor: str, profile: str | Path | None = None, parallel: int = 1, say: Callable[[str], None] = print
+    grid: Grid, executor: str, profile: str | Path | None = None, parallel: int = 1, say: Callable[[str], None] = print,
+    overrides: Sequence[str] = (),
 ) -> int:
     """Submits every cell that is neither done nor live (pending, running, requeued); failed,
     cancelled and partial cells resume from their checkpoints. Returns the exit code: 0, or the
     executor's when it runs the cells itself (``local``: 1 when a cell did not finish).
 
     Everything is checked before anything is submitted: the grid's cells (by ``load_grid``), the
-    executor's options and what it needs (``Executor.check``: e.g. the profile and SLURM), and
-    that no cell's run directory holds a run with another config. A lock makes concurrent
-    submits of one grid submit each cell once.
+    executor's options and what it needs (``Executor.check``: e.g. the profile and SLURM), that it
+    can run every cell (``Executor.check_cells``: e.g. the world against the profile and the
+    partition), and that no cell's run directory holds a run with another config. A lock makes
+    concurrent submits of one grid submit each cell once.
 
     Args:
         grid: the expanded grid.
@@ -32,9 +36,11 @@ def submit_grid(
         profile: the executor's profile file (``slurm``: submitit parameters).
         parallel: cells run at once by the local executor.
         say: where progress lines go.
+        overrides: ``--set PARAM=VALUE`` items over the profile's parameters.
     """
-    runner = executor_class(executor)(profile, parallel)
+    runner = executor_class(executor)(profile, parallel, overrides)
     runner.check()
+    _checked(grid, runner.check_cells, say)
     for cell in grid.cells:
         try:
             check_same_run(cell.run_dir, cell.config)
@@ -51,6 +57,34 @@ def submit_grid(
             runner.submit(grid, todo, say)
         write_hparams(grid)
     return runner.run(grid, todo, say) if todo else 0
+
+
+def check_plan(grid: Grid, profile: str | Path | None = None, overrides: Sequence[str] = (),
+               say: Callable[[str], None] = print) -> None:
+    """``grid plan``'s check of where the cells would run. With a profile or ``--set``: as SLURM would
+    run them (``SlurmExecutor.check_cells``: the profile's world and, where SLURM answers, the
+    partition). Without: on this machine's cores, for cells with ``train.accelerator: cpu`` (``auto``
+    means the GPUs of wherever it runs)."""
+    if profile is not None or overrides:
+        runner = SlurmExecutor(profile, overrides=overrides)
+        runner.load()
+        _checked(grid, runner.check_cells, say)
+        return
+    for cell in grid.cells:
+        try:
+            check_cpu_devices(cell.config.train)
+        except ValueError as e:
+            raise ValueError(f"grid {grid.name}: cell {cell.name}: {e}") from None
+
+
+def _checked(grid: Grid, check: Callable[[list[Cell]], str | None], say: Callable[[str], None]) -> None:
+    """Runs an executor's ``check_cells`` on the grid's cells: its refusal names the grid, its note is said."""
+    try:
+        note = check(grid.cells)
+    except ValueError as e:
+        raise ValueError(f"grid {grid.name}: {e}") from None
+    if note:
+        say(f"grid {grid.name}: {note}")
 
 
 def unfinished(grid: Grid, rows: list[CellState]) -> list[tuple[Cell, CellState]]:

@@ -105,6 +105,9 @@ class StopOnRequest(OnOptimizerSteps):
             trainer.should_stop = True
             if trainer.global_step < trainer.max_steps:  # not the end: no end-of-training evaluations
                 trainer.state.status = TrainerStatus.INTERRUPTED
+                # nor the validation Lightning runs on should_stop, before the checkpoint gets its name
+                # (at the end of fit): under SLURM the SIGKILL comes KillWait after the SIGTERM
+                trainer.limit_val_batches = 0
 
     def any_rank(self, trainer: L.Trainer, pl_module: L.LightningModule, asked: bool) -> bool:
         """Whether any rank was asked (a collective)."""

@@ -69,6 +69,9 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
         raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
     check_devices(cfg)
     from hybrid_lightning.training.checkpoints import StopOnSignals
+    from hybrid_lightning.training.cluster import check_launch
+
+    check_launch(cfg.train)  # outside srun in a SLURM allocation, or more CPU processes than cores
 
     signals = StopOnSignals()
     signals.install()

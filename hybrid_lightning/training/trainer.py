@@ -19,6 +19,7 @@ from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.callbacks import Console, LastStep, PeakMemory, RunSummary, StepProgressBar, Throughput
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.checkpoints import StepCheckpoints
+from hybrid_lightning.training.cluster import set_main_address
 from hybrid_lightning.training.system import LMSystem
 
 # The step sampler makes data order a function of the step, so Lightning's warning that a plain
@@ -70,6 +71,7 @@ def build_trainer(
     callbacks.append(Console(run_dir, plan, None if t.progress_bar else t.log_every_n_steps))  # after the evaluations: it reports them
     plugins = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
+        set_main_address()  # a first node whose name does not resolve: its NodeAddr
         plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeue
     trainer = L.Trainer(
         default_root_dir=str(run_dir),

@@ -1,7 +1,7 @@
 """The mixer classes. Every mixer maps (B, T, D) -> (B, T, D) behind one contract:
 
     cls(opts, spec: LayerSpec); forward(x, state: dict | None = None) -> y
-    optionally flops_per_token(T) -> training FLOPs per token beyond its weights (model_flops_per_token)
+    optionally flops_per_token(T) -> training FLOPs per token beyond its weights (model.block_flops_per_token)
 
 ``state`` is None for a plain causal forward from position 0, or a dict (empty at first)
 that the mixer reads and updates in place so that a sequence fed in pieces gives the
