@@ -15,6 +15,7 @@ from hybrid_lightning.analysis import stats, tables
 from hybrid_lightning.analysis.emergence import NOT_TESTABLE
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
+from hybrid_lightning.analysis.survival import km_median, logrank
 
 
 def swa_hybrids(c: pd.DataFrame) -> pd.Series:
@@ -55,7 +56,7 @@ def _laziness(runs: Runs, rope: pd.DataFrame, name: str) -> Test:
 
 def _first_steps(g: pd.DataFrame) -> str:
     steps = ", ".join(str(int(t)) if e else f"never ({int(t)})" for t, e in zip(g["time"], g["event"]))
-    median = stats.km_median(g["time"], g["event"])
+    median = km_median(g["time"], g["event"])
     return steps + f" (Kaplan-Meier median {'not reached' if math.isnan(median) else f'{median:.0f}'})"
 
 
@@ -65,7 +66,7 @@ def _window_pair(small: pd.DataFrame, large: pd.DataFrame, ws: int, wl: int) -> 
     laziness predicts; Welch's interval."""
     tau = min(small["scored_until"].min(), large["scored_until"].min())
     a, b = np.minimum(small["time"], tau).to_numpy(float), np.minimum(large["time"], tau).to_numpy(float)
-    z, p = stats.logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
+    z, p = logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
     what = f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z) else f"W={wl} - W={ws}"
     return Comparison(what, float(b.mean() - a.mean()), stats.interval(b, a), p, +1, (len(b), len(a)), "steps")
 

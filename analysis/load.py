@@ -74,6 +74,8 @@ class Runs:
     heads: the per-head rows of eval/heads_step_<k>.json, one row per run x step x head.
     layers: the per-layer rows of eval/heads_step_<k>.json (``applicable`` false: not attention).
     ablations: the head-ablation rows of eval/heads_step_<k>.json (``hybrid-lightning heads --mask-*``).
+    selections: the held-out scores that chose the heads an ablation masked (a heads file's ``selection``):
+        run, step, seed (the probe seed), layer, head, score.
     """
 
     configs: pd.DataFrame
@@ -82,6 +84,10 @@ class Runs:
     heads: pd.DataFrame
     layers: pd.DataFrame
     ablations: pd.DataFrame
+    selections: pd.DataFrame
+
+
+SELECTION_COLUMNS = ["run", "step", "seed", "layer", "head", "score"]
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -112,8 +118,9 @@ def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
 
 
 def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
-    """(long-context records, head totals with step and tokens, head rows, layer rows, ablation rows) of eval/*.json."""
-    records, totals, heads, layers, ablations = [], [], [], [], []
+    """(long-context records, head totals with step and tokens, head rows, layer rows, ablation rows, selection
+    rows) of eval/*.json."""
+    records, totals, heads, layers, ablations, selections = [], [], [], [], [], []
     for kind, _, path in eval_files(run_dir):
         report = read_eval_record(path)
         if report is None:  # being written: the next analysis reads it
@@ -123,9 +130,11 @@ def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
             heads += report["heads"]
             layers += report["layers"]
             ablations += report.get("ablation", [])
+            chosen = report.get("selection") or {}
+            selections += [{"step": report["step"], "seed": chosen.get("seed"), **h} for h in chosen.get("heads", [])]
         else:
             records += report["records"]
-    return records, totals, heads, layers, ablations
+    return records, totals, heads, layers, ablations, selections
 
 
 def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
@@ -134,13 +143,13 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
         raise ValueError(f"{Path(run_dir) / CONFIG_FILE}: no {PROVENANCE_KEY} section, which training writes last: "
                          "the file is cut short; train the run again (same command) to rewrite it")
     provenance = config.pop(PROVENANCE_KEY, None) or {}
-    records, totals, heads, layers, ablations = read_evals(run_dir)
+    records, totals, heads, layers, ablations, selections = read_evals(run_dir)
     flat = flat_config(config)
     if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
         flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
     return {"config": flat, "plan": read_plan(run_dir), "status": read_status(run_dir) or {},
             "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads, "layers": layers,
-            "ablations": ablations}
+            "ablations": ablations, "selections": selections}
 
 
 def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: Iterable[str] = TAGS,
@@ -278,8 +287,8 @@ def _distinct_parts(values: list) -> dict:
 
 
 def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
-    """(metrics, records, heads, layers, ablations) of all runs; see ``Runs``."""
-    frames, records, heads, layers, ablations = [], [], [], [], []
+    """(metrics, records, heads, layers, ablations, selections) of all runs; see ``Runs``."""
+    frames, records, heads, layers, ablations, selections = [], [], [], [], [], []
     tokens_per_step = dict(zip(configs["run"], configs["tokens_per_step"])) if len(configs) else {}
     for name, r in zip(names, raw):
         scalars = r["scalars"][r["scalars"]["metric"] != Tag.TOKENS]
@@ -291,6 +300,7 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
         heads.append(pd.DataFrame(r["heads"]).assign(run=name))
         layers.append(pd.DataFrame(r["layers"]).assign(run=name))
         ablations.append(pd.DataFrame(r["ablations"]).assign(run=name))
+        selections.append(pd.DataFrame(r["selections"]).assign(run=name))
     records = _concat(records, ["run", *columns("records")])
     frames.append(record_scores(records, pd.Series({name: r["plan"].budget.seq_len for name, r in zip(names, raw)})))
     metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[["run", "step", "tokens", "metric", "value"]]
@@ -303,7 +313,8 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
             records,
             _concat(heads, ["run", *columns("heads")]),
             _concat(layers, ["run", *columns("layers")]),
-            _concat(ablations, ["run", *columns("ablation")]))
+            _concat(ablations, ["run", *columns("ablation")]),
+            _concat(selections, SELECTION_COLUMNS))
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
