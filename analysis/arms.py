@@ -29,6 +29,23 @@ class Family:
     runs: dict[str, list[str]]
 
 
+def swa_hybrids(c: pd.DataFrame) -> pd.Series:
+    """Runs whose plan is a windowed hybrid: full-attention layers beside efficient layers that all attend
+    within a window (``RunPlan.windowed_hybrid``), however the pattern spelled them."""
+    return c["windowed_hybrid"].astype(bool)
+
+
+def nope_pairs(c: pd.DataFrame) -> list[dict[str, str]]:
+    """SWA-hybrid architectures differing only in ``model.pos.full``, RoPE against NoPE: {"rope": label, "nope": label}."""
+    hybrids = c[swa_hybrids(c)].drop_duplicates("label").set_index("label")["arch"].map(json.loads)
+    groups: dict[str, dict[str, str]] = {}
+    for label, identity in hybrids.items():
+        if "model.pos.full" in identity:
+            rest = json.dumps({k: v for k, v in identity.items() if k != "model.pos.full"}, sort_keys=True, default=str)
+            groups.setdefault(rest, {})[identity["model.pos.full"]] = label
+    return [p for p in groups.values() if {"rope", "nope"} <= p.keys()]
+
+
 def hybrid(configs: pd.DataFrame) -> pd.Series:
     """Runs whose plan has full-attention layers beside efficient ones."""
     return configs["full_layers"].astype(str).ne("") & configs["mixers"].astype(str).ne("")

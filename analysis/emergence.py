@@ -74,14 +74,20 @@ def _family(d: pd.DataFrame, fam: Family, errors: pd.Series, count: int) -> list
     return [_speed(speed, fam, values, tokens, level), _convergence(convergence, fam, values, errors)]
 
 
-def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) -> Test:
+def event_times(values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) -> tuple[pd.Series, pd.Series, float]:
+    """(time, event, tau) per run of ``values`` (run x step scores, ``tokens`` alike): the tokens of the first
+    evaluation at the run's ``level``, else of its last evaluation (censored); all censored at tau, the
+    earliest last evaluation, so that the mean of ``time`` over an arm's seeds is its restricted mean."""
     above, seen = values.ge(level, axis=0).to_numpy(), values.notna().to_numpy()
     rows, last = np.arange(len(values)), seen.shape[1] - 1 - seen[:, ::-1].argmax(axis=1)  # each run's last evaluation
     hit = above.any(axis=1)
     time = np.where(hit, tokens.to_numpy()[rows, above.argmax(axis=1)], tokens.to_numpy()[rows, last])
-    tau = tokens.to_numpy()[rows, last].min()
-    event = pd.Series(hit & (time <= tau), values.index)
-    time = pd.Series(np.minimum(time, tau), values.index)
+    tau = float(tokens.to_numpy()[rows, last].min())
+    return pd.Series(np.minimum(time, tau), values.index), pd.Series(hit & (time <= tau), values.index), tau
+
+
+def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) -> Test:
+    time, event, tau = event_times(values, tokens, level)
     samples = {label: time.reindex(runs).dropna().to_numpy(float) for label, runs in fam.runs.items()}
     parts = []
     for label, runs in fam.runs.items():

@@ -32,7 +32,6 @@ at this budget`` where the runs stop before it can be seen. A *context* comparis
 
 from __future__ import annotations
 
-import json
 import math
 
 import pandas as pd
@@ -40,7 +39,8 @@ import pandas as pd
 from hybrid_lightning.analysis import stats, tables
 from hybrid_lightning.analysis.emergence import F as emergence_f
 from hybrid_lightning.analysis.emergence import emergence
-from hybrid_lightning.analysis.laziness import laziness_tests, swa_hybrids
+from hybrid_lightning.analysis.arms import nope_pairs
+from hybrid_lightning.analysis.laziness import laziness_tests
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.mechanism import ablation, where
 from hybrid_lightning.analysis.metrics import METRICS
@@ -127,13 +127,7 @@ def _retrieval_acc(runs: Runs) -> list[Test]:
 
 def _nope(runs: Runs) -> list[Test]:
     f, c = "3. NoPE on full layers", runs.configs
-    hybrids = c[swa_hybrids(c)].drop_duplicates("label").set_index("label")["arch"].map(json.loads)
-    groups: dict[str, dict[str, str]] = {}
-    for label, identity in hybrids.items():
-        if "model.pos.full" in identity:
-            rest = json.dumps({k: v for k, v in identity.items() if k != "model.pos.full"}, sort_keys=True, default=str)
-            groups.setdefault(rest, {})[identity["model.pos.full"]] = label
-    pairs = [p for p in groups.values() if {"rope", "nope"} <= p.keys()]
+    pairs = nope_pairs(c)
     if not pairs:
         return [Test(f, "beyond and cost", verdict="not tested", evidence="no SWA hybrid pair differing only in model.pos.full")]
     final = {tag: tables.final_values(runs.metrics, tag).set_index("run")["value"] for tag in (SCORE, SCORE_BEYOND, TEXT_LOSS)}

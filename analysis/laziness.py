@@ -12,27 +12,26 @@ import numpy as np
 import pandas as pd
 
 from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.arms import swa_hybrids
 from hybrid_lightning.analysis.emergence import NOT_TESTABLE
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.analysis.survival import km_median, logrank
 
 
-def swa_hybrids(c: pd.DataFrame) -> pd.Series:
-    """Runs whose plan is a windowed hybrid: full-attention layers beside efficient layers that all attend
-    within a window (``RunPlan.windowed_hybrid``), however the pattern spelled them."""
-    return c["windowed_hybrid"].astype(bool)
-
-
-def laziness_tests(runs: Runs) -> list[Test]:
-    """One laziness test per family of SWA hybrids with RoPE full layers that differ only in the window
-    (another pattern, e.g. a depth control, is another family); a family of one window is not tested.
-    With one family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
-    c = runs.configs
+def window_families(c: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """(the SWA hybrids with RoPE full layers, their families of two windows or more): hybrids alike but for
+    the window (another pattern, e.g. a depth control, is another family), each family's rows of ``c``."""
     rope = c[swa_hybrids(c) & c["model.pos.full"].eq("rope")]
     family = rope["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k != "model.window"},
                                                    sort_keys=True, default=str))
-    families = [g for _, g in rope.groupby(family, sort=False) if g["model.window"].nunique() >= 2]
+    return rope, [g for _, g in rope.groupby(family, sort=False) if g["model.window"].nunique() >= 2]
+
+
+def laziness_tests(runs: Runs) -> list[Test]:
+    """One laziness test per family of ``window_families``; a family of one window is not tested. With one
+    family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
+    rope, families = window_families(runs.configs)
     if len(families) <= 1:
         return [_laziness(runs, families[0] if families else rope, "laziness")]
     return [_laziness(runs, g, f"laziness: {g['label'].iloc[0]}") for g in families]

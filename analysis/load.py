@@ -178,6 +178,14 @@ def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: 
     return Runs(configs, *_tables(names, raw, configs))
 
 
+def planned_configs(cells: list[tuple[str, dict, RunPlan]]) -> pd.DataFrame:
+    """``Runs.configs`` of runs not trained yet, a grid's cells as (name, config as plain data, plan): the same
+    architectures and labels analysis will give their runs (state ``planned``)."""
+    raw = [{"config": flat_config(config), "plan": plan, "status": {"state": "planned"}, "records": [], "totals": []}
+           for _, config, plan in cells]
+    return _configs([name for name, _, _ in cells], [Path(name) for name, _, _ in cells], raw)
+
+
 def _common_parent(dirs: list[Path]) -> Path:
     return Path(os.path.commonpath([d.parent for d in dirs])) if dirs else Path.cwd()
 

@@ -31,7 +31,7 @@ import pandas as pd
 from scipy import stats as st
 
 from hybrid_lightning.analysis import stats, tables
-from hybrid_lightning.analysis.laziness import swa_hybrids
+from hybrid_lightning.analysis.arms import swa_hybrids
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.kinds import FULL
