@@ -13,9 +13,11 @@ level, in training tokens; a run that never gets there is right-censored at its 
 dropped and never counted as a win; all runs are censored at the family's earliest last evaluation (tau), so
 that each arm's restricted mean time (the area under its Kaplan-Meier curve up to tau) is the mean of
 min(time, tau) over its seeds. Whether each arm emerges (its runs with an event) is reported apart from how
-fast (restricted mean, Kaplan-Meier median). The comparison asks whether the family's arms differ at all:
-two arms, the difference of their restricted means (Welch's interval, permutation p); more, the permutation
-p of the spread of their restricted means, with their standard deviation as the effect (no pair singled out).
+fast (restricted mean, Kaplan-Meier median). The claim asks whether the family's arms differ at all: two
+arms, the difference of their restricted means (Welch's interval, permutation p); more, the permutation p of
+the spread of their restricted means, with their standard deviation as the effect (no pair singled out).
+Beside it, as context (raw p, no verdict): whether the arms differ in the share of runs that emerge by tau,
+and how fast among the arms every run of which emerged (where two or more did).
 
 *Convergence* uses evaluations declared before looking: ``mid``, the last common evaluation at or before
 ``CONVERGENCE_STEPS[0]`` of the last one (``end``), and ``late`` at ``CONVERGENCE_STEPS[1]``. Claims: the
@@ -89,18 +91,26 @@ def event_times(values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) ->
 def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) -> Test:
     time, event, tau = event_times(values, tokens, level)
     samples = {label: time.reindex(runs).dropna().to_numpy(float) for label, runs in fam.runs.items()}
+    events = {label: event.reindex(runs).fillna(False).astype(bool) for label, runs in fam.runs.items()}
     parts = []
     for label, runs in fam.runs.items():
-        e, t = event.reindex(runs).fillna(False).astype(bool), time.reindex(runs)
-        median, ci = km_median(t, e), stats.mean_ci(samples[label])
-        parts.append(f"{label}: emerged in {int(e.sum())}/{len(runs)} runs; restricted mean {si(samples[label].mean())} "
-                     f"[{_si(ci[0])}, {_si(ci[1])}], Kaplan-Meier median {'not reached' if math.isnan(median) else si(median)}")
-    never = [label for label, runs in fam.runs.items() if not event.reindex(runs).fillna(False).any()]
+        median, ci = km_median(time.reindex(runs), events[label]), stats.mean_ci(samples[label])
+        parts.append(f"{label}: emerged in {int(events[label].sum())}/{len(runs)} runs; restricted mean "
+                     f"{si(samples[label].mean())} [{_si(ci[0])}, {_si(ci[1])}], Kaplan-Meier median "
+                     f"{'not reached' if math.isnan(median) else si(median)}")
+    claim = Comparison.among("restricted mean tokens to emergence", samples, "tokens")
+    # context: whether the arms emerge at all, and how fast among the arms every run of which emerged
+    context = [Comparison.among("share of runs emerged by tau", {k: e.to_numpy(float) for k, e in events.items()})]
+    every = {label: samples[label] for label, e in events.items() if e.all()}
+    if len(every) >= 2:
+        context.append(Comparison.among("restricted mean tokens among the arms every run of which emerged", every, "tokens"))
+    for c in context:
+        c.claim = False
+    never = [label for label, e in events.items() if not e.any()]
     note = (f". Never emerged by tau: {', '.join(never)} (their times are only known to exceed tau)" if never else "")
-    return Test(F, test, [Comparison.among("restricted mean tokens to emergence", samples, "tokens")],
-                f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null standard errors (level "
-                f"{level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation and at tau = {si(tau)} "
-                "tokens; " + "; ".join(parts) + note)
+    return Test(F, test, [claim, *context], f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null "
+                f"standard errors (level {level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation "
+                f"and at tau = {si(tau)} tokens; " + "; ".join(parts) + note, combine=lambda decided: decided[0])
 
 
 def _si(v: float) -> str:

@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 
 from hybrid_lightning.analysis.emergence import EQUIVALENCE_MARGIN, declared_steps
+from hybrid_lightning.analysis.findings import verdicts as both
+from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.cli import main
 
 from test_analysis import TOKENS_PER_STEP
@@ -69,6 +71,10 @@ def test_speed_of_two_windows_with_censoring(tmp_path, seeds):
     assert speed["compared"] == "restricted mean tokens to emergence (SD of the 3 arm means)"
     assert speed["effect"] == pytest.approx(pd.Series([160, 480, 640]).std(ddof=0)) and math.isnan(speed["ci_low"])
     assert f"W=128: emerged in 0/{seeds} runs" in speed["evidence"] and "Never emerged by tau: W=128" in speed["evidence"]
+    _, comparisons = both(load_runs(find_runs(tmp_path), root=tmp_path))
+    context = comparisons[comparisons["verdict"] == "context"].set_index("compared")["effect"]
+    assert context["share of runs emerged by tau (SD of the 3 arm means)"] == pytest.approx(pd.Series([1, 1, 0]).std(ddof=0))
+    assert context["W=64 - W=16: restricted mean tokens among the arms every run of which emerged"] == pytest.approx(320)
     assert speed["verdict"] == "reproduced" if seeds == 5 else speed["verdict"] in ("reproduced", "inconclusive")
 
 
@@ -175,5 +181,8 @@ def test_analyze_findings_states_effect_ci_p_and_seeds(tmp_path, capsys):
     tests = pd.read_csv(tmp_path / "out" / "findings.csv")
     assert {"effect", "ci_low", "ci_high", "p", "p_holm", "seeds", "reason"} <= set(tests.columns)
     comparisons = pd.read_csv(tmp_path / "out" / "findings_comparisons.csv")
-    # speed; convergence: the gap at step 19, equivalence at 39, the movement from 29 to 39 (context), apart at 39
-    assert comparisons["verdict"].tolist() == ["reproduced", "reproduced", "reproduced", "context", "inconclusive"]
+    # speed, with the share emerged and the speed among arms every run of which emerged as context; convergence:
+    # the gap at step 19, equivalence at 39, the movement from 29 to 39 (context), apart at 39
+    assert comparisons["verdict"].tolist() == ["reproduced", "context", "context", "reproduced", "reproduced", "context",
+                                               "inconclusive"]
+    assert comparisons["compared"][1] == "W=64 - W=16: share of runs emerged by tau" and comparisons["effect"][1] == 0
