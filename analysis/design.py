@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +64,6 @@ class Planned:
     adjusted: float = math.nan
     power: float = math.nan
     needed: int | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def two_arms(n: int, m: int) -> float:
@@ -227,7 +226,8 @@ def ablation_tests(d: Design, k: int, controls: int) -> list[Planned]:
 
 
 def _complete(floor: Floor) -> pw.Simulate:
-    return lambda s, alpha: float(np.nanmin(floor(s) + [math.inf]) < alpha)
+    """Power at complete separation: 1 where every claim's floor is below alpha, else 0."""
+    return lambda s, alpha: float(all(f < alpha for f in floor(s)))
 
 
 def warnings(d: Design, k: int) -> list[str]:
@@ -262,7 +262,6 @@ def plan_tests(tests: list[Planned]) -> list[Planned]:
             if t.simulate is not None and m:
                 t.power = t.simulate(t.seeds, ALPHA / m) if not math.isnan(t.adjusted) else 0.0
                 t.needed = pw.seeds_for(lambda n, t=t: t.simulate([n] * len(t.labels), ALPHA / m))
-                t.notes.append(f"power at alpha/{m}")
     return tests
 
 
@@ -298,7 +297,10 @@ def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | Non
     models, k, source = default_models, TOP_K, (f"default ({DEFAULT_EFFECT:g} seed SDs and the models above); "
                                                   f"ablation K={TOP_K} with {CONTROLS} control draws")
     if pilot is not None:
-        runs = load_runs(find_runs(pilot), root=pilot)
+        dirs = find_runs(pilot) if Path(pilot).is_dir() else []
+        if not dirs:
+            raise ValueError(f"--pilot: no run directory (a folder with config.yaml) under {pilot}")
+        runs = load_runs(dirs, root=pilot)
         ks = runs.ablations.loc[runs.ablations["selection"].eq("top"), "k"].dropna() if len(runs.ablations) else []
         k = int(ks.mode().iloc[0]) if len(ks) else TOP_K
         models, source = pilot_models(runs, configs), f"from the {len(runs.configs)} pilot runs in {pilot}; ablation K={k}"

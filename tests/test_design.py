@@ -116,6 +116,12 @@ def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):
     assert cost["power"] < 0.2 and "from the 8 pilot runs" in effects
 
 
+def test_a_pilot_folder_without_runs_is_refused(tmp_path, capsys):
+    archs = {"w16": {"model.window": 16}, "w64": {"model.window": 64}}
+    assert main(["grid", "plan", str(grid_file(tmp_path, archs, 3)), "--verdicts", "--pilot", str(tmp_path / "none")]) == 2
+    assert "--pilot: no run directory" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_replica_grid_with_its_runs_as_the_pilot(capsys):
     """ablations/cpu_replica.yaml with its packed runs: laziness at 5 + 5 seeds has the exact floor 2/252 and,
