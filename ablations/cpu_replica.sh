@@ -9,9 +9,11 @@
 # Steps: write the training data (probe-format documents with probe seed 1; natural text from the
 # standard library's source, some files held out for val/text_loss); train the remaining cells two at
 # a time; ablate the retrieval heads of every run trained in this sitting at the training length (the
-# 2 best heads against 20 layer-matched and 20 non-retrieval random pairs, and every head alone; only
-# the latter where the top 2 is tied); pack the finished runs; analyse the packed runs into
-# analysis/results/cpu_replica/.
+# 2 best heads against 20 random pairs of non-retrieval heads from their own layers, none where the pair
+# fills its layer, and 20 from any layer, and every head alone; only the latter where the top 2 is
+# tied); pack the finished runs; analyse the packed runs into analysis/results/cpu_replica/.
+# Before training more: `hybrid-lightning grid plan ablations/cpu_replica.yaml --verdicts` says which
+# verdicts these arms and seeds can reach (docs/analysis.md, "The design check").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hl=${HYBRID_LIGHTNING:-$( [ -x .venv/bin/hybrid-lightning ] && echo .venv/bin/hybrid-lightning || echo hybrid-lightning )}

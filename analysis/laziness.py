@@ -12,26 +12,26 @@ import numpy as np
 import pandas as pd
 
 from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.arms import swa_hybrids
 from hybrid_lightning.analysis.emergence import NOT_TESTABLE
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
+from hybrid_lightning.analysis.survival import km_median, logrank
 
 
-def swa_hybrids(c: pd.DataFrame) -> pd.Series:
-    """Runs whose plan is a windowed hybrid: full-attention layers beside efficient layers that all attend
-    within a window (``RunPlan.windowed_hybrid``), however the pattern spelled them."""
-    return c["windowed_hybrid"].astype(bool)
-
-
-def laziness_tests(runs: Runs) -> list[Test]:
-    """One laziness test per family of SWA hybrids with RoPE full layers that differ only in the window
-    (another pattern, e.g. a depth control, is another family); a family of one window is not tested.
-    With one family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
-    c = runs.configs
+def window_families(c: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """(the SWA hybrids with RoPE full layers, their families of two windows or more): hybrids alike but for
+    the window (another pattern, e.g. a depth control, is another family), each family's rows of ``c``."""
     rope = c[swa_hybrids(c) & c["model.pos.full"].eq("rope")]
     family = rope["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k != "model.window"},
                                                    sort_keys=True, default=str))
-    families = [g for _, g in rope.groupby(family, sort=False) if g["model.window"].nunique() >= 2]
+    return rope, [g for _, g in rope.groupby(family, sort=False) if g["model.window"].nunique() >= 2]
+
+
+def laziness_tests(runs: Runs) -> list[Test]:
+    """One laziness test per family of ``window_families``; a family of one window is not tested. With one
+    family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
+    rope, families = window_families(runs.configs)
     if len(families) <= 1:
         return [_laziness(runs, families[0] if families else rope, "laziness")]
     return [_laziness(runs, g, f"laziness: {g['label'].iloc[0]}") for g in families]
@@ -55,7 +55,7 @@ def _laziness(runs: Runs, rope: pd.DataFrame, name: str) -> Test:
 
 def _first_steps(g: pd.DataFrame) -> str:
     steps = ", ".join(str(int(t)) if e else f"never ({int(t)})" for t, e in zip(g["time"], g["event"]))
-    median = stats.km_median(g["time"], g["event"])
+    median = km_median(g["time"], g["event"])
     return steps + f" (Kaplan-Meier median {'not reached' if math.isnan(median) else f'{median:.0f}'})"
 
 
@@ -65,7 +65,7 @@ def _window_pair(small: pd.DataFrame, large: pd.DataFrame, ws: int, wl: int) -> 
     laziness predicts; Welch's interval."""
     tau = min(small["scored_until"].min(), large["scored_until"].min())
     a, b = np.minimum(small["time"], tau).to_numpy(float), np.minimum(large["time"], tau).to_numpy(float)
-    z, p = stats.logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
+    z, p = logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
     what = f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z) else f"W={wl} - W={ws}"
     return Comparison(what, float(b.mean() - a.mean()), stats.interval(b, a), p, +1, (len(b), len(a)), "steps")
 

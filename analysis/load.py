@@ -75,6 +75,8 @@ class Runs:
     heads: the per-head rows of eval/heads_step_<k>.json, one row per run x step x head.
     layers: the per-layer rows of eval/heads_step_<k>.json (``applicable`` false: not attention).
     ablations: the head-ablation rows of eval/heads_step_<k>.json (``hybrid-lightning heads --mask-*``).
+    selections: the held-out scores that chose the heads an ablation masked (a heads file's ``selection``):
+        run, step, seed (the probe seed), layer, head, score.
     """
 
     configs: pd.DataFrame
@@ -83,6 +85,10 @@ class Runs:
     heads: pd.DataFrame
     layers: pd.DataFrame
     ablations: pd.DataFrame
+    selections: pd.DataFrame
+
+
+SELECTION_COLUMNS = ["run", "step", "seed", "layer", "head", "score"]
 
 
 def find_runs(root: str | Path) -> list[Path]:
@@ -113,8 +119,9 @@ def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
 
 
 def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
-    """(long-context records, head totals with step and tokens, head rows, layer rows, ablation rows) of eval/*.json."""
-    records, totals, heads, layers, ablations = [], [], [], [], []
+    """(long-context records, head totals with step and tokens, head rows, layer rows, ablation rows, selection
+    rows) of eval/*.json."""
+    records, totals, heads, layers, ablations, selections = [], [], [], [], [], []
     for kind, _, path in eval_files(run_dir):
         report = read_eval_record(path)
         if not _readable(kind, report):  # written whole or not at all: damaged
@@ -125,9 +132,11 @@ def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
             heads += report["heads"]
             layers += report["layers"]
             ablations += report.get("ablation", [])
+            chosen = report.get("selection") or {}
+            selections += [{"step": report["step"], "seed": chosen.get("seed"), **h} for h in chosen.get("heads", [])]
         else:
             records += report["records"]
-    return records, totals, heads, layers, ablations
+    return records, totals, heads, layers, ablations, selections
 
 
 def _readable(kind: str, report) -> bool:
@@ -170,13 +179,13 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
     if status.get("state") == "damaged":
         print(f"analyze: {status['error']}; the run counts as not done", file=sys.stderr)
     provenance = config.pop(PROVENANCE_KEY, None) or {}
-    records, totals, heads, layers, ablations = read_evals(run_dir)
+    records, totals, heads, layers, ablations, selections = read_evals(run_dir)
     flat = flat_config(config)
     if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
         flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
     return {"config": flat, "plan": read_plan(run_dir), "status": status,
             "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads, "layers": layers,
-            "ablations": ablations}
+            "ablations": ablations, "selections": selections}
 
 
 def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: Iterable[str] = TAGS,
@@ -203,6 +212,14 @@ def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: 
     names = [d.relative_to(root).as_posix() if d != root else d.name for d in dirs]
     configs = _configs(names, dirs, raw)
     return Runs(configs, *_tables(names, raw, configs))
+
+
+def planned_configs(cells: list[tuple[str, dict, RunPlan]]) -> pd.DataFrame:
+    """``Runs.configs`` of runs not trained yet, a grid's cells as (name, config as plain data, plan): the same
+    architectures and labels analysis will give their runs (state ``planned``)."""
+    raw = [{"config": flat_config(config), "plan": plan, "status": {"state": "planned"}, "records": [], "totals": []}
+           for _, config, plan in cells]
+    return _configs([name for name, _, _ in cells], [Path(name) for name, _, _ in cells], raw)
 
 
 def _common_parent(dirs: list[Path]) -> Path:
@@ -314,8 +331,8 @@ def _distinct_parts(values: list) -> dict:
 
 
 def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
-    """(metrics, records, heads, layers, ablations) of all runs; see ``Runs``."""
-    frames, records, heads, layers, ablations = [], [], [], [], []
+    """(metrics, records, heads, layers, ablations, selections) of all runs; see ``Runs``."""
+    frames, records, heads, layers, ablations, selections = [], [], [], [], [], []
     tokens_per_step = dict(zip(configs["run"], configs["tokens_per_step"])) if len(configs) else {}
     for name, r in zip(names, raw):
         scalars = r["scalars"][r["scalars"]["metric"] != Tag.TOKENS]
@@ -327,6 +344,7 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
         heads.append(pd.DataFrame(r["heads"]).assign(run=name))
         layers.append(pd.DataFrame(r["layers"]).assign(run=name))
         ablations.append(pd.DataFrame(r["ablations"]).assign(run=name))
+        selections.append(pd.DataFrame(r["selections"]).assign(run=name))
     records = _concat(records, ["run", *columns("records")])
     frames.append(record_scores(records, pd.Series({name: r["plan"].budget.seq_len for name, r in zip(names, raw)})))
     metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[["run", "step", "tokens", "metric", "value"]]
@@ -339,7 +357,8 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
             records,
             _concat(heads, ["run", *columns("heads")]),
             _concat(layers, ["run", *columns("layers")]),
-            _concat(ablations, ["run", *columns("ablation")]))
+            _concat(ablations, ["run", *columns("ablation")]),
+            _concat(selections, SELECTION_COLUMNS))
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

@@ -80,19 +80,22 @@ def _findings(runs: Runs, out: Path) -> str:
     c = runs.configs
     return "\n".join([
         "## Findings of the paper at this scale\n",
-        "Each verdict follows a fixed rule (`analysis/findings.py` states the rules): the effect over seeds with "
-        "its 95% interval (Welch's t), a permutation or log-rank p and the p after Holm's adjustment over the tests of the finding; "
-        "`reproduced` needs 3 seeds per compared arm and an adjusted p < 0.05 in the paper's direction, "
-        "`refuted` the same in the opposite one, otherwise `inconclusive` with the reason; `no signal`: the "
-        "phenomenon the test looks at did not appear in any run; `not tested`: the runs lack what the test "
-        "needs; `not testable at this budget`: the runs end before it can be seen. "
+        "Each verdict follows a fixed rule (`analysis/findings.py` states the rules) on the comparison its "
+        "finding claims: the effect over seeds with its 95% interval (Welch's t), a permutation or log-rank p and "
+        "the p after Holm's adjustment over the claims of the finding; `reproduced` needs 3 seeds per compared "
+        "arm, an adjusted p < 0.05 in the paper's direction and an interval on that side of 0, `refuted` the same "
+        "in the opposite one, otherwise `inconclusive` with the reason; `no signal`: the phenomenon the test looks "
+        "at did not appear in any run; `not tested`: the runs lack what the test needs; `not testable`: the design "
+        "cannot tell what the test asks (the reason says why); `not testable at this budget`: the runs end before "
+        "it can be seen. A `context` comparison is shown beside a claim and decides nothing. "
         f"These runs: {len(c)}, {_scale(c)}. CSV: `findings.csv` (one row per test), "
         "`findings_comparisons.csv`.\n",
         table,
         "\nWhat a proper test needs: the paper's scale (15M-477M non-embedding parameters, 100N-1000N tokens: "
-        "`ablations/paper.yaml`), natural long documents rather than synthetic retrieval sequences, at least 5 "
-        "seeds per compared arm (a permutation p of two arms of 3 seeds cannot fall below 0.10), and evaluations "
-        "dense around the step where retrieval emerges.\n",
+        "`ablations/paper.yaml`), natural long documents rather than synthetic retrieval sequences, enough seeds "
+        "per compared arm (a permutation p of two arms of 3 seeds cannot fall below 0.10; `hybrid-lightning grid "
+        "plan GRID --verdicts` states each test's floor and the seeds for 80% power before a grid trains), and "
+        "evaluations dense around the step where retrieval emerges.\n",
     ])
 
 

@@ -1,7 +1,7 @@
 """Statistics over seeds for the findings' verdicts (analysis/findings.py): intervals whose coverage is
-measured, exact or Monte-Carlo permutation tests, the log-rank test and restricted means for censored
-times, Holm's adjustment, and the verdict rule. The tests and intervals are scipy.stats'; what is written
-here is what scipy lacks (the stratified permutation test, Holm's adjustment, the verdict rule).
+measured, exact or Monte-Carlo permutation tests, equivalence by two one-sided tests, Holm's adjustment,
+and the verdict rule (censored times: analysis/survival.py). The tests and intervals are scipy.stats'; what
+is written here is what scipy lacks (the stratified permutation test, Holm's adjustment, the verdict rule).
 
 The unit of replication is the seed: each run gives one value (or one row of values, e.g. a score at
 two steps) and an *arm* is the runs of one architecture. Every function is deterministic: random draws
@@ -33,7 +33,6 @@ from scipy import stats as st
 
 SEED = 0  # of every random draw here, so that reports are reproducible
 PERMUTATIONS = 20_000  # Monte-Carlo relabellings where the exact enumeration would be longer than EXACT_LIMIT
-LOGRANK_PERMUTATIONS = 2_000  # the same for the log-rank statistic, which scipy computes one relabelling at a time
 EXACT_LIMIT = 50_000
 ALPHA = 0.05
 LEVEL = 0.95  # of every interval
@@ -47,6 +46,13 @@ Statistic = Callable[[np.ndarray, np.ndarray], np.ndarray]
 def mean_difference(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Mean of group 0 minus mean of group 1, of 1-d rows: (B, N) -> (B,)."""
     return x[:, groups == 0].mean(axis=1) - x[:, groups == 1].mean(axis=1)
+
+
+def spread(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Between-arm sum of squares of the arms' means (the one-way ANOVA numerator): (B, N) -> (B,); large for
+    any difference among the arms."""
+    grand = x.mean(axis=1)
+    return sum((groups == g).sum() * (x[:, groups == g].mean(axis=1) - grand) ** 2 for g in np.unique(groups))
 
 
 def _arrange(arms: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -123,52 +129,6 @@ def permutation_p(arms: list[np.ndarray], statistic: Statistic = mean_difference
     return float(result.pvalue)
 
 
-def censored(times: np.ndarray, events: np.ndarray) -> st.CensoredData:
-    """Event times (``events`` true) and right-censoring times (false) as scipy's ``CensoredData``."""
-    times, events = np.asarray(times, dtype=float), np.asarray(events, dtype=bool)
-    return st.CensoredData(uncensored=times[events], right=times[~events])
-
-
-def logrank(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
-    """(z, p) of the log-rank test of two arms of censored times, each (times, events): z from
-    ``scipy.stats.logrank`` (> 0: arm ``a`` has its events earlier), p two-sided from the permutation
-    distribution of z over relabellings of the runs between the arms (exact up to ``EXACT_LIMIT``, else
-    ``LOGRANK_PERMUTATIONS`` draws): the asymptotic p rejects 6-7% of true nulls at 3 and 5 seeds per arm.
-    NaN where neither arm has an event."""
-    t, e = np.r_[a[0], b[0]].astype(float), np.r_[a[1], b[1]].astype(bool)
-    if not e.any():
-        return math.nan, math.nan
-    n = len(a[0])
-
-    def z(order: np.ndarray) -> float:
-        i, j = order[:n], order[n:]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            value = st.logrank(censored(t[i], e[i]), censored(t[j], e[j])).statistic
-        return 0.0 if np.isnan(value) else float(value)
-
-    observed = z(np.arange(len(t)))
-    if math.comb(len(t), n) <= EXACT_LIMIT:
-        orders, extra = [np.r_[c, np.setdiff1d(np.arange(len(t)), c)] for c in itertools.combinations(range(len(t)), n)], 0
-    else:
-        rng = np.random.default_rng(SEED)
-        orders, extra = [rng.permutation(len(t)) for _ in range(LOGRANK_PERMUTATIONS)], 1
-    values = np.array([z(o) for o in orders])
-    tolerance = 1e-12 * max(1.0, abs(observed))
-    above = (np.sum(values >= observed - tolerance) + extra) / (len(values) + extra)
-    below = (np.sum(values <= observed + tolerance) + extra) / (len(values) + extra)
-    return observed, float(min(1.0, 2 * min(above, below)))
-
-
-def km_median(times: np.ndarray, events: np.ndarray) -> float:
-    """The Kaplan-Meier median (``scipy.stats.ecdf``): the first time the share without the event falls to
-    0.5 or below; NaN where it stays above (too few events by the runs' last observations)."""
-    if not np.asarray(events, dtype=bool).any():
-        return math.nan
-    sf = st.ecdf(censored(times, events)).sf
-    at = sf.quantiles[sf.probabilities <= 0.5]
-    return float(at[0]) if len(at) else math.nan
-
-
 def stratified_p(strata: list[tuple[np.ndarray, np.ndarray]]) -> float:
     """Two-sided permutation p for "the marked items of each run are like any others of that run" (scipy has
     no stratified permutation test). Each stratum (one run) is (values (n,), marked (n,) bool); the statistic
@@ -197,7 +157,14 @@ def stratified_p(strata: list[tuple[np.ndarray, np.ndarray]]) -> float:
             marks = rng.permuted(np.tile(m, (PERMUTATIONS, 1)), axis=1)  # (draws, n)
             values += (marks * v).sum(axis=1) / m.sum() - v.mean()
         values = values / len(strata)
-    tolerance = 1e-12 * max(1.0, abs(observed))  # equal statistics computed in another order count as equal
+    return two_sided(values, observed, extra)
+
+
+def two_sided(values: np.ndarray, observed: float, extra: int) -> float:
+    """Twice the smaller tail of the null ``values`` at ``observed``, capped at 1; ``extra`` 1 counts the observed
+    arrangement among Monte-Carlo draws (0 for an exact enumeration, which holds it). Statistics equal up to
+    rounding (computed in another order) count as equal."""
+    tolerance = 1e-12 * max(1.0, abs(observed))
     above = (np.sum(values >= observed - tolerance) + extra) / (len(values) + extra)
     below = (np.sum(values <= observed + tolerance) + extra) / (len(values) + extra)
     return float(min(1.0, 2 * min(above, below)))
@@ -247,12 +214,26 @@ class Comparison:
     seeds: tuple[int, ...]
     unit: str = ""
     p_adj: float = math.nan
+    claim: bool = True  # False: shown beside the claims (context), outside the Holm family, deciding nothing
 
     @classmethod
     def of(cls, what: str, arms: list[np.ndarray], expected: int, unit: str = "") -> Comparison:
         """Mean of arm 0 minus mean of arm 1 over seeds, Welch's ``interval`` and the permutation p."""
         a, b = (np.asarray(x, dtype=float) for x in arms)
         return cls(what, float(a.mean() - b.mean()), interval(a, b), permutation_p([a, b]), expected, (len(a), len(b)), unit)
+
+    @classmethod
+    def among(cls, what: str, arms: dict[str, np.ndarray], unit: str = "") -> Comparison:
+        """Whether the arms (name -> seeds' values) differ at all, no direction expected: for two arms ``of``,
+        the second minus the first (``what`` prefixed ``B - A:``); for more, the effect is the standard
+        deviation of the arms' means (no interval: no pair is singled out) and p the permutation p of their
+        ``spread``."""
+        names, values = list(arms), [np.asarray(a, dtype=float) for a in arms.values()]
+        if len(values) == 2:
+            return cls.of(f"{names[1]} - {names[0]}: {what}", values[::-1], 0, unit)
+        means = np.array([v.mean() for v in values])
+        return cls(f"{what} (SD of the {len(values)} arm means)", float(means.std()), (math.nan, math.nan),
+                   permutation_p(values, spread, upper=True), 0, tuple(len(v) for v in values), unit)
 
     @classmethod
     def paired(cls, what: str, differences: np.ndarray, p: float, expected: int, unit: str = "") -> Comparison:
@@ -262,20 +243,31 @@ class Comparison:
         return cls(what, float(d.mean()), mean_ci(d), p, expected, (len(d),), unit)
 
     def verdict(self) -> tuple[str, str]:
-        """(verdict, reason): ``reproduced`` with at least ``MIN_SEEDS`` seeds per arm and Holm-adjusted
-        p < ``ALPHA`` in the expected direction (any direction where none is expected); ``refuted`` when it is
-        significant in the opposite direction; else ``inconclusive`` with the reason."""
+        """(verdict, reason): ``reproduced`` with at least ``MIN_SEEDS`` seeds per arm, Holm-adjusted p <
+        ``ALPHA`` in the expected direction (any direction where none is expected) and a 95% interval that
+        excludes 0 (where there is one); ``refuted`` the same in the opposite direction; else ``inconclusive``
+        with the reason. A context comparison
+        (``claim`` false) is ``context``: it decides nothing."""
+        if not self.claim:
+            return "context", f"shown beside the claim, outside the Holm family (raw p {self.p:.3g})"
         if min(self.seeds) < MIN_SEEDS:
             return "inconclusive", f"too few seeds ({min(self.seeds)} in an arm; the rule needs {MIN_SEEDS})"
         if math.isnan(self.p_adj):
             return "inconclusive", "the effect is undefined on these runs"
+        if self.p_adj < ALPHA and self.spans_zero():
+            return "inconclusive", (f"adjusted p {self.p_adj:.3g} < {ALPHA} but the 95% interval spans 0 (seeds too "
+                                    "spread for the permutation p's separation to fix the size of the effect)")
         if self.p_adj < ALPHA:
             return ("reproduced", "") if self.agrees() else ("refuted", "significant in the opposite direction")
-        if self.ci[0] <= 1e-12 and self.ci[1] >= -1e-12:  # rounding: a CI of exactly 0 may come out as -3e-17
+        if self.spans_zero():
             return "inconclusive", "CI spans 0"
         floor = min_p(*self.seeds) if len(self.seeds) == 2 else 0.0
         return "inconclusive", (f"adjusted p {self.p_adj:.3g} >= {ALPHA}" + (
             f"; with {seeds_text(self.seeds)} seeds no p can fall below {floor:.2g}" if floor >= ALPHA else ""))
+
+    def spans_zero(self) -> bool:
+        """Whether the interval holds 0 (False where there is none); a CI of exactly 0 may come out as -3e-17."""
+        return self.ci[0] <= 1e-12 and self.ci[1] >= -1e-12
 
     def agrees(self) -> bool:
         """Whether the effect has the expected sign (any sign where none is expected)."""
@@ -306,9 +298,33 @@ class Test:
 
 
 def adjust(comparisons: list[Comparison]) -> None:
-    """Sets each comparison's ``p_adj``: Holm over the list (the tests of one finding)."""
-    for c, p in zip(comparisons, holm([c.p for c in comparisons])):
+    """Sets each claim's ``p_adj``: Holm over the claims of the list (the tests of one finding); a context
+    comparison keeps NaN."""
+    claims = [c for c in comparisons if c.claim]
+    for c, p in zip(claims, holm([c.p for c in claims])):
         c.p_adj = p
+
+
+def tost(a: np.ndarray, b: np.ndarray, margin: float) -> tuple:
+    """Two one-sided Welch t tests (Schuirmann 1987) that mean(a) - mean(b) lies within (-margin, margin), along
+    the last axis (seeds; leading axes: many experiments at once): p (the larger one-sided p; < alpha:
+    equivalent at level alpha) and the 1 - 2 alpha Welch interval (inside the margin exactly where p < alpha;
+    the t distribution of ``scipy.stats.ttest_ind`` with ``equal_var=False``). Where neither arm's seeds vary:
+    p 0 inside the margin, 1 outside, the interval the point; NaN with fewer than two seeds in an arm."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = a.mean(axis=-1) - b.mean(axis=-1)
+    if min(a.shape[-1], b.shape[-1]) < 2:
+        return np.full_like(d, math.nan)[()], (np.full_like(d, math.nan)[()],) * 2
+    va, vb = a.var(axis=-1, ddof=1) / a.shape[-1], b.var(axis=-1, ddof=1) / b.shape[-1]
+    se = np.sqrt(va + vb)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df = (va + vb) ** 2 / (va**2 / (a.shape[-1] - 1) + vb**2 / (b.shape[-1] - 1))
+        p = np.maximum(st.t.sf((d + margin) / se, df), st.t.cdf((d - margin) / se, df))
+        half = st.t.ppf(1 - ALPHA, df) * se
+    point = se == 0
+    p = np.where(point, np.where(np.abs(d) < margin, 0.0, 1.0), p)
+    low, high = np.where(point, d, d - half), np.where(point, d, d + half)
+    return p[()], (low[()], high[()])
 
 
 def seeds_text(seeds: tuple[int, ...]) -> str:

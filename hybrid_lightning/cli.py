@@ -92,11 +92,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _planned_cells(grid) -> list[tuple[str, Path]]:
-    """A grid's cells as analysis takes them: (name, run directory)."""
-    return [(c.name, c.run_dir) for c in grid.cells]
-
-
 def cmd_analyze(args: argparse.Namespace) -> int:
     from hybrid_lightning.analysis.report import analyze
 
@@ -104,7 +99,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.grid is not None:
         from hybrid_lightning.grid import load_grid
 
-        planned = _planned_cells(load_grid(args.grid, args.dir, resolve=False))  # its data need not exist here
+        planned = [(c.name, c.run_dir) for c in load_grid(args.grid, args.dir, resolve=False).cells]  # its data need not exist
     report = analyze(args.dir, args.out, args.metric, planned, findings=args.findings)
     if args.findings:
         print((report.parent / "findings.md").read_text())
@@ -116,10 +111,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from hybrid_lightning.analysis.report import analyze
     from hybrid_lightning.grid import load_grid, submit_grid
 
-    grid_file = args.grid or demo_grid()
-    grid = load_grid(grid_file, args.root)
+    grid = load_grid(args.grid or demo_grid(), args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print(f"report.md and findings.md written to {analyze(grid.root, args.out, planned=_planned_cells(grid), findings=True).parent}")
+    planned = [(c.name, c.run_dir) for c in grid.cells]
+    print(f"report.md and findings.md written to {analyze(grid.root, args.out, planned=planned, findings=True).parent}")
     return code
 
 
@@ -234,9 +229,9 @@ def _add_heads_parser(sub) -> None:
     mask.add_argument("--mask-random", type=int, metavar="K", help="mask K random heads outside the top K instead")
     mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
     p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
-    p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many heads "
-                   "from the same layers and N of non-retrieval heads, seeded by --seed, the run and the step, and the "
-                   "permutation p of the top K against each (default 20; 0 = none)")
+    p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many "
+                   "non-retrieval heads of the same layers and N of non-retrieval heads of any layer, seeded by --seed, the "
+                   "run and the step, and the permutation p of the top K against each (default 20; 0 = none)")
     p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero", help="zero: a masked head's output is 0; "
                    "uniform: its pre-softmax logits are 0, so it attends uniformly (Wu et al.) (default zero)")
     p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")

@@ -14,9 +14,13 @@ def cmd_grid_plan(args: argparse.Namespace) -> int:
     import json
 
     from hybrid_lightning.grid import load_grid
-    from hybrid_lightning.grid.report import plan_rows, plan_table
+    from hybrid_lightning.grid.report import plan_rows, plan_table, planned_cells
     from hybrid_lightning.grid.submit import check_plan
 
+    if args.verdicts:  # which verdicts of analyze --findings the grid can reach, before its data exists
+        from hybrid_lightning.analysis.design import design_check
+        print(design_check(planned_cells(args.grid, args.root), args.pilot, args.json))
+        return 0
     grid = load_grid(args.grid, args.root)
     check_plan(grid, args.profile, args.profile_overrides, say=lambda line: print(line, file=sys.stderr))
     rows = plan_rows(grid, args.throughput, args.tflops)
@@ -78,6 +82,8 @@ def add_grid_parsers(sub, command: Callable[..., argparse.ArgumentParser],
                "SLURM profile: check each cell's nodes and tasks against it and, where SLURM answers, against its "
                "partition (without a profile or --set: CPU cells against this machine's cores)")
     p.add_argument("--json", action="store_true", help="the cells as a JSON list")
+    p.add_argument("--verdicts", action="store_true", help="instead, the verdicts the grid can reach: floors, power (analysis.md)")
+    p.add_argument("--pilot", metavar="RUNS", help="with --verdicts: effects and variances from the runs under RUNS")
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
     speed.add_argument("--tflops", type=float, metavar="TFLOPS",

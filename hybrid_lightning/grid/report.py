@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hybrid_lightning.grid.spec import Grid, format_value
+from hybrid_lightning.grid.spec import Grid, format_value, load_grid
 from hybrid_lightning.grid.state import CellState, cell_states
 from hybrid_lightning.units import format_table, si
 
@@ -38,6 +38,16 @@ def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None 
             row["gpu_hours"] = plan.flops_per_token * tokens / (tflops * 1e12) / 3600
         rows.append(row)
     return rows
+
+
+def planned_cells(path, root=None) -> list[tuple]:
+    """A grid's cells as the design check (``grid plan --verdicts``, analysis/design.py) reads them: (name,
+    config as plain data, run plan), planned without their data, which need not exist before the grid runs."""
+    from hybrid_lightning.config import config_to_dict
+    from hybrid_lightning.plan.resolve import plan_run
+
+    planned = [(cell.name, plan_run(cell.config, sources=False)) for cell in load_grid(path, root, resolve=False).cells]
+    return [(name, config_to_dict(cfg), plan) for name, (cfg, plan) in planned]
 
 
 def plan_table(grid: Grid, rows: list[dict]) -> str:

@@ -11,11 +11,14 @@ explicit list ``layer.head``. The scores that choose them come from held-out pro
 seed, ``eval.heads.selection_seed``), so the heads are not chosen on the probes they are tested on.
 
 Tests the setup cannot force: the top K against ``controls`` random draws of as many heads from the
-same layers (per layer as many as the top K has there; selection ``control``) and against as many draws
-of K heads that are not retrieval heads (Wu et al.'s contrast; selection ``control_nonretrieval``), each
-with the permutation p (1 + #{draws at least as harmful}) / (1 + draws), harm being the drop in token
-accuracy; the draws are seeded by the given seed, the run and the step, so that every run and checkpoint
-gets fresh ones; and every attention head masked alone.
+same layers that are neither in the top K nor retrieval heads (per layer as many as the top K has there;
+selection ``control``; none where the top K fills a layer: it then has no same-layer control) and against
+as many draws of K heads that are not retrieval heads, from any layer (Wu et al.'s contrast; selection
+``control_nonretrieval``), each with the permutation p (1 + #{draws at least as harmful}) / (1 + draws),
+harm being the drop in token accuracy. Retrieval heads are those of the held-out report that chose the top
+K, so that the controls are not chosen on the probes they are scored on either. The draws are seeded by the
+given seed, the run and the step, so that every run and checkpoint gets fresh ones; and every attention
+head masked alone.
 """
 
 from __future__ import annotations
@@ -178,11 +181,15 @@ def permutation_p(observed: float, draws: list[float]) -> float:
 
 def layer_matched_draws(report: dict, top: list[tuple[int, int]], n: int, seed) -> list[list[tuple[int, int]]]:
     """``n`` random head sets matched to ``top`` layer by layer: from each layer holding c heads of
-    ``top``, c of its attention heads (the top ones included: a draw may equal ``top``). ``seed``: an int
-    or a sequence of ints (numpy's seeding)."""
+    ``top``, c of its attention heads that are neither in ``top`` nor retrieval heads in ``report`` (the
+    report that chose ``top``); empty where a layer has fewer such heads than c (``top`` fills it, or its
+    other heads are retrieval heads). ``seed``: an int or a sequence of ints (numpy's seeding)."""
     rng = np.random.default_rng(seed)
     per_layer = Counter(layer for layer, _ in top)
-    heads_of = {layer: sorted(r["head"] for r in report["heads"] if r["layer"] == layer) for layer in per_layer}
+    heads_of = {layer: sorted(r["head"] for r in report["heads"] if r["layer"] == layer and not r.get("retrieval")
+                              and (layer, r["head"]) not in top) for layer in per_layer}
+    if any(len(heads_of[layer]) < c for layer, c in per_layer.items()):
+        return []
     draws = []
     for _ in range(n):
         draw = [(layer, heads_of[layer][i]) for layer, c in sorted(per_layer.items())
@@ -193,7 +200,8 @@ def layer_matched_draws(report: dict, top: list[tuple[int, int]], n: int, seed) 
 
 def nonretrieval_draws(report: dict, top: list[tuple[int, int]], n: int, seed) -> list[list[tuple[int, int]]]:
     """``n`` random sets of len(top) attention heads among those that are not retrieval heads in ``report``
-    (Wu et al.'s contrast), from any layer; empty where there are fewer such heads than len(top)."""
+    (the report that chose ``top``; Wu et al.'s contrast), from any layer; empty where there are fewer such
+    heads than len(top)."""
     pool_ = sorted((r["layer"], r["head"]) for r in report["heads"] if not r.get("retrieval"))
     if len(pool_) < len(top):
         return []
@@ -208,8 +216,9 @@ def control_test(model, ev: LongContextEval, report: dict, top: list[tuple[int, 
                  base: list[dict], *, controls: int, seed, step: int, tokens: int, dtype: torch.dtype | None = None,
                  mode: str = "zero") -> tuple[list[dict], list[dict]]:
     """The top-K ablation (its rows ``top_rows``) against ``controls`` draws of each kind of ``CONTROLS``
-    (layer-matched; non-retrieval heads): the draws' ablation rows (their selection, ``draw`` = its index)
-    and one test per kind: harm of the top K, of every draw, and the permutation p."""
+    (layer-matched; non-retrieval heads), drawn by ``report``'s retrieval marks (the held-out report that
+    chose ``top``): the draws' ablation rows (their selection, ``draw`` = its index) and one test per kind
+    that has draws: harm of the top K, of every draw, and the permutation p."""
     rows, tests, top_harm = [], [], harm(top_rows)
     for selection, (match, draw_heads) in CONTROLS.items():
         harms = []
@@ -252,7 +261,7 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
                         step=step, tokens=tokens, dtype=dtype, base=base, mode=mode)
         out["ablation"] += chosen
         if selection == "top" and controls:
-            rows, tests = control_test(model, ev, report, heads, chosen, base, controls=controls, seed=[seed, run_key, step],
+            rows, tests = control_test(model, ev, chooser, heads, chosen, base, controls=controls, seed=[seed, run_key, step],
                                        step=step, tokens=tokens, dtype=dtype, mode=mode)
             out["ablation"] += rows
             out["ablation_tests"] += [test | {"selection_seed": selection_seed(cfg)} for test in tests]

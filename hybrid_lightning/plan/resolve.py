@@ -28,10 +28,12 @@ from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan
 from hybrid_lightning.units import format_table
 
 
-def resolve_config(cfg: RunConfig) -> RunConfig:
+def resolve_config(cfg: RunConfig, sources: bool = True) -> RunConfig:
     """Fills what follows from other settings: the vocabulary size from the tokenizer, the name, and
-    ``train.max_steps`` from ``train.tokens_per_param``."""
-    check_sources(cfg.data)
+    ``train.max_steps`` from ``train.tokens_per_param``. ``sources``: check that the data exists first (False
+    plans a config whose data is not written yet, as ``grid plan --verdicts`` does)."""
+    if sources:
+        check_sources(cfg.data)
     model, tokens = cfg.model, load_tokenizer(cfg.data.tokenizer).vocab_size
     if model.vocab_size is None:
         model = model.model_copy(update={"vocab_size": tokens})
@@ -92,9 +94,9 @@ def _probes(cfg: EvalConfig, tokenizer: str, seq_len: int) -> dict:
     return check_probes(cfg, load_tokenizer(tokenizer), seq_len)
 
 
-def plan_run(cfg: RunConfig) -> tuple[RunConfig, RunPlan]:
-    """The config resolved and its plan."""
-    cfg = resolve_config(cfg)
+def plan_run(cfg: RunConfig, sources: bool = True) -> tuple[RunConfig, RunPlan]:
+    """The config resolved (``resolve_config``) and its plan."""
+    cfg = resolve_config(cfg, sources)
     return cfg, make_plan(cfg)
 
 

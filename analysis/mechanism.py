@@ -1,0 +1,196 @@
+"""Finding 2's *where* and *ablation* tests (analysis/findings.py; laziness: analysis/laziness.py).
+
+*Where*: among the heads that could reach a copy source (``reach_steps`` > 0; all heads in records written
+before reachability was), per SWA-hybrid run with retrieval heads at its last scoring, the share of them in
+full-attention layers minus the share of its heads there. Head-level null: the retrieval marks moved among
+each run's heads (``stats.stratified_p``; runs whose reachable heads are all of one kind cannot compare and
+are left out). Layer-level null, the one that tells attention type from depth: each reachable layer's share
+of its run's retrieval heads; strata are (window, layer index), and within a stratum the full-attention
+marks are moved among the runs' layers, so that a full layer competes only with windowed layers of the same
+depth and window that could have held a retrieval head. Runs whose full layers all sit at one index, or
+windows none of whose layers at that index can reach a source, cannot give it: the test is then not
+testable. ``reproduced`` needs both nulls rejected.
+
+*Ablation*, per architecture with the seed as the unit: per checkpoint and K, the probe token-accuracy drop
+(lengths within training) from masking the top-K heads minus the mean drop of its controls, then per run
+the mean over its checkpoints. A control draw counts only where it masks, layer by layer, as many heads as
+the top-K has there, none of them in the top-K and none a retrieval head by the held-out selection report
+(``eval.heads.selection_seed``; the scored report's marks for records without one): whatever the run's
+files call it. p: within each checkpoint the top-K masking moved among its control draws, seeds of one
+architecture as strata (``stats.stratified_p``); interval: one-sample t over its runs. A checkpoint whose
+top-K fills a layer (K >= heads per layer there) has no such control: that architecture is not testable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+from scipy import stats as st
+
+from hybrid_lightning.analysis import stats, tables
+from hybrid_lightning.analysis.arms import swa_hybrids
+from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.stats import Comparison, Decided, Test
+from hybrid_lightning.kinds import FULL
+
+F = "2. retrieval heads"
+NOT_TESTABLE = "not testable"  # the design cannot tell what the test asks
+
+
+def where(runs: Runs) -> Test:
+    c = runs.configs
+    h = runs.heads[runs.heads["run"].isin(c[swa_hybrids(c)]["run"])]
+    if h.empty:
+        return Test(F, "where", verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
+    last = h[h["step"] == h.groupby("run")["step"].transform("max")]
+    reach = "reach_steps" in last and last["reach_steps"].notna().all()
+    if reach:
+        last = last[last["reach_steps"] > 0]
+    retrieval = last["reach_retrieval" if reach else "retrieval"].astype(bool)
+    last = last.assign(retrieval=retrieval, full=last["kind"].eq(FULL), window=last["run"].map(tables.windows(c)))
+    per_run = pd.DataFrame({"heads": last["full"].groupby(last["run"]).mean(), "retrieval": retrieval.groupby(last["run"]).sum(),
+                            "retrieval_full": (retrieval & last["full"]).groupby(last["run"]).sum()})
+    with_heads = per_run[per_run["retrieval"] > 0]
+    among = "among the heads that could reach a copy source" if reach else "among all heads (no reachability recorded)"
+    k, n = int(per_run["retrieval_full"].sum()), int(per_run["retrieval"].sum())
+    evidence = (f"{n} retrieval heads at the last scoring of {len(per_run)} SWA hybrids {among}, {k} in "
+                f"full-attention layers, in {len(with_heads)} runs")
+    if with_heads.empty:
+        return Test(F, "where", verdict="no signal", evidence=evidence)
+    ci = st.binomtest(k, n).proportion_ci(stats.LEVEL, method="exact")
+    mine = last[last["run"].isin(with_heads.index)]
+    mixed = with_heads[(with_heads["heads"] > 0) & (with_heads["heads"] < 1)]  # runs whose reachable heads are of both kinds
+    excess = mixed["retrieval_full"] / mixed["retrieval"] - mixed["heads"]
+    head_p = stats.stratified_p([(g["full"].to_numpy(), g["retrieval"].to_numpy()) for _, g in mine.groupby("run")])
+    heads = Comparison.paired("share of retrieval heads in full layers - share of heads there (head-level null)",
+                              excess.to_numpy() if len(excess) else np.array([math.nan]), head_p, +1)
+    depth, placements = _where_at_depth(mine)
+    text = (f"; pooled share in full layers {k}/{n} = {k / n:.2f} (exact 95% CI {ci.low:.2f} to {ci.high:.2f}); "
+            f"{len(with_heads) - len(mixed)} of these runs have reachable heads of one kind only; full layers at "
+            f"{placements}; per run: " + ", ".join(f"{run}: {r['retrieval_full']:.0f}/{r['retrieval']:.0f} vs "
+                                                   f"{r['heads']:.2f}" for run, r in with_heads.iterrows()))
+    return Test(F, "where", [heads, depth], evidence + text, combine=_where_verdict)
+
+
+def _where_at_depth(last: pd.DataFrame) -> tuple[Comparison, str]:
+    """The layer-level comparison: per run, the share of its retrieval heads in its full layers minus the mean
+    share of the same layer indices in the runs of its window where they are reachable windowed layers (> 0:
+    full attention holds more than the same depth does without it); p: the full marks moved within each
+    (window, layer index) stratum. NaN where no stratum has both. Also the placements, in words."""
+    layers = last.groupby(["run", "layer"]).agg(full=("full", "any"), retrieval=("retrieval", "sum"),
+                                                window=("window", "first")).reset_index()
+    layers["share"] = layers["retrieval"] / layers["run"].map(layers.groupby("run")["retrieval"].sum())
+    strata = [g for _, g in layers.groupby(["window", "layer"], dropna=False) if g["full"].any() and not g["full"].all()]
+    differences = []
+    for run, g in layers[layers["full"]].groupby("run"):
+        terms = [row["share"] - s.loc[~s["full"], "share"].mean() for _, row in g.iterrows()
+                 for s in strata if s["layer"].iloc[0] == row["layer"] and row["run"] in set(s["run"])]
+        if terms:
+            differences.append(sum(terms))
+    placements = layers[layers["full"]].groupby("run")["layer"].agg(tuple).value_counts()
+    text = ", ".join(f"layers {list(p)} in {n} runs" for p, n in placements.items())
+    p = stats.stratified_p([(g["share"].to_numpy(), g["full"].to_numpy()) for g in strata]) if strata else math.nan
+    comparison = Comparison.paired("full-layer share - share of the same layers where windowed, same window "
+                                   "(layer-level null)", np.array(differences or [math.nan]), p, +1)
+    return comparison, text
+
+
+def _where_verdict(decided: list[Decided]) -> Decided:
+    """Reproduced only where the head-level and the layer-level comparison are; refuted where either is
+    refuted; not testable where no window has a full and a reachable windowed layer at one depth."""
+    (heads, hv, hr), (depth, dv, dr) = decided
+    if math.isnan(depth.p):
+        return heads, NOT_TESTABLE, ("attention type confounded with depth: no window has a full-attention layer and a "
+                                     "windowed layer that could reach a copy source at the same layer index (a "
+                                     "placement such as FEEE beside EEEF, at a window that reaches the echo probes, "
+                                     "tells them apart); head level: " + (hv if hv != "inconclusive" else hr))
+    if "refuted" in (hv, dv):
+        return (heads, hv, hr) if hv == "refuted" else (depth, dv, dr)
+    if hv == dv == "reproduced":
+        return depth, "reproduced", ""
+    return (depth, dv, dr) if dv != "reproduced" else (heads, hv, hr)
+
+
+def _heads(text: str) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, _, b in (h.partition(".") for h in text.split())]
+
+
+def _retrieval_marks(runs: Runs) -> tuple[dict, str]:
+    """(run, step) -> the set of retrieval heads by the held-out selection report where recorded (score above
+    the run's ``eval.heads.threshold``), else by the scored report; and which was used, in words."""
+    thresholds = runs.configs.set_index("run")["eval.heads.threshold"]
+    s = runs.selections
+    marks = {key: set(zip(g.loc[g["score"] > thresholds[key[0]], "layer"], g.loc[g["score"] > thresholds[key[0]], "head"]))
+             for key, g in s.groupby(["run", "step"])}
+    scored = {key: set(zip(g.loc[g["retrieval"].astype(bool), "layer"], g.loc[g["retrieval"].astype(bool), "head"]))
+              for key, g in runs.heads.groupby(["run", "step"])}
+    used = "the held-out selection report" if marks else "the scored report (no selection report recorded)"
+    return {**scored, **marks}, used
+
+
+def _experiment(top: set, draws: pd.DataFrame, per_layer: Counter, retrieval: set) -> tuple[list[float], str]:
+    """The drops of ``draws`` that are controls of the top-K ``top`` (see the module), or the reason there are none."""
+    wanted = Counter(layer for layer, _ in top)
+    if not per_layer:
+        return [], "no head scores at the checkpoint"
+    if not top & retrieval:
+        return [], "no retrieval head in the top-K"
+    full = [layer for layer, c in wanted.items() if c >= per_layer[layer]]
+    if full:
+        return [], f"the top-K fills layer {', '.join(map(str, sorted(full)))} ({len(top)} of {per_layer[full[0]]} heads)"
+    taken = Counter(layer for layer, _ in top | retrieval)
+    short = [layer for layer, c in wanted.items() if per_layer[layer] - taken[layer] < c]
+    if short:
+        return [], f"the other heads of layer {', '.join(map(str, sorted(short)))} are retrieval heads"
+    valid = [d for heads, d in zip(draws["heads"], draws["token_drop"])
+             if Counter(layer for layer, _ in _heads(heads)) == wanted and len(set(_heads(heads))) == len(top)
+             and not set(_heads(heads)) & (top | retrieval)]
+    return valid, "" if valid else "no control draw of non-retrieval heads of the top-K's layers"
+
+
+def ablation(runs: Runs) -> Test:
+    a = tables.ablation(runs.ablations, runs.configs)
+    if a.empty or "top" not in set(a["selection"]):
+        return Test(F, "ablation", verdict="not tested", evidence="no run has a top-K head ablation")
+    a = a[a["within"]]  # within the training length, where retrieval can have formed
+    draws = a.groupby(["run", "label", "step", "k", "selection", "seed", "draw", "heads"], dropna=False)["token_drop"].mean().reset_index()
+    marks, used = _retrieval_marks(runs)
+    per_layer = {key: Counter(g) for key, g in runs.heads.groupby(["run", "step"])["layer"]}  # heads per layer
+    strata, reasons = {}, {}
+    for (run, label, step, k), g in draws.groupby(["run", "label", "step", "k"]):
+        top = g[g["selection"] == "top"]
+        if top.empty:
+            continue
+        others = g[g["selection"].isin(tables.DRAWS)]
+        valid, why = _experiment(set(_heads(top["heads"].iloc[0])), others, per_layer.get((run, step), Counter()),
+                                 marks.get((run, step), set()))
+        if valid:
+            strata.setdefault(label, {})[(run, step, k)] = (float(top["token_drop"].iloc[0]), valid)
+        else:
+            reasons.setdefault(label, []).append(why)
+    return _ablation_test(strata, reasons, used)
+
+
+def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
+    comparisons, lines = [], []
+    for label, experiments in sorted(strata.items()):
+        per_run = pd.Series({key: top - np.mean(valid) for key, (top, valid) in experiments.items()})
+        d = per_run.groupby(level=0).mean()
+        p = stats.stratified_p([(np.r_[top, valid], np.r_[True, np.zeros(len(valid), bool)]) for top, valid in experiments.values()])
+        ks = ", ".join(sorted({str(int(k)) for _, _, k in experiments}))
+        comparisons.append(Comparison.paired(f"{label}: top-K drop - drop of same-layer non-retrieval draws (K = {ks})",
+                                             d.to_numpy(), p, +1))
+        lines.append(f"{label}: " + ", ".join(f"{run} step {step}: {top:.3f} vs {np.mean(v):.3f} ({len(v)} draws)"
+                                              for (run, step, _), (top, v) in experiments.items()))
+    untestable = [f"{label}: " + "; ".join(f"{why} ({n} of {len(whys)} checkpoints)" for why, n in Counter(whys).items())
+                  for label, whys in sorted(reasons.items()) if label not in strata]
+    evidence = (f"retrieval heads by {used}; controls: same-layer non-retrieval heads outside the top-K. "
+                + "; ".join(lines + [f"not testable: {u}" for u in untestable]))
+    if comparisons:
+        return Test(F, "ablation", comparisons, evidence)
+    if all(w == "no retrieval head in the top-K" for whys in reasons.values() for w in whys):
+        return Test(F, "ablation", verdict="no signal", evidence=evidence)
+    return Test(F, "ablation", verdict=NOT_TESTABLE, reason="; ".join(untestable), evidence=evidence)

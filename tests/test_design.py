@@ -1,0 +1,138 @@
+"""The design check (``grid plan --verdicts``, analysis/design.py): floors from the tests' exact null
+distributions, Holm's adjustment over a finding's claims, reachability and its reasons, the warnings about
+controls that cannot work, power by simulation at a stated effect or at a pilot's, on grids written here and
+on the CPU replica's grid with its packed runs as the pilot."""
+
+import json
+import math
+
+import pytest
+import yaml
+
+from hybrid_lightning.analysis import design, power
+from hybrid_lightning.analysis.stats import holm
+from hybrid_lightning.cli import main
+
+from conftest import REPO
+from test_findings import arm
+
+BASE = {"model": {"pattern": "EEEF", "mixer": "swa"},  # the model of test_analysis.run_config, the pilots' below
+        "data": {"files": ["../no-data-yet/train.jsonl"]},  # planned without its data: it need not exist
+        "train": {"max_steps": 100, "batch_size": 2, "seq_len": 256, "warmup_steps": 1},
+        "eval": {"every_n_steps": 20, "tasks": ["passkey"], "lengths": [512, 1024],
+                 "heads": {"every_n_steps": 20, "tasks": ["passkey"], "lengths": [512], "value_tokens": 16}}}
+
+
+def grid_file(tmp_path, archs, seeds, n_heads=2):
+    path = tmp_path / "grid.yaml"
+    base = {**BASE, "model": {**BASE["model"], "n_heads": n_heads}}
+    path.write_text(yaml.safe_dump({"name": "g", "base": base, "axes": {"seed": list(range(seeds)), "arch": archs}}))
+    return path
+
+
+def check(args, capsys):
+    """``grid plan --verdicts --json`` on ``args``: ({test: row}, warnings, effects)."""
+    assert main(["grid", "plan", *map(str, args), "--verdicts", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    return {r["test"]: r for r in out["tests"]}, "\n".join(out["warnings"]), out["effects"]
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    monkeypatch.setattr(power, "REPLICATIONS", 100)
+    monkeypatch.setattr(power, "MAX_SEEDS", 12)
+
+
+def test_floors_of_the_exact_null_distributions():
+    """Two arms: 2 / C(n + m, n); more: the relabellings that keep the arms apart (equal sizes swap) over all;
+    strata: 2 over the product of their placements; beyond 50,000 relabellings the Monte-Carlo floor."""
+    assert design.two_arms(5, 5) == pytest.approx(2 / 252) and design.two_arms(3, 3) == pytest.approx(0.1)
+    assert design.arms_floor([3, 3, 3]) == pytest.approx(math.factorial(3) / 1680)
+    assert design.arms_floor([2, 3]) == pytest.approx(0.2)
+    assert design.arms_floor([5, 5, 5, 5]) == pytest.approx(1 / 20_001)  # 11.7 billion relabellings: Monte Carlo
+    assert design.stratified_floor([21] * 3) == pytest.approx(2 / 21**3)
+    assert design.stratified_floor([21] * 5) == pytest.approx(2 / 20_001)
+    assert holm([2 / 252, 2 / 252, 1e-4]) == pytest.approx([4 / 252, 4 / 252, 3e-4])
+
+
+def test_seeds_for_finds_the_fewest_by_bisection():
+    assert power.seeds_for(lambda n: float(n >= 7)) == 7
+    assert power.seeds_for(lambda n: 0.5) is None
+
+
+def test_power_of_two_normal_arms_matches_the_t_test(quick):
+    """1.5 seed SDs apart at 8 seeds per arm: the two-sided t test at 0.05 has power 0.80 (noncentral t);
+    the permutation test with the interval rule is within the simulation's error of it."""
+    model = power.normal([0.0, 1.5])
+    passed = power.passes_means(model.draw(power.rng(), [8, 8]), power.rng(), 0.05, 1)
+    assert abs(passed.mean() - 0.80) < 0.12
+
+
+def test_the_design_check_of_a_grid_whose_data_does_not_exist(tmp_path, capsys, quick):
+    """SWA hybrids at W=8 (no windowed head reaches the echo source 22 tokens back) and W=32, a depth control
+    with its full layer first, full attention; 2 heads per layer and the top-2 ablated: the check names what
+    each test compares, which cannot reach a verdict and why, and warns about each control."""
+    archs = {"w8": {"model.window": 8}, "w32": {"model.window": 32}, "feee": {"model.window": 8, "model.pattern": "FEEE"},
+             "full": {"model.pattern": "F"}}
+    table, warned, _ = check([grid_file(tmp_path, archs, 5)], capsys)
+    assert table["laziness"]["floor"] == pytest.approx(2 / 252) and table["laziness"]["reachable"] == "yes"
+    assert table["speed (probes)"]["seeds"] == "5/5" and table["speed (probes)"]["floor"] == pytest.approx(2 / 252)
+    assert table["where"]["reachable"] == "no" and "attention type confounded with depth" in table["where"]["why"]
+    assert "W=8 FEEE: its only full-attention layer is layer 0" in warned
+    assert "W=8 EEEF: no windowed head can reach a copy source of the head probes (the nearest lies 22 tokens back" in warned
+    assert "top-K 2 >= 2 heads per layer" in warned and table["ablation: W=32 EEEF"]["reachable"] == "no"
+    # Holm over finding 2's claims at their floors: the head-level "where" (W=32's runs, a floor far lower,
+    # so first) and the one window pair, which Holm then multiplies by 1
+    assert table["laziness"]["holm_floor"] == pytest.approx(2 / 252) and table["where"]["floor"] < 1e-3
+    assert 0 < table["laziness"]["power"] < 1 and table["laziness"]["seeds_for_80"] > 5
+    assert main(["grid", "plan", str(grid_file(tmp_path, archs, 5)), "--verdicts"]) == 0  # the table, in words
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:4] == ["finding", "test", "seeds", "reachable"] and "Warnings:" in out
+
+
+def test_three_seeds_cannot_reach_two_arm_verdicts(tmp_path, capsys, quick):
+    """At 3 seeds per arm no two-arm permutation p falls below 0.1: every two-arm test is unreachable, and
+    the check says so before anything trains."""
+    archs = {"w16": {"model.window": 16}, "w16n": {"model.window": 16, "model.pos.full": "nope"},
+             "w64": {"model.window": 64}}
+    table, _, _ = check([grid_file(tmp_path, archs, 3, n_heads=4)], capsys)
+    for test in ("speed (probes)", "laziness", "beyond: W=16 pos.full=rope", "cost: W=16 pos.full=rope"):
+        assert table[test]["floor"] == pytest.approx(0.1) and table[test]["reachable"] == "no (floor)", table[test]
+        assert table[test]["power"] == 0
+    assert table["ablation: W=16 pos.full=rope"]["reachable"] == "yes"  # 4 heads per layer: same-layer controls exist
+
+
+def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):
+    """Pilot runs of the NoPE pair: beyond - within 0.3 higher for NoPE with seeds 0.01 apart (power 1 at 5
+    seeds), and no difference at all in the text loss beyond the allowed cost (power near 0)."""
+    acc = lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
+    arm(tmp_path / "pilot", "rope", 4, token_acc=acc, beyond=lambda s: 0.01 * s, loss=lambda s: 2.0 + 0.01 * s)
+    arm(tmp_path / "pilot", "nope", 4, pos_full="nope", token_acc=acc, beyond=lambda s: 0.3 + 0.01 * s,
+        loss=lambda s: 2.02 + 0.01 * s)
+    archs = {"rope": {"model.window": 16}, "nope": {"model.window": 16, "model.pos.full": "nope"}}
+    table, _, effects = check([grid_file(tmp_path, archs, 5), "--pilot", tmp_path / "pilot"], capsys)
+    beyond, cost = table["beyond: pos.full=rope"], table["cost: pos.full=rope"]
+    assert beyond["effect"].startswith("pilot: 4, 4 runs") and beyond["power"] == 1.0 and beyond["seeds"] == "5/5"
+    assert cost["power"] < 0.2 and "from the 8 pilot runs" in effects
+
+
+def test_a_pilot_folder_without_runs_is_refused(tmp_path, capsys):
+    archs = {"w16": {"model.window": 16}, "w64": {"model.window": 64}}
+    assert main(["grid", "plan", str(grid_file(tmp_path, archs, 3)), "--verdicts", "--pilot", str(tmp_path / "none")]) == 2
+    assert "--pilot: no run directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_replica_grid_with_its_runs_as_the_pilot(capsys):
+    """ablations/cpu_replica.yaml with its packed runs: laziness at 5 + 5 seeds has the exact floor 2/252 and,
+    under finding 2's Holm family (the head-level "where" and the two window pairs), 4/252: passable only by
+    complete separation; the replica's own effect needs more seeds for 80% power, named; the depth control,
+    the W=8 windows and the top-2 of 2 heads are flagged."""
+    table, warned, _ = check([REPO / "ablations" / "cpu_replica.yaml", "--pilot", REPO / "analysis" / "results" / "cpu_replica" / "runs"],
+                             capsys)
+    lazy = table["laziness"]
+    assert lazy["seeds"] == "5/5/5" and lazy["floor"] == pytest.approx(2 / 252) and lazy["holm_floor"] == pytest.approx(4 / 252)
+    assert lazy["power"] < 0.5 and lazy["seeds_for_80"] > 5 and lazy["effect"].startswith("pilot: 5, 5, 5 runs")
+    assert "swa W=8 FEEE pos.full=rope: its only full-attention layer is layer 0" in warned
+    assert "swa W=8 EEEF pos.full=rope: no windowed head can reach" in warned and "top-K 2 >= 2 heads per layer" in warned
+    print(json.dumps(table, indent=1))
