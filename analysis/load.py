@@ -30,9 +30,9 @@ from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.rundir import (
     CONFIG_FILE,
     DATA_KEY,
-    GRID_DIR,
     SCALARS_FILE,
     eval_files,
+    find_runs,
     read_config_dict,
     read_eval_record,
     read_events,
@@ -82,14 +82,6 @@ class Runs:
     heads: pd.DataFrame
     layers: pd.DataFrame
     ablations: pd.DataFrame
-
-
-def find_runs(root: str | Path) -> list[Path]:
-    """Run directories under ``root`` (itself included): folders holding ``config.yaml``, sorted; ``.grid/`` skipped."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"DIR: {root} is not a folder")
-    return sorted(p.parent for p in root.rglob(CONFIG_FILE) if GRID_DIR not in p.relative_to(root).parts)
 
 
 def flat_config(d: dict) -> dict:

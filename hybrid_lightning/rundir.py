@@ -54,6 +54,22 @@ DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of 
 CKPT_SUFFIX = ".ckpt"
 
 
+def find_runs(root: str | Path) -> list[Path]:
+    """Run directories under ``root`` (itself included): folders holding ``config.yaml``, sorted; ``.grid/`` skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"DIR: {root} is not a folder")
+    return sorted(p.parent for p in root.rglob(CONFIG_FILE) if GRID_DIR not in p.relative_to(root).parts)
+
+
+def runs_under(root: str | Path) -> list[Path]:
+    """``find_runs``, refusing a folder that holds none (``DIR``: the command line's argument)."""
+    dirs = find_runs(root)
+    if not dirs:
+        raise ValueError(f"DIR: no run directory (a folder with {CONFIG_FILE}) under {root}")
+    return dirs
+
+
 def remove_temporaries(run_dir: Path) -> list[Path]:
     """Deletes the temporaries a killed writer left in the run directory (call it holding the lock)."""
     run_dir = Path(run_dir)

@@ -16,12 +16,45 @@ true): layers, parameters and budget only.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, canonical_pattern, spec_from_dict
 
 PLAN_VERSION = 1  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
+GIB = 2**30
+
+
+def gib(n: int) -> str:
+    """Bytes as MiB below 1 GiB, else GiB."""
+    if n < GIB:
+        return f"{n / 2**20:.3g} MiB"
+    return f"{n / GIB:.3g} GiB" if n < 1000 * GIB else f"{n / GIB:,.0f} GiB"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device at the peak of a training step (``plan.memory.estimate_memory`` makes it)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for the backward, every block's kept
+    checkpointed: int  # the same with activation checkpointing
+    transient: int  # the logits' gradient
+    checkpointing: bool  # the run's train.activation_checkpointing
+
+    def peak(self, checkpointing: bool | None = None) -> int:
+        """The peak with the run's checkpointing setting, or with the one given."""
+        on = self.checkpointing if checkpointing is None else checkpointing
+        return self.weights + self.gradients + self.optimizer + self.transient + (self.checkpointed if on else self.activations)
+
+    def describe(self) -> str:
+        other = "with" if not self.checkpointing else "without"
+        return (f"{gib(self.peak())} per device (weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
+                f"optimizer {gib(self.optimizer)}, activations {gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
+                f"{gib(self.peak(not self.checkpointing))} {other} train.activation_checkpointing)")
 
 
 @dataclass(frozen=True)
@@ -79,6 +112,11 @@ class Budget:
         return self.tokens_at(self.max_steps)
 
 
+def budget_steps(tokens_per_param: float, non_embedding: int, tokens_per_step: int) -> int:
+    """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters, rounded up."""
+    return max(1, math.ceil(tokens_per_param * non_embedding / tokens_per_step))
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """Args:
@@ -88,7 +126,7 @@ class RunPlan:
         params: ``embedding``, ``non_embedding``, ``total``.
         flops_per_token: training FLOPs per token at ``budget.seq_len``, forward and backward.
         precision: the Lightning precision string ``train.precision`` resolved to.
-        memory: the estimated peak memory per device (``plan.memory.MemoryEstimate`` fields, bytes).
+        memory: the estimated peak memory per device (``MemoryEstimate`` fields, bytes).
         match: the parameter match (reference pattern, its count, this model's, the deviation).
         probes: the checked probe settings of ``eval`` and ``eval.heads``.
         rebuilt: True for a plan rebuilt on read from a run written before plans were recorded.
@@ -105,6 +143,10 @@ class RunPlan:
     probes: Mapping | None = None
     rebuilt: bool = False
     version: int = PLAN_VERSION
+
+    @property
+    def memory_estimate(self) -> MemoryEstimate:
+        return MemoryEstimate(**self.memory)
 
     @property
     def mixers(self) -> list[str]:

@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hybrid_lightning.config import TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.grid import cell_states, load_grid
+from hybrid_lightning.grid.capacity import plan_gpu
 from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.slurm import cell_resources, load_profile
 from hybrid_lightning.grid.spec import MAX_NAME, cell_name_for
@@ -278,7 +279,7 @@ def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
 def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
     """H1: the paper's matrix, parameter-matched, 15M-477M non-embedding parameters, 100N-1000N tokens."""
     grid = load_grid(REPO / "ablations" / "paper.yaml", root=tmp_path)
-    rows = plan_rows(grid, tflops=400)
+    rows = plan_rows(grid, plan_gpu(None, 400, None))
     assert len(rows) == 10 * 5 * 6
     by_size: dict[str, list[int]] = {}
     for row in rows:

@@ -25,6 +25,7 @@ import yaml
 from submitit.core.utils import FailedJobError
 
 from hybrid_lightning.config import TrainConfig, config_to_dict, suggest
+from hybrid_lightning.grid.capacity import GPU_KEY
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.job import CellJob
 from hybrid_lightning.grid.spec import Cell, Grid
@@ -154,6 +155,7 @@ def load_profile(path: str | Path | None) -> dict:
         raise ValueError(f"profile {path}: not valid YAML: {e}") from None
     if not isinstance(profile, dict):
         raise ValueError(f"profile {path}: must be a mapping of submitit AutoExecutor parameters")
+    profile = {k: v for k, v in profile.items() if k != GPU_KEY}  # the GPU grid plan assumes (grid/capacity.py)
     valid = _valid_keys()
     for key in profile:
         if key in _FROM_CELL:

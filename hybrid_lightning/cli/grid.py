@@ -1,0 +1,101 @@
+"""``grid plan``, ``grid submit``, ``grid status`` and ``grid cancel``. ``status`` and ``cancel`` read the grid's
+cells without planning them (what the runs recorded says the rest): neither loads torch. ``plan`` plans every
+cell it shows (parameters, memory: torch, not Lightning); ``submit`` plans the cells it submits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hybrid_lightning.cli.args import add_set, command
+from hybrid_lightning.cli.run import add_preview_args
+from hybrid_lightning.config import dump_config
+
+
+def _grid(args: argparse.Namespace, resolve: bool = True):
+    from hybrid_lightning.grid.spec import load_grid
+
+    return load_grid(args.grid, args.root, resolve, getattr(args, "overrides", ()), getattr(args, "cells", ()) or ())
+
+
+def cmd_grid_plan(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.capacity import plan_gpu
+    from hybrid_lightning.grid.report import plan_rows, plan_table
+
+    gpu = plan_gpu(args.profile, args.tflops, args.throughput)  # a bad profile before any cell is planned
+    grid = _grid(args)
+    rows = plan_rows(grid, gpu)
+    print(json.dumps(rows, indent=1) if args.json else plan_table(grid, rows, gpu))
+    return 0
+
+
+def cmd_grid_submit(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.executor import EXECUTORS
+
+    if not (args.print_config or args.dry_run) and args.executor not in EXECUTORS:
+        raise ValueError(f"--executor {args.executor or 'is missing'}: one of {list(EXECUTORS)}")
+    grid = _grid(args)
+    if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
+        from hybrid_lightning.grid.report import dry_run_table
+
+        configs = (f"---\n# cell {c.name}: {c.run_dir}\n{dump_config(c.config)}" for c in grid.cells)
+        print("".join(configs) if args.print_config else dry_run_table(grid))
+        return 0
+    from hybrid_lightning.grid.submit import submit_grid
+
+    return submit_grid(grid, args.executor, args.profile, args.parallel)
+
+
+def cmd_grid_status(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.report import status_table
+    from hybrid_lightning.grid.state import cell_states
+
+    rows = cell_states(_grid(args, resolve=False))
+    print(json.dumps([r.as_dict() for r in rows], indent=1) if args.json else status_table(rows))
+    return 0
+
+
+def cmd_grid_cancel(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.submit import cancel_grid
+
+    return cancel_grid(_grid(args, resolve=False), args.names)
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    add_set(p, "set a config value in every cell (not one an axis sets)", "train.max_steps=20")
+    p.add_argument("--cells", action="append", metavar="PATTERN", help="only the cells whose names match this glob, "
+                   "e.g. --cells 'arch=full,*' (repeatable; quote it for the shell)")
+
+
+def add_parsers(sub) -> None:
+    grid = command(sub, "grid", "ablation grids: plan, submit (SLURM or local), status, cancel", "grids.md")
+    actions = grid.add_subparsers(dest="grid_command", required=True, metavar="ACTION")
+
+    def action(name: str, help: str, func) -> argparse.ArgumentParser:
+        p = command(actions, name, help, "grids.md")
+        p.add_argument("grid", help="grid file (YAML: base, axes, zip, exclude)")
+        p.add_argument("--root", help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
+        p.set_defaults(func=func)
+        return p
+
+    p = action("plan", "validate every cell and print them: parameters, tokens, memory, GPU-hours and whether each "
+               "fits the GPU", cmd_grid_plan)
+    _add_selection(p)
+    p.add_argument("--json", action="store_true", help="the cells as a JSON list")
+    p.add_argument("--profile", help="SLURM profile whose gpu: section states the GPU (memory, TFLOP/s); default an "
+                   "H100 80GB at 400 TFLOP/s")
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
+    speed.add_argument("--tflops", type=float, metavar="TFLOPS",
+                       help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
+    p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
+    _add_selection(p)
+    p.add_argument("--executor", metavar="NAME", help="local, slurm or another registered executor (docs/grids.md); needed to submit")
+    p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
+    add_preview_args(p)
+    p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
+    _add_selection(p)
+    p.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    p = action("cancel", "cancel the live jobs of the grid (or of the cells named)", cmd_grid_cancel)
+    p.add_argument("names", nargs="*", metavar="cells", help="cell names (default: every cell)")
