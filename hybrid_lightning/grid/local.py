@@ -25,6 +25,7 @@ from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import add_records, cell_states, lock, now, read_jobs, write_jobs
+from hybrid_lightning.training.threads import share
 
 PROGRESS_EVERY_S = 60.0
 POLL_S = 0.5
@@ -112,7 +113,7 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
     (grid.state_dir / "logs").mkdir(parents=True, exist_ok=True)
     waiting, running = list(cells), {}
     failed, total = 0, len(cells)
-    threads = max(1, (os.cpu_count() or 1) // parallel)  # parallel cells share the cores
+    threads = share(parallel)  # parallel cells share the cores this process was given
     last_progress = time.monotonic()
     sigterm = []
     previous = signal.signal(signal.SIGTERM, lambda *_: sigterm.append(True))

@@ -73,18 +73,18 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
 
 def dry_run_table(grid: Grid) -> str:
     """What ``grid submit`` would train: each cell it would submit with its steps, tokens and time
-    (``training.dryrun``: a throughput measured here per distinct model), and the total."""
+    (``training.dryrun.estimates``: throughputs measured here, the cells' distinct training steps together), and the total."""
     from hybrid_lightning.grid.submit import unfinished
-    from hybrid_lightning.training.dryrun import duration, estimate
+    from hybrid_lightning.training.dryrun import duration, estimates
 
     todo = unfinished(grid, cell_states(grid))
-    table, total = [["cell", "state", "steps", "tokens", "tokens/s", "time"]], 0.0
-    for cell, state in todo:
-        est = estimate(cell.config, cell.plan)
-        total += est.seconds
+    table = [["cell", "state", "steps", "tokens", "tokens/s", "time"]]
+    found = estimates([(cell.config, cell.plan) for cell, _ in todo]) if todo else []
+    for (cell, state), est in zip(todo, found):
         table.append([cell.name, state.state, f"{est.steps:,}", si(est.tokens), f"{est.tokens_per_s:,.0f}", duration(est.seconds)])
     return (f"{format_table(table, left=(0, 1))}\n{len(todo)} of {len(grid.cells)} cells to submit, about "
-            f"{duration(total)} of training one after another (throughput measured here; evaluations not counted); nothing written")
+            f"{duration(sum(e.seconds for e in found))} of training one after another (throughput measured here; evaluations "
+            "not counted); nothing written")
 
 
 def status_table(rows: list[CellState]) -> str:

@@ -130,8 +130,10 @@ class Console(OnOptimizerSteps):
         if trainer.is_global_zero:
             params, step = self.plan.params, trainer.global_step
             start = f"resuming at step {step}" if step else "from step 0"
+            threads = torch.get_num_threads()  # training/threads.py chose them
+            cpu = f", {threads} CPU thread{'s' if threads > 1 else ''}" if pl_module.device.type == "cpu" else ""
             say(f"{self.run_dir}: {params['total']:,} parameters ({params['non_embedding']:,} non-embedding), "
-                f"{si(self.plan.budget.tokens)} tokens in {self.plan.budget.max_steps:,} steps, {start}")
+                f"{si(self.plan.budget.tokens)} tokens in {self.plan.budget.max_steps:,} steps, {start}{cpu}")
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step

@@ -20,6 +20,7 @@ from hybrid_lightning.training.callbacks import Console, LastStep, PeakMemory, R
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.checkpoints import StepCheckpoints
 from hybrid_lightning.training.system import LMSystem
+from hybrid_lightning.training.threads import set_threads
 
 # The step sampler makes data order a function of the step, so Lightning's warning that a plain
 # dataloader cannot resume mid-epoch does not apply; nor does its advice on dataloader workers.
@@ -47,6 +48,7 @@ def build_trainer(
     cfg: RunConfig, plan: RunPlan, run_dir: Path, resume_step: int = 0, extra_callbacks: Sequence[L.Callback] = ()
 ) -> tuple[L.Trainer, LMSystem, LMDataModule]:
     t = cfg.train
+    set_threads(t)  # the cores this process was given, as a grid cell and the dry run take them
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     logger = RunLogger(
         save_dir=str(run_dir), name="", version="", default_hp_metric=False,
