@@ -272,10 +272,10 @@ def _distinct_parts(values: list) -> dict:
 def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
     """(metrics, records, heads, layers, ablations) of all runs; see ``Runs``."""
     frames, records, heads, layers, ablations = [], [], [], [], []
-    tokens_per_step = dict(zip(configs["run"], configs["tokens_per_step"])) if len(configs) else {}
     for name, r in zip(names, raw):
         scalars = r["scalars"][r["scalars"]["metric"] != Tag.TOKENS]
-        frames.append(scalars.assign(run=name, tokens=(scalars["step"] + 1) * tokens_per_step[name]))
+        # steps as the run recorded them (an older run's by index), tokens of the optimizer steps completed by then
+        frames.append(scalars.assign(run=name, tokens=r["plan"].tokens_at_recorded(scalars["step"])))
         if r["totals"]:
             totals = pd.DataFrame(r["totals"]).melt(["step", "tokens"], list(HEAD_TOTALS), "metric", "value")
             frames.append(totals.assign(run=name, metric="heads/" + totals["metric"]))

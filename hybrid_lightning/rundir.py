@@ -32,7 +32,7 @@ from pathlib import Path
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, dump_config, flatten, read_yaml, validate_config
 from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, process_start, write_atomic
 from hybrid_lightning.kinds import expand, layer_traits
-from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan, plan_from_dict
+from hybrid_lightning.runplan import STEPS_INDEXED, Budget, LayerPlan, RunPlan, plan_from_dict
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -153,12 +153,12 @@ def _rebuilt_plan(run_dir: Path, raw: dict) -> RunPlan:
                          int(value("train.max_steps")))
     devices = value("train.devices")
     world = (1 if devices == "auto" else int(devices)) * int(value("train.num_nodes"))
-    for _, _, path in eval_files(run_dir)[:1]:  # a record holds the tokens after step + 1 optimizer steps
+    for _, _, path in eval_files(run_dir)[:1]:  # a record holds the tokens after step + 1 optimizer steps (STEPS_INDEXED)
         record = read_eval_record(path) or {}
         if record.get("tokens") and isinstance(record.get("step"), int):
             world = max(1, round(record["tokens"] / (record["step"] + 1) / per_process.tokens_per_step))
     budget = dataclasses.replace(per_process, world_size=world)
-    return RunPlan(tuple(layers), budget, params=provenance.get(PARAMS_KEY), rebuilt=True)
+    return RunPlan(tuple(layers), budget, params=provenance.get(PARAMS_KEY), rebuilt=True, step_numbering=STEPS_INDEXED)
 
 
 _DEFAULTS = flatten(config_to_dict(validate_config({})))  # every key's default, for configs written without it

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 
 from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, canonical_pattern, spec_from_dict
 
-PLAN_VERSION = 1  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
+PLAN_VERSION = 2  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
+# How a run numbers its steps (TensorBoard, eval/step_<k>.json, heads_step_<k>.json, the console, checkpoints): from plan
+# version 2 a step is the optimizer steps completed when it is recorded; runs written before (plan version 1, or no
+# plan.json: a rebuilt plan) recorded evaluations and TensorBoard scalars at the 0-based index of the step's last
+# batch, one less (their checkpoints and console already counted steps completed).
+STEPS_COMPLETED, STEPS_INDEXED = "completed", "index"
 GIB = 2**30
 
 
@@ -130,6 +135,8 @@ class RunPlan:
         match: the parameter match (reference pattern, its count, this model's, the deviation).
         probes: the checked probe settings of ``eval`` and ``eval.heads``.
         rebuilt: True for a plan rebuilt on read from a run written before plans were recorded.
+        version: the layout of plan.json it was read from (``PLAN_VERSION`` when made here).
+        step_numbering: how the run numbers its recorded steps (``STEPS_COMPLETED``, ``STEPS_INDEXED``).
     """
 
     layers: tuple[LayerPlan, ...]
@@ -143,6 +150,17 @@ class RunPlan:
     probes: Mapping | None = None
     rebuilt: bool = False
     version: int = PLAN_VERSION
+    step_numbering: str = STEPS_COMPLETED  # STEPS_INDEXED for a run written before version 2 (plan_from_dict)
+
+    @property
+    def step_offset(self) -> int:
+        """What turns a step this run recorded into the optimizer steps completed by then: 0, or 1 for a run that
+        numbered its records by index (``STEPS_INDEXED``)."""
+        return 0 if self.step_numbering == STEPS_COMPLETED else 1
+
+    def tokens_at_recorded(self, step: int) -> int:
+        """Training tokens consumed by the step this run recorded as ``step``."""
+        return self.budget.tokens_at(step + self.step_offset)
 
     @property
     def memory_estimate(self) -> MemoryEstimate:
@@ -197,6 +215,8 @@ def plan_from_dict(data: Mapping, source: str = "plan.json") -> RunPlan:
     if not isinstance(version, int) or version > PLAN_VERSION:
         raise ValueError(f"{source}: plan version {version!r}; this package reads versions up to {PLAN_VERSION} "
                          "(a newer hybrid-lightning wrote it)")
+    if version < 2:  # recorded before steps counted the optimizer steps completed
+        data = {**data, "step_numbering": STEPS_INDEXED}
     try:
         layers = tuple(LayerPlan(**layer) for layer in data["layers"])
         return RunPlan(**{**data, "layers": layers, "budget": Budget(**data["budget"])})

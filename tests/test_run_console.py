@@ -28,7 +28,7 @@ def test_a_3_step_run_logs_and_validates_its_step_and_prints_no_banners(tmp_path
     logged = steps(run_dir)
     for tag in ("train/loss", "train/lr", "train/tokens", "train/grad_norm", "train/peak_memory_gib", "val/loss", "val/ppl",
                 "train/tokens_per_sec", "train/tflops_per_sec"):
-        assert logged[tag] == [2], tag
+        assert logged[tag] == [3], tag  # a step is the optimizer steps completed
     assert "epoch" not in logged and "train/mfu" not in logged  # no MFU without a GPU of known peak
     acc = read_events(run_dir)
     tokens_per_sec, tflops = (acc.Scalars(t)[0].value for t in ("train/tokens_per_sec", "train/tflops_per_sec"))
@@ -53,15 +53,15 @@ def test_a_40_step_run_validates_at_its_end_and_prints_progress(tmp_path, capsys
                                   "train.schedule=constant"])  # constant: the run may be extended
     run_dir = train(cfg, tmp_path / "run")
     logged = steps(run_dir)
-    assert logged["train/loss"] == [9, 19, 29, 39] and logged["train/grad_norm"] == [9, 19, 29, 39]
-    assert logged["val/loss"] == [39]  # val_every_n_steps is 100
+    assert logged["train/loss"] == [10, 20, 30, 40] and logged["train/grad_norm"] == [10, 20, 30, 40]
+    assert logged["val/loss"] == [40]  # val_every_n_steps is 100
     out = capsys.readouterr().out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["10/40", "20/40", "30/40", "40/40"]
     train(load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=45", "train.warmup_steps=2",
                                 "train.schedule=constant"]), run_dir)
     out = capsys.readouterr().out
     assert "tokens in 45 steps, resuming at step 40" in out and "done at step 45" in out
-    assert steps(run_dir)["train/loss"] == [9, 19, 29, 39, 44]
+    assert steps(run_dir)["train/loss"] == [10, 20, 30, 40, 45]
 
 
 def test_the_start_and_end_lines_print_beside_a_progress_bar(tmp_path, capsys):

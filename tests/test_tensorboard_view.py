@@ -94,7 +94,7 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
                                     "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": 7.0}
         assert [by_name[name]["model.window"] for name in cells] == [8.0, 16.0]
         loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"] if m["name"]["tag"] == "train/loss")
-        assert loss["trainingStep"] == 2
+        assert loss["trainingStep"] == 3
     finally:
         server.proc.terminate()
         server.proc.wait(timeout=30)

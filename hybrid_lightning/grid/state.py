@@ -135,14 +135,22 @@ def cell_states(grid: Grid, cells: list[Cell] | None = None) -> list[CellState]:
     return rows
 
 
+def _step_offset(run_dir: Path) -> int:
+    """``RunPlan.step_offset`` of the run's recorded plan; 0 (this version's numbering) before it wrote one."""
+    try:
+        return read_plan(run_dir).step_offset
+    except ValueError:
+        return 0
+
+
 def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live: str | None) -> CellState:
     """``record`` is the cell's newest job record, ``executor`` the one that wrote it, ``live`` its live state."""
     status = read_status(cell.run_dir) or {}
     max_steps = planned_steps(cell)
     scalars = _last_scalars(cell.run_dir, (Tag.LOSS, Tag.SCORE, Tag.SCORE_BEYOND))
     step = status.get("step")
-    if Tag.LOSS in scalars:
-        step = max(step or 0, scalars[Tag.LOSS][0] + 1)  # the loss of step s is logged at index s
+    if Tag.LOSS in scalars:  # the steps completed, whichever way the run numbered them (RunPlan.step_offset)
+        step = max(step or 0, scalars[Tag.LOSS][0] + _step_offset(cell.run_dir))
     row = CellState(
         cell.name, "not submitted", False, step, max_steps, scalars.get(Tag.LOSS, (0, None))[1],
         scalars.get(Tag.SCORE, (0, None))[1], scalars.get(Tag.SCORE_BEYOND, (0, None))[1], None, None, None,

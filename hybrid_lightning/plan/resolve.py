@@ -145,7 +145,8 @@ def param_table(plan: RunPlan) -> str:
 
 def run_plan(run_dir: Path) -> tuple[RunConfig, RunPlan]:
     """A run directory's config and plan, to build its model from: for a run written before plans were recorded
-    (``rundir.read_plan`` rebuilds only its layout), the plan made from its config here."""
+    (``rundir.read_plan`` rebuilds only its layout), the plan made from its config here, numbering steps as the
+    run did."""
     from hybrid_lightning.rundir import read_plan, read_run_config
 
     cfg, plan = read_run_config(run_dir), read_plan(run_dir)
@@ -153,4 +154,4 @@ def run_plan(run_dir: Path) -> tuple[RunConfig, RunPlan]:
         return cfg, plan
     if cfg.model.vocab_size is None:  # a config written by hand, not by training
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": load_tokenizer(cfg.data.tokenizer).vocab_size})})
-    return cfg, make_plan(cfg)
+    return cfg, dataclasses.replace(make_plan(cfg), step_numbering=plan.step_numbering)

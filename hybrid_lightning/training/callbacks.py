@@ -144,7 +144,7 @@ class Console(OnOptimizerSteps):
         if not trainer.is_global_zero:
             return
         end = "done" if trainer.global_step >= trainer.max_steps else "stopped"
-        record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
+        record = report_path(self.run_dir, trainer.global_step)  # the evaluation at the end, if it ran
         score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
         scores = f"  val_longctx/score {score:.4g}" if score is not None else ""
         say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"

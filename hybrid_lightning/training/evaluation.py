@@ -43,9 +43,10 @@ class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
     training ends; on rank 0 writes its report and logs it under ``tag``, with ``<tag>/seconds``,
     and says on the console when an evaluation starts and how long it took.
 
-    Records and scalars carry the step of the last training batch (``global_step - 1``), the
-    step TensorBoard shows for that batch's loss, so that a resumed run, whose logger hides
-    steps at or after its resume step, keeps the evaluation that preceded its checkpoint.
+    Records, their files and scalars carry the step evaluated: the optimizer steps completed
+    (``trainer.global_step``), as the console, the checkpoints and every TensorBoard scalar do. The
+    checkpoint of a step is saved before its evaluations, and a resumed run's logger hides only the
+    steps after its resume step, so it keeps the evaluation of the step it resumes from.
 
     Args:
         every, at_end: the schedule.
@@ -70,7 +71,7 @@ class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict | None:
         t0 = time.perf_counter()
-        step = trainer.global_step - 1
+        step = trainer.global_step
         if trainer.is_global_zero:
             say(f"step {trainer.global_step}: {self.tag} evaluation...")
         report = self.evaluate(trainer, pl_module, step)

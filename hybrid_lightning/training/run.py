@@ -26,7 +26,7 @@ from hybrid_lightning.rundir import (
     write_status,
 )
 from hybrid_lightning.runplan import RunPlan
-from hybrid_lightning.training.resume import Resume, check_extension, check_same_run, recorded_data
+from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
 from hybrid_lightning.training.stop import Stopped
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
             old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
             write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
         return run_dir
+    check_numbering(run_dir, resume)
     # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
     store = ensure_store(cfg, recorded_data(run_dir, resume))
     # Imported here: Lightning is slow to import and not needed to validate.

@@ -37,11 +37,13 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accele
 
 
 class RunLogger(TensorBoardLogger):
-    """Lightning's TensorBoard logger without the ``epoch`` scalar it adds to every write: the step
+    """Lightning's TensorBoard logger at the run's step numbering: a step is the optimizer steps completed
+    (``runplan.STEPS_COMPLETED``), where Lightning writes a step's scalars, and the validation after it, at the
+    0-based index of its last batch, one less. Without the ``epoch`` scalar it adds to every write: the step
     sampler makes a run one endless epoch, so it is always 0."""
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, None if step is None else step + 1)
 
 
 def build_trainer(
@@ -52,9 +54,9 @@ def build_trainer(
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     logger = RunLogger(
         save_dir=str(run_dir), name="", version="", default_hp_metric=False,
-        # Steps >= resume_step logged before a crash (or a restart from 0) are hidden by TensorBoard:
+        # Steps after resume_step logged before a crash (or a restart from 0) are hidden by TensorBoard:
         # no duplicates, no gaps.
-        purge_step=resume_step,
+        purge_step=resume_step + 1,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
     throughput = Throughput(plan, t.log_every_n_steps)
