@@ -71,3 +71,40 @@ def test_the_start_and_end_lines_print_beside_a_progress_bar(tmp_path, capsys):
     assert any(line.startswith(f"{tmp_path / 'run'}: ") and "tokens in 2 steps, from step 0, " in line for line in lines)
     assert any(line.startswith(f"{tmp_path / 'run'}: done at step 2: train/loss") for line in lines)
     assert not any(line.startswith("step 2/2") for line in lines)  # the bar shows the progress
+
+
+def test_each_printed_value_is_its_steps_and_the_last_line_is_the_summarys(tmp_path):
+    """Lightning moves a step's values into ``callback_metrics`` after the callbacks' batch end: a line printed then
+    would show the step before's loss and a validation loss of steps ago. Lines wait for their step's values."""
+    run_dir = tmp_path / "run"
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *NO_EVAL, "--set", "train.max_steps=6", "--set", "train.warmup_steps=0",
+                "--set", "train.log_every_n_steps=2", "--set", "train.val_every_n_steps=4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = {int(line.split()[1].split("/")[0]): line for line in r.stdout.splitlines() if line.startswith("step ")}
+    assert sorted(lines) == [2, 4, 6]
+    acc = read_events(run_dir)
+    for step, line in lines.items():
+        values = dict(zip(line.split()[2::2], map(float, line.split()[3::2])))
+        loss = next(e.value for e in acc.Scalars("train/loss") if e.step == step)
+        assert values["train/loss"] == pytest.approx(loss, rel=1e-3), (step, line)
+        validated = [e.value for e in acc.Scalars("val/loss") if e.step == step]
+        assert ("val/loss" in values) == bool(validated), line  # validation at 4 and the last step only
+        if validated:
+            assert values["val/loss"] == pytest.approx(validated[0], rel=1e-3)
+    summary = next(line for line in r.stdout.splitlines() if line.startswith(f"{run_dir}: done at step 6: "))
+    last = lines[6].split()
+    assert f"train/loss {last[3]}  val/loss {last[5]}" in summary
+
+
+def test_a_resumed_run_with_a_progress_bar_prints_none_of_lightnings_own_lines(tmp_path):
+    common = [*TINY, *NO_EVAL, "--set", "train.warmup_steps=0", "--set", "train.schedule=constant", "--set", "train.progress_bar=true",
+              "--set", "train.val_every_n_steps=2", "--set", "train.checkpoint_every_n_steps=2"]
+    run_dir = tmp_path / "run"
+    out = ""
+    for steps in (2, 4):
+        r = run_cli("train", "--run-dir", str(run_dir), *common, "--set", f"train.max_steps={steps}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        out += r.stdout + r.stderr
+    assert "resuming from last.ckpt at step 2" in out and "done at step 4" in out
+    for fragment in ("Restoring states", "Restored all states", "Validation", "Epoch 0", "Training:", "DataLoader"):
+        assert fragment not in out, fragment

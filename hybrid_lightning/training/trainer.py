@@ -29,9 +29,10 @@ for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.
                  ".*isn't resumable.*", ".*Checkpoint directory .* exists and is not empty.*",
                  r".*isinstance\(treespec, LeafSpec\).*is deprecated.*"):
     warnings.filterwarnings("ignore", message=_pattern)
-# Lightning's banners ("GPU available: ...", "`Trainer.fit` stopped: ...", the CUDA devices) say nothing that a
-# run's own start and end lines (callbacks.Console) don't.
-_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ")
+# Lightning's banners ("GPU available: ...", "`Trainer.fit` stopped: ...", the CUDA devices, "Restoring states from the
+# checkpoint path at ...") say nothing that a run's own start and end lines (callbacks.Console) don't.
+_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ", "Restoring states",
+            "Restored all states")
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_name).addFilter(lambda record: not str(record.msg).startswith(_BANNERS))
 
