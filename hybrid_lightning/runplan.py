@@ -28,6 +28,8 @@ PLAN_VERSION = 2  # plan.json's layout; a newer file is refused with a message, 
 # plan.json: a rebuilt plan) recorded evaluations and TensorBoard scalars at the 0-based index of the step's last
 # batch, one less (their checkpoints and console already counted steps completed).
 STEPS_COMPLETED, STEPS_INDEXED = "completed", "index"
+# The config keys whose meaning the plan holds (``RunPlan.layout``), each set only where it applies.
+LAYOUT_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient")
 GIB = 2**30
 
 
@@ -201,6 +203,14 @@ class RunPlan:
         None where the plan has no such layer (several encodings: joined by ``+``)."""
         found = dict.fromkeys(layer.pos for layer in self.layers if (layer.mixer == FULL) == full and layer.pos is not None)
         return "+".join(found) or None
+
+    def layout(self) -> dict:
+        """``LAYOUT_KEYS`` as the plan has them, each only where it applies: the pattern (``pattern``), the efficient
+        mixers (``+``-joined), the window of windowed layers, the positional encoding of full layers and of
+        efficient layers that take one. Analysis tells architectures apart by them, HParams shows them."""
+        values = dict(zip(LAYOUT_KEYS, (self.pattern, "+".join(self.mixers) or None, self.window, self.position(True),
+                                        self.position(False))))
+        return {k: v for k, v in values.items() if v is not None}
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

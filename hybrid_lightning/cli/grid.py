@@ -61,6 +61,16 @@ def cmd_grid_cancel(args: argparse.Namespace) -> int:
     return cancel_grid(_grid(args, resolve=False), args.names)
 
 
+def cmd_grid_tensorboard(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.tensorboard import write_seed_runs
+
+    grid = _grid(args, resolve=False)
+    folders = write_seed_runs(grid)
+    print(f"grid {grid.name}: {len(folders)} arm(s) with several seeds written as runs under {grid.root / 'seeds'}"
+          f"\ntensorboard --logdir {grid.root}   # CUSTOM SCALARS: the headline of every cell, and over seeds")
+    return 0
+
+
 def _add_selection(p: argparse.ArgumentParser) -> None:
     add_set(p, "set a config value in every cell (not one an axis sets)", "train.max_steps=20")
     p.add_argument("--cells", action="append", metavar="PATTERN", help="only the cells whose names match this glob, "
@@ -97,5 +107,7 @@ def add_parsers(sub) -> None:
     p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
     _add_selection(p)
     p.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    action("tensorboard", "write each arm's mean and range over its seeds as TensorBoard runs (seeds/<arm>) for the "
+           "margin charts of the CUSTOM SCALARS tab", cmd_grid_tensorboard)
     p = action("cancel", "cancel the live jobs of the grid (or of the cells named)", cmd_grid_cancel)
     p.add_argument("names", nargs="*", metavar="cells", help="cell names (default: every cell)")

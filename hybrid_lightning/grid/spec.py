@@ -83,6 +83,11 @@ class Grid:
     def state_dir(self) -> Path:
         return self.root / GRID_DIR
 
+    def name_of(self, labels: dict[str, Any]) -> str:
+        """The name cells of ``labels`` (axis -> value, some axes left out) get: ``cell_name_for`` with the grid's
+        short keys."""
+        return cell_name_for(labels, _short_keys(list(self.axes)))
+
     def select(self, names: list[str] | tuple[str, ...]) -> list[Cell]:
         """The cells named (all when none), or a ``ValueError`` naming an unknown one."""
         if not names:

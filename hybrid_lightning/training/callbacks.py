@@ -22,6 +22,7 @@ from hybrid_lightning.records import Tag
 from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR, process_status, write_status
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.hparams import study_hparams, write_session
+from hybrid_lightning.training.layout import run_layout
 from hybrid_lightning.training.steps import AfterStepLogged, OnOptimizerSteps, say
 from hybrid_lightning.units import si
 
@@ -157,18 +158,20 @@ class Console(AfterStepLogged):
 
 
 class RunSummary(L.Callback):
-    """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``) and the run's
-    HParams session (``hparams.write_session``, unless a grid wrote its cell's), with the experiment summary."""
+    """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``), the custom-scalars
+    layout that leads with the headline (``layout.run_layout``) and the run's HParams session
+    (``hparams.write_session``, unless a grid wrote its cell's), with the experiment summary."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+    def __init__(self, cfg: RunConfig, plan: RunPlan, run_dir: Path):
+        self.cfg, self.plan, self.run_dir = cfg, plan, Path(run_dir)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.logger is None:
             return
         text = dump_config(self.cfg).rstrip("\n")
         trainer.logger.experiment.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # Markdown code
-        values = study_hparams(self.cfg)
+        trainer.logger.experiment.add_custom_scalars(run_layout())
+        values = study_hparams(self.cfg, self.plan)
         write_session(self.run_dir, values, {k: [v] for k, v in values.items()})
 
 

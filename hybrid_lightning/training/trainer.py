@@ -63,7 +63,7 @@ def build_trainer(
     throughput = Throughput(plan, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
     # the checkpoints first: the last step is saved before the evaluations at the end, so a stop during them keeps it
-    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir),
+    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, plan, run_dir),
                  *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
