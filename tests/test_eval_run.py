@@ -40,12 +40,12 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     train(run_dir, 35)  # evaluations after steps 10, 20, 30 and at the end (35)
     acc = events(run_dir)
     steps = [10, 20, 30, 35]  # the optimizer steps completed, as TensorBoard shows train/loss and the console counts
-    for tag in ("val_longctx/match_all", "val_longctx/passkey/match_all", "val_longctx/niah_single_2/match_part"):
+    for tag in ("val_longctx/match_all", "val_longctx_tasks/passkey/match_all", "val_longctx_tasks/niah_single_2/match_part"):
         assert [e.step for e in acc.Scalars(tag)] == [20, 35], tag  # generation at multiples of 20 steps and at the end
-    for tag in ("val_longctx/passkey/len_512", "val_longctx/niah_single_2/len_512", "val_longctx/score_beyond", "val_longctx/exact",
-                "val_longctx/passkey/exact",
-                "val_longctx/passkey/token_acc_out_window", "val_longctx/passkey/answer_loss_out_window",
-                "val_longctx/passkey/chance_loss", "val_longctx/position_loss/000256-000400", "val_longctx/ppl_long"):
+    for tag in ("val_longctx_tasks/passkey/len_512", "val_longctx_tasks/niah_single_2/len_512", "val_longctx/score_beyond", "val_longctx/exact",
+                "val_longctx_tasks/passkey/exact",
+                "val_longctx_tasks/passkey/token_acc_out_window", "val_longctx_tasks/passkey/answer_loss_out_window",
+                "val_longctx_tasks/passkey/chance_loss", "val_longctx_tasks/position_loss/000256-000400", "val_longctx/ppl_long"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag
     images = acc.Images("val_longctx/heatmap")
     assert [e.step for e in images] == steps
