@@ -27,13 +27,13 @@ from hybrid_lightning.config import PROVENANCE_KEY, flatten
 from hybrid_lightning.config.roles import is_identity
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.records import Tag, columns
-from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
 from hybrid_lightning.rundir import (
     CONFIG_FILE,
     DATA_KEY,
-    GRID_DIR,
     SCALARS_FILE,
     eval_files,
+    find_runs,
     read_config_dict,
     read_eval_record,
     read_events,
@@ -49,8 +49,6 @@ PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)
 # configs' own columns
 RUN_COLUMNS = ("run", "path", "state", "status_step", "tokens_per_step", "eval_files", "mixers", "windowed",
                "windowed_hybrid", "full_layers", *PARAM_COLUMNS)
-# The model keys whose meaning the plan holds (each set only where it applies), in place of the config's spelling.
-PLANNED_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient")
 # Labels name the config keys that differ between the runs loaded, these three by a short name or none.
 LABEL_NAMES = {"model.mixer": "", "model.window": "W", "model.pattern": ""}
 LABEL_MAX, VALUE_MAX = 48, 16  # characters of a label and of one value in it (legends stay readable)
@@ -89,14 +87,6 @@ class Runs:
 
 
 SELECTION_COLUMNS = ["run", "step", "seed", "layer", "head", "score"]
-
-
-def find_runs(root: str | Path) -> list[Path]:
-    """Run directories under ``root`` (itself included): folders holding ``config.yaml``, sorted; ``.grid/`` skipped."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"DIR: {root} is not a folder")
-    return sorted(p.parent for p in root.rglob(CONFIG_FILE) if GRID_DIR not in p.relative_to(root).parts)
 
 
 def flat_config(d: dict) -> dict:
@@ -246,25 +236,16 @@ def _configs(names: list[str], dirs: list[Path], raw: list[dict]) -> pd.DataFram
     return configs
 
 
-def planned(plan: RunPlan) -> dict:
-    """``PLANNED_KEYS`` as the plan has them, each only where it applies: the pattern (``RunPlan.pattern``),
-    the efficient mixers (``+``-joined), the window of windowed layers, the positional encoding of full layers
-    and of efficient layers that take one."""
-    values = {"model.pattern": plan.pattern, "model.mixer": "+".join(plan.mixers) or None,
-              "model.window": plan.window, "model.pos.full": plan.position(True), "model.pos.efficient": plan.position(False)}
-    return {k: v for k, v in values.items() if v is not None}
-
-
 def _identity(cfg: dict, plan: RunPlan) -> dict:
     """What makes an architecture (and budget): the config keys whose role tells architectures apart
     (``hybrid_lightning.config.roles.is_identity``: no seed, bookkeeping or evaluation keys), with the model's
-    layout from the plan (``planned``) in place of the config's spelling of it, and the options section of a
+    layout from the plan (``RunPlan.layout``) in place of the config's spelling of it, and the options section of a
     mixer the plan does not use left out."""
     unused = [KINDS[m].section for m in KINDS if KINDS[m].section and m not in plan.mixers]
-    layout = planned(plan)
+    layout = plan.layout()
     out = {}
-    for k, v in {**dict.fromkeys(PLANNED_KEYS), **cfg}.items():  # the config's order; the layout keys first where it lacks them
-        if k in PLANNED_KEYS:
+    for k, v in {**dict.fromkeys(LAYOUT_KEYS), **cfg}.items():  # the config's order; the layout keys first where it lacks them
+        if k in LAYOUT_KEYS:
             if k in layout:
                 out[k] = layout[k]
         elif is_identity(k) and k not in RUN_COLUMNS and not any(k.startswith(f"model.{s}.") for s in unused):
@@ -333,10 +314,10 @@ def _distinct_parts(values: list) -> dict:
 def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
     """(metrics, records, heads, layers, ablations, selections) of all runs; see ``Runs``."""
     frames, records, heads, layers, ablations, selections = [], [], [], [], [], []
-    tokens_per_step = dict(zip(configs["run"], configs["tokens_per_step"])) if len(configs) else {}
     for name, r in zip(names, raw):
         scalars = r["scalars"][r["scalars"]["metric"] != Tag.TOKENS]
-        frames.append(scalars.assign(run=name, tokens=(scalars["step"] + 1) * tokens_per_step[name]))
+        # steps as the run recorded them (an older run's by index), tokens of the optimizer steps completed by then
+        frames.append(scalars.assign(run=name, tokens=r["plan"].tokens_at_recorded(scalars["step"])))
         if r["totals"]:
             totals = pd.DataFrame(r["totals"]).melt(["step", "tokens"], list(HEAD_TOTALS), "metric", "value")
             frames.append(totals.assign(run=name, metric="heads/" + totals["metric"]))

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.fileio import overlap, write_atomic
-from hybrid_lightning.rundir import CONFIG_FILE, EVAL_DIR, PLAN_FILE, SCALARS_FILE, STATUS_FILE, eval_files, read_status
+from hybrid_lightning.rundir import (CONFIG_FILE, EVAL_DIR, PLAN_FILE, SCALARS_FILE, STATUS_FILE, eval_files, find_runs, read_status,
+                                    runs_under)
 
 PACKED = (CONFIG_FILE, PLAN_FILE, STATUS_FILE, SCALARS_FILE)  # with eval/<record>.json: every file a packed run holds
 
@@ -31,13 +32,11 @@ def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = 
     is refused before anything is written (``ValueError``): pack replaces only what it wrote.
     ``tags``: the scalars kept; default those analysis reads (``load.TAGS``).
     """
-    from hybrid_lightning.analysis.load import TAGS, find_runs  # pandas: not at the command line's start
+    from hybrid_lightning.analysis.load import TAGS  # pandas: not at the command line's start
 
     root, out, tags = Path(root), Path(out), tags or TAGS
     _check_apart(root, out)
-    dirs = find_runs(root)
-    if not dirs:
-        raise ValueError(f"DIR: no run directory (a folder with {CONFIG_FILE}) under {root}")
+    dirs = runs_under(root)
     done = [d for d in dirs if (read_status(d) or {}).get("state") == "done"]
     for run in done:
         _check_sound(run)
@@ -97,8 +96,6 @@ def _check_apart(root: Path, out: Path) -> None:
 def copy_packed(packed: str | Path, root: str | Path) -> list[str]:
     """Copies the packed runs under ``packed`` that ``root`` lacks into ``root`` (a grid then counts the
     done ones as done); a run directory already in ``root`` is left as it is. Returns the runs copied."""
-    from hybrid_lightning.analysis.load import find_runs
-
     packed, root = Path(packed), Path(root)
     runs = find_runs(packed)
     for run in runs:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 
 from hybrid_lightning.analysis import figures, tables
-from hybrid_lightning.analysis.load import Runs, find_runs, load_runs
+from hybrid_lightning.analysis.load import Runs, load_runs
 from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
 from hybrid_lightning.fileio import publish
+from hybrid_lightning.rundir import runs_under
 from hybrid_lightning.units import si
 
 POS_KEYS = ("model.pos.full", "model.pos.efficient")
@@ -36,9 +37,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     """
     tag = metric_tag(metric)
     folder = Path(folder)
-    dirs = find_runs(folder)
-    if not dirs:
-        raise ValueError(f"DIR: no run directory (a folder with config.yaml) under {folder}")
+    dirs = runs_under(folder)
     out = Path(out) if out is not None else folder / "analysis"
     runs = load_runs(dirs, root=folder, workers=workers or min(4, os.cpu_count() or 1))  # every run read first
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -153,9 +153,11 @@ class Ablation:
 
 
 # TensorBoard tag groups of the evaluations' scalars and images. TensorBoard orders groups by name, so
-# these sort after ``train/`` and ``val/``, the long-context probes before the 2 x n_layers per-layer head cards.
+# these sort after ``train/`` and ``val/``: the long-context headline (scores over every task, LongPPL), the
+# retrieval heads (totals, and the layers whose heads have scored), then the per-task detail.
 LONGCTX_TAGS = "val_longctx"
 HEADS_TAGS = "val_longctx_heads"
+TASKS_TAGS = "val_longctx_tasks"
 
 
 class Tag:
@@ -180,6 +182,12 @@ class Tag:
     SCORE = f"{LONGCTX_TAGS}/score"  # records.headline
     SCORE_BEYOND = f"{LONGCTX_TAGS}/score_beyond"
     LONGPPL = f"{LONGCTX_TAGS}/longppl"
+    RETRIEVAL_HEADS = f"{HEADS_TAGS}/retrieval_heads"  # of every attention head (heads/report.py)
+
+
+# The first page of a run's TensorBoard (the custom-scalars layout, training/layout.py): one chart each, in this order.
+HEADLINE = {"score within the training length": (Tag.SCORE,), "score beyond the training length": (Tag.SCORE_BEYOND,),
+            "retrieval heads": (Tag.RETRIEVAL_HEADS,), "loss": (Tag.LOSS, Tag.VAL_LOSS)}
 
 # The record kinds: the key of each list in its file -> the dataclasses making up one of its rows.
 LONG_CONTEXT = {"records": (LongContextCell,), "position_loss": (PositionLoss,), "longppl": (LongPPL,)}

@@ -41,7 +41,7 @@ from hybrid_lightning.config import (
 )
 from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, process_start, write_atomic
 from hybrid_lightning.kinds import expand, layer_traits
-from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan, plan_from_dict
+from hybrid_lightning.runplan import STEPS_INDEXED, Budget, LayerPlan, RunPlan, plan_from_dict
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -61,6 +61,22 @@ DATA_KEY = "data"  # what training adds to config.yaml's provenance: the fingerp
 LAYERS_KEY, PARAMS_KEY = "layers", "params"
 DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of the data it was trained on
 CKPT_SUFFIX = ".ckpt"
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Run directories under ``root`` (itself included): folders holding ``config.yaml``, sorted; ``.grid/`` skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"DIR: {root} is not a folder")
+    return sorted(p.parent for p in root.rglob(CONFIG_FILE) if GRID_DIR not in p.relative_to(root).parts)
+
+
+def runs_under(root: str | Path) -> list[Path]:
+    """``find_runs``, refusing a folder that holds none (``DIR``: the command line's argument)."""
+    dirs = find_runs(root)
+    if not dirs:
+        raise ValueError(f"DIR: no run directory (a folder with {CONFIG_FILE}) under {root}")
+    return dirs
 
 
 def remove_temporaries(run_dir: Path) -> list[Path]:
@@ -146,12 +162,12 @@ def _rebuilt_plan(run_dir: Path, raw: dict) -> RunPlan:
                          int(value("train.max_steps")))
     devices = value("train.devices")
     world = (1 if devices == "auto" else int(devices)) * int(value("train.num_nodes"))
-    for _, _, path in eval_files(run_dir)[:1]:  # a record holds the tokens after step + 1 optimizer steps
+    for _, _, path in eval_files(run_dir)[:1]:  # a record holds the tokens after step + 1 optimizer steps (STEPS_INDEXED)
         record = read_eval_record(path) or {}
         if record.get("tokens") and isinstance(record.get("step"), int):
             world = max(1, round(record["tokens"] / (record["step"] + 1) / per_process.tokens_per_step))
     budget = dataclasses.replace(per_process, world_size=world)
-    return RunPlan(tuple(layers), budget, params=provenance.get(PARAMS_KEY), rebuilt=True)
+    return RunPlan(tuple(layers), budget, params=provenance.get(PARAMS_KEY), rebuilt=True, step_numbering=STEPS_INDEXED)
 
 
 _DEFAULTS = flatten(config_to_dict(validate_config({})))  # every key's default, for configs written without it

@@ -16,12 +16,52 @@ true): layers, parameters and budget only.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, canonical_pattern, spec_from_dict
 
-PLAN_VERSION = 1  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
+PLAN_VERSION = 2  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
+# How a run numbers its steps (TensorBoard, eval/step_<k>.json, heads_step_<k>.json, the console, checkpoints): from plan
+# version 2 a step is the optimizer steps completed when it is recorded; runs written before (plan version 1, or no
+# plan.json: a rebuilt plan) recorded evaluations and TensorBoard scalars at the 0-based index of the step's last
+# batch, one less (their checkpoints and console already counted steps completed).
+STEPS_COMPLETED, STEPS_INDEXED = "completed", "index"
+# The config keys whose meaning the plan holds (``RunPlan.layout``), each set only where it applies.
+LAYOUT_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient")
+GIB = 2**30
+
+
+def gib(n: int) -> str:
+    """Bytes as MiB below 1 GiB, else GiB."""
+    if n < GIB:
+        return f"{n / 2**20:.3g} MiB"
+    return f"{n / GIB:.3g} GiB" if n < 1000 * GIB else f"{n / GIB:,.0f} GiB"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device at the peak of a training step (``plan.memory.estimate_memory`` makes it)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for the backward, every block's kept
+    checkpointed: int  # the same with activation checkpointing
+    transient: int  # the logits' gradient
+    checkpointing: bool  # the run's train.activation_checkpointing
+
+    def peak(self, checkpointing: bool | None = None) -> int:
+        """The peak with the run's checkpointing setting, or with the one given."""
+        on = self.checkpointing if checkpointing is None else checkpointing
+        return self.weights + self.gradients + self.optimizer + self.transient + (self.checkpointed if on else self.activations)
+
+    def describe(self) -> str:
+        other = "with" if not self.checkpointing else "without"
+        return (f"{gib(self.peak())} per device (weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
+                f"optimizer {gib(self.optimizer)}, activations {gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
+                f"{gib(self.peak(not self.checkpointing))} {other} train.activation_checkpointing)")
 
 
 @dataclass(frozen=True)
@@ -79,6 +119,11 @@ class Budget:
         return self.tokens_at(self.max_steps)
 
 
+def budget_steps(tokens_per_param: float, non_embedding: int, tokens_per_step: int) -> int:
+    """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters, rounded up."""
+    return max(1, math.ceil(tokens_per_param * non_embedding / tokens_per_step))
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """Args:
@@ -88,10 +133,12 @@ class RunPlan:
         params: ``embedding``, ``non_embedding``, ``total``.
         flops_per_token: training FLOPs per token at ``budget.seq_len``, forward and backward.
         precision: the Lightning precision string ``train.precision`` resolved to.
-        memory: the estimated peak memory per device (``plan.memory.MemoryEstimate`` fields, bytes).
+        memory: the estimated peak memory per device (``MemoryEstimate`` fields, bytes).
         match: the parameter match (reference pattern, its count, this model's, the deviation).
         probes: the checked probe settings of ``eval`` and ``eval.heads``.
         rebuilt: True for a plan rebuilt on read from a run written before plans were recorded.
+        version: the layout of plan.json it was read from (``PLAN_VERSION`` when made here).
+        step_numbering: how the run numbers its recorded steps (``STEPS_COMPLETED``, ``STEPS_INDEXED``).
     """
 
     layers: tuple[LayerPlan, ...]
@@ -105,6 +152,21 @@ class RunPlan:
     probes: Mapping | None = None
     rebuilt: bool = False
     version: int = PLAN_VERSION
+    step_numbering: str = STEPS_COMPLETED  # STEPS_INDEXED for a run written before version 2 (plan_from_dict)
+
+    @property
+    def step_offset(self) -> int:
+        """What turns a step this run recorded into the optimizer steps completed by then: 0, or 1 for a run that
+        numbered its records by index (``STEPS_INDEXED``)."""
+        return 0 if self.step_numbering == STEPS_COMPLETED else 1
+
+    def tokens_at_recorded(self, step: int) -> int:
+        """Training tokens consumed by the step this run recorded as ``step``."""
+        return self.budget.tokens_at(step + self.step_offset)
+
+    @property
+    def memory_estimate(self) -> MemoryEstimate:
+        return MemoryEstimate(**self.memory)
 
     @property
     def mixers(self) -> list[str]:
@@ -142,6 +204,14 @@ class RunPlan:
         found = dict.fromkeys(layer.pos for layer in self.layers if (layer.mixer == FULL) == full and layer.pos is not None)
         return "+".join(found) or None
 
+    def layout(self) -> dict:
+        """``LAYOUT_KEYS`` as the plan has them, each only where it applies: the pattern (``pattern``), the efficient
+        mixers (``+``-joined), the window of windowed layers, the positional encoding of full layers and of
+        efficient layers that take one. Analysis tells architectures apart by them, HParams shows them."""
+        values = dict(zip(LAYOUT_KEYS, (self.pattern, "+".join(self.mixers) or None, self.window, self.position(True),
+                                        self.position(False))))
+        return {k: v for k, v in values.items() if v is not None}
+
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -155,6 +225,8 @@ def plan_from_dict(data: Mapping, source: str = "plan.json") -> RunPlan:
     if not isinstance(version, int) or version > PLAN_VERSION:
         raise ValueError(f"{source}: plan version {version!r}; this package reads versions up to {PLAN_VERSION} "
                          "(a newer hybrid-lightning wrote it)")
+    if version < 2:  # recorded before steps counted the optimizer steps completed
+        data = {**data, "step_numbering": STEPS_INDEXED}
     try:
         layers = tuple(LayerPlan(**layer) for layer in data["layers"])
         return RunPlan(**{**data, "layers": layers, "budget": Budget(**data["budget"])})

@@ -62,11 +62,11 @@ def test_accumulated_micro_batches_equal_one_batch_of_8_over_20_steps(tmp_path, 
     worst = max(rel(b[k], a[k]) for k in a)
     assert worst <= tol, worst
     loss_a, loss_b = scalars(one, "train/loss"), scalars(two, "train/loss")
-    assert sorted(loss_a) == sorted(loss_b) == list(range(20))  # one loss per optimizer step
+    assert sorted(loss_a) == sorted(loss_b) == list(range(1, 21))  # one loss per optimizer step
     assert max(abs(loss_a[s] - loss_b[s]) / loss_a[s] for s in loss_a) <= tol
     assert scalars(one, "train/tokens") == scalars(two, "train/tokens")  # both count 8 x 64 tokens a step
-    assert scalars(two, "train/tokens")[19] == 20 * 8 * 64
-    assert sorted(scalars(two, "val/loss")) == sorted(scalars(one, "val/loss")) == [9, 19]  # on optimizer steps
+    assert scalars(two, "train/tokens")[20] == 20 * 8 * 64
+    assert sorted(scalars(two, "val/loss")) == sorted(scalars(one, "val/loss")) == [10, 20]  # on optimizer steps, counted
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["last.ckpt", "step_0000010.ckpt", "step_0000020.ckpt"]
 
 
@@ -119,6 +119,6 @@ def test_every_console_line_and_logged_step_comes_once_per_optimizer_step(tmp_pa
     for tag in acc.Tags()["scalars"]:
         steps = [e.step for e in acc.Scalars(tag)]
         assert len(steps) == len(set(steps)), (tag, steps)
-    assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 7))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "step_0000006.ckpt"]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6

@@ -314,7 +314,7 @@ def test_analyze_a_real_tiny_grid(tmp_path):
     assert (summary["budget_tokens"] == 16 * 4 * 256).all() and summary["val_loss"].between(1, 8).all()
     assert summary["score"].notna().all() and summary["max_head_score"].notna().all()
     curves = pd.read_csv(out / "emergence_curves.csv")
-    assert sorted(set(curves["step"])) == [7, 15] and set(curves["tokens"]) == {8 * 1024, 16 * 1024}
+    assert sorted(set(curves["step"])) == [8, 16] and set(curves["tokens"]) == {8 * 1024, 16 * 1024}
     pos = pd.read_csv(out / "nope_vs_rope.csv")
     assert pos["base"].tolist() == ["EF pos.full=rope"] and pos["score_beyond_delta"].notna().all()
     maps = pd.read_csv(out / "head_maps.csv")

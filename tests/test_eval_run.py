@@ -39,20 +39,20 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     run_dir = tmp_path / "run"
     train(run_dir, 35)  # evaluations after steps 10, 20, 30 and at the end (35)
     acc = events(run_dir)
-    steps = [9, 19, 29, 34]  # the step of the last training batch, as TensorBoard shows train/loss
-    for tag in ("val_longctx/match_all", "val_longctx/passkey/match_all", "val_longctx/niah_single_2/match_part"):
-        assert [e.step for e in acc.Scalars(tag)] == [19, 34], tag  # generation at multiples of 20 steps and at the end
-    for tag in ("val_longctx/passkey/len_512", "val_longctx/niah_single_2/len_512", "val_longctx/score_beyond", "val_longctx/exact",
-                "val_longctx/passkey/exact",
-                "val_longctx/passkey/token_acc_out_window", "val_longctx/passkey/answer_loss_out_window",
-                "val_longctx/passkey/chance_loss", "val_longctx/position_loss/000256-000400", "val_longctx/ppl_long"):
+    steps = [10, 20, 30, 35]  # the optimizer steps completed, as TensorBoard shows train/loss and the console counts
+    for tag in ("val_longctx/match_all", "val_longctx_tasks/passkey/match_all", "val_longctx_tasks/niah_single_2/match_part"):
+        assert [e.step for e in acc.Scalars(tag)] == [20, 35], tag  # generation at multiples of 20 steps and at the end
+    for tag in ("val_longctx_tasks/passkey/len_512", "val_longctx_tasks/niah_single_2/len_512", "val_longctx/score_beyond", "val_longctx/exact",
+                "val_longctx_tasks/passkey/exact",
+                "val_longctx_tasks/passkey/token_acc_out_window", "val_longctx_tasks/passkey/answer_loss_out_window",
+                "val_longctx_tasks/passkey/chance_loss", "val_longctx_tasks/position_loss/000256-000400", "val_longctx/ppl_long"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag
     images = acc.Images("val_longctx/heatmap")
     assert [e.step for e in images] == steps
     png = Image.open(io.BytesIO(images[-1].encoded_image_string))
     assert png.size[0] > 200 and png.size[1] > 100
     assert json_steps(run_dir) == steps
-    first = json.loads((run_dir / "eval" / "step_29.json").read_text())
+    first = json.loads((run_dir / "eval" / "step_30.json").read_text())
     assert first["tokens"] == 30 * 8 * 128 and first["window"] == 32
     rec = first["records"][0]
     assert {"step", "tokens", "task", "length", "depth", "in_window", "n", "accuracy", "token_accuracy",
@@ -65,39 +65,39 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     assert first["score_beyond"] == pytest.approx(sum(p["token_accuracy"] - p["chance_token_accuracy"] for p in graded) / 2)
     assert first["exact"] == pytest.approx(sum(p["accuracy"] for p in graded) / 2)
     assert first["match_all"] is None and rec["generated"] == 0 and rec["match_all"] is None  # no generation at step 30
-    generated = json.loads((run_dir / "eval" / "step_19.json").read_text())
+    generated = json.loads((run_dir / "eval" / "step_20.json").read_text())
     assert 0 <= generated["match_all"] <= 1 and all(r["generated"] == r["n"] for r in generated["records"])
     assert acc.Scalars("val_longctx/score_beyond")[2].value == pytest.approx(first["score_beyond"])
     assert {(r["task"], r["depth"]) for r in first["records"]} == {(t, d) for t in ("passkey", "niah_single_2") for d in (0.0, 1.0)}
 
     # a crash after the evaluation at step 30 but before any later checkpoint: resume from step 20
-    for name in ("last.ckpt", "step_0000035.ckpt"):  # the checkpoint of the last step
-        (run_dir / "checkpoints" / name).unlink()
+    (run_dir / "checkpoints" / "last.ckpt").unlink()
+    (run_dir / "checkpoints" / "step_0000035.ckpt").unlink()  # the last step's
     assert "resuming from step_0000020.ckpt at step 20" in train(run_dir, 35).stdout
     acc = events(run_dir)
     assert [e.step for e in acc.Scalars("val_longctx/score_beyond")] == steps  # no duplicates
     assert [e.step for e in acc.Images("val_longctx/heatmap")] == steps
-    again = json.loads((run_dir / "eval" / "step_29.json").read_text())
+    again = json.loads((run_dir / "eval" / "step_30.json").read_text())
     assert again["records"] == first["records"]  # the exact resume re-evaluates the same weights
 
     # training further continues the series
     train(run_dir, 45)
-    steps += [39, 44]
+    steps += [40, 45]
     assert [e.step for e in events(run_dir).Scalars("val_longctx/score_beyond")] == steps
     assert json_steps(run_dir) == steps
 
     # the eval command on the final checkpoint: the callback's numbers, printed and written again
-    callback = json.loads((run_dir / "eval" / "step_44.json").read_text())
+    callback = json.loads((run_dir / "eval" / "step_45.json").read_text())
     r = run_cli("eval", str(run_dir))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "passkey" in r.stdout and "LongPPL" in r.stdout and "step_44.json" in r.stdout
-    offline = json.loads((run_dir / "eval" / "step_44.json").read_text())
+    assert "passkey" in r.stdout and "LongPPL" in r.stdout and "step_45.json" in r.stdout
+    offline = json.loads((run_dir / "eval" / "step_45.json").read_text())
     assert offline == callback
 
     # another length, offline: added to the step's file, the callback's rows kept
     r = run_cli("eval", str(run_dir), "--lengths", "700", "--tasks", "passkey", "--set", "eval.position_sequences=0")
     assert r.returncode == 0, r.stderr[-3000:]
-    merged = json.loads((run_dir / "eval" / "step_44.json").read_text())
+    merged = json.loads((run_dir / "eval" / "step_45.json").read_text())
     assert {(x["task"], x["length"]) for x in merged["records"]} == {("passkey", 512), ("niah_single_2", 512), ("passkey", 700)}
     assert [x for x in merged["records"] if x["length"] == 512] == callback["records"]
 
@@ -105,7 +105,7 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     assert callback["longppl"][0]["longppl"] is None and "eval.longppl_evaluator" in callback["longppl"][0]["reason"]
     r = run_cli("eval", str(run_dir), "--set", f"eval.longppl_evaluator={run_dir}")
     assert r.returncode == 0, r.stderr[-3000:]
-    (row,) = json.loads((run_dir / "eval" / "step_44.json").read_text())["longppl"]
+    (row,) = json.loads((run_dir / "eval" / "step_45.json").read_text())["longppl"]
     assert row["evaluator"] == str(run_dir / "checkpoints" / "last.ckpt") and row["key_tokens"] is not None
     assert row["scored_tokens"] == callback["longppl"][0]["scored_tokens"] and row["ppl"] == callback["longppl"][0]["ppl"]
     r = run_cli("eval", str(run_dir), "--set", f"eval.longppl_evaluator={run_dir / 'nowhere'}")

@@ -106,7 +106,7 @@ def test_moved_run_directory_resumes_from_its_newest_step(tmp_path):
     names = sorted(p.name for p in (b / "checkpoints").iterdir())
     assert names == ["last.ckpt", "step_0000020.ckpt", "step_0000025.ckpt"], names  # one name per step, 2 kept
     assert stored_step(b / "checkpoints" / "last.ckpt") == 25
-    assert loss_steps(b) == list(range(25))
+    assert loss_steps(b) == list(range(1, 26))
 
 
 @pytest.mark.slow
@@ -149,7 +149,7 @@ def test_kill_while_checkpointing_with_tmpdir_elsewhere(tmp_path, mounts):
     assert r.returncode == 0 and "resuming from" in r.stdout, r.stderr[-3000:]
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # the killed writes' temporaries
     assert not leftovers(tmpdir)
-    assert loss_steps(run) == list(range(30))
+    assert loss_steps(run) == list(range(1, 31))
     assert stored_step(run / "checkpoints" / "last.ckpt") == 30
 
 
@@ -198,7 +198,7 @@ def test_full_disk_fails_cleanly_and_resumes_once_freed(tmp_path, mounts):
     subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
     r = train(run, *args(30, 5))
     assert r.returncode == 0 and "at step 5" in r.stdout, r.stderr[-3000:]
-    assert loss_steps(run) == list(range(30))
+    assert loss_steps(run) == list(range(1, 31))
 
 
 @pytest.mark.slow
@@ -211,7 +211,7 @@ def test_damaged_checkpoints(tmp_path):
     r = train(run, *args(30, 10))
     assert r.returncode == 0 and "from step_0000010.ckpt at step 10" in r.stdout, r.stdout + r.stderr[-3000:]
     assert "skipping damaged checkpoint" in r.stderr
-    assert loss_steps(run) == list(range(30))
+    assert loss_steps(run) == list(range(1, 31))
     for path in (run / "checkpoints").glob("*.ckpt"):
         path.write_bytes(b"")
     line = one_line_error(train(run, *args(40, 10)))
@@ -234,7 +234,7 @@ def test_signal_saves_the_step_reached(tmp_path, sig, code):
     assert status["error"] == signal.Signals(sig).name
     r = train(run, *args(step + 3, 1000))
     assert r.returncode == 0 and f"at step {step}" in r.stdout, r.stderr[-3000:]
-    assert loss_steps(run) == list(range(step + 3))
+    assert loss_steps(run) == list(range(1, step + 4))
 
 
 @pytest.mark.slow

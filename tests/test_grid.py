@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hybrid_lightning.config import TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.grid import cell_states, load_grid
+from hybrid_lightning.grid.capacity import plan_gpu
 from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.geometry import cell_resources
 from hybrid_lightning.grid.slurm import load_profile
@@ -195,13 +196,13 @@ def test_status_reads_the_last_loss_and_a_long_context_score_when_present(tmp_pa
     grid = load_grid(write_grid(tmp_path, axes={"seed": [0, 1]}))
     with_score, without = grid.cells
     writer = SummaryWriter(str(with_score.run_dir))
-    for step in range(5):
-        writer.add_scalar("train/loss", 3.0 - step / 4, step)
-    writer.add_scalar("val_longctx/score", 0.375, 4)
+    for step in range(1, 6):  # the optimizer steps completed
+        writer.add_scalar("train/loss", 3.0 - (step - 1) / 4, step)
+    writer.add_scalar("val_longctx/score", 0.375, 5)
     writer.close()
     writer = SummaryWriter(str(without.run_dir))
-    writer.add_scalar("train/loss", 2.5, 0)
-    writer.add_scalar("val_longctx/score_beyond", 0.125, 0)
+    writer.add_scalar("train/loss", 2.5, 1)
+    writer.add_scalar("val_longctx/score_beyond", 0.125, 1)
     writer.close()
     rows = cell_states(grid)
     assert (rows[0].step, rows[0].loss, rows[0].longctx, rows[0].longctx_beyond) == (5, 2.0, 0.375, None)
@@ -225,7 +226,7 @@ def test_stop_on_request_saves_and_resumes_without_a_gap(tmp_path):
     assert checkpoint_is_valid(run_dir / "checkpoints" / "last.ckpt")
     train(cfg, run_dir)
     assert read_status(run_dir)["state"] == "done"
-    assert loss_steps(run_dir) == list(range(12))
+    assert loss_steps(run_dir) == list(range(1, 13))
 
 
 @pytest.mark.slow
@@ -274,13 +275,13 @@ def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
     assert f"skipping damaged checkpoint {step20}" in log
     assert "resuming from step_0000010.ckpt at step 10" in log  # at most one checkpoint interval lost
     assert "done   run=ok" in again.stdout and read_status(ok.run_dir)["step"] == 30
-    assert loss_steps(ok.run_dir) == list(range(30))
+    assert loss_steps(ok.run_dir) == list(range(1, 31))
 
 
 def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
     """H1: the paper's matrix, parameter-matched, 15M-477M non-embedding parameters, 100N-1000N tokens."""
     grid = load_grid(REPO / "ablations" / "paper.yaml", root=tmp_path)
-    rows = plan_rows(grid, tflops=400)
+    rows = plan_rows(grid, plan_gpu(None, 400, None))
     assert len(rows) == 10 * 5 * 6
     by_size: dict[str, list[int]] = {}
     for row in rows:

@@ -183,7 +183,7 @@ def test_tensorboard_server_lists_every_cell_with_hparams(finished_grid):
         assert set(names) <= set(get("/data/runs"))
         for name in names:
             points = get(f"/data/plugin/scalars/scalars?run={urllib.parse.quote(name)}&tag=train/loss")
-            assert [step for _, step, _ in points] == list(range(20))
+            assert [step for _, step, _ in points] == list(range(1, 21))
         experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
         assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(STUDY_KEYS)  # the axis is one of them
         assert "." not in get("/data/runs")  # the grid's root holds no event file
@@ -270,7 +270,7 @@ def test_scancelled_cell_is_resubmitted_alone_and_resumes(cluster, rate, tmp_pat
     jobs = read_jobs(grid)
     assert len(jobs[short.name]) == 1 and len(jobs[long.name]) == 2
     assert "resuming from" in Path(jobs[long.name][-1]["log"]).read_text()
-    assert loss_steps(long.run_dir) == list(range(long_steps))
+    assert loss_steps(long.run_dir) == list(range(1, long_steps + 1))
     assert {p: p.stat().st_mtime_ns for p in short.run_dir.rglob("*")} == before  # the done cell is untouched
 
 
@@ -322,7 +322,7 @@ def test_gpu_request_and_cpu_ddp_through_slurm(cluster, tmp_path):
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in (folder / f"{ddp_job}_1_log.out").read_text()
     events = [p for p in ddp.run_dir.glob("events.out.tfevents.*") if not p.name.endswith(".hparams")]
     assert len(events) == 1  # one writer: rank 0
-    assert loss_steps(ddp.run_dir) == list(range(10))
+    assert loss_steps(ddp.run_dir) == list(range(1, 11))
     assert sorted(p.name for p in (ddp.run_dir / "checkpoints").iterdir()) == ["last.ckpt", "step_0000005.ckpt", "step_0000010.ckpt"]
     assert read_status(ddp.run_dir)["state"] == "done"
 
@@ -361,4 +361,4 @@ def test_timeout_requeues_and_resumes_without_gaps(requeue_run):
     assert "requeue signal; stopping at the next step" in log and "Requeued job" in log
     assert "resuming from last.ckpt at step" in log
     assert len(read_jobs(grid)[row.name]) == 1  # one submission, requeued by SLURM
-    assert loss_steps(grid.cells[0].run_dir) == list(range(steps))  # no duplicated, no missing step
+    assert loss_steps(grid.cells[0].run_dir) == list(range(1, steps + 1))  # no duplicated, no missing step

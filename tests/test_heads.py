@@ -14,7 +14,7 @@ from hybrid_lightning.data.tokenizer import ByteTokenizer
 from hybrid_lightning.heads.ablation import ablate, choose_heads, masked, parse_heads
 from hybrid_lightning.heads.retrieval import RetrievalHeads, answer_targets
 from hybrid_lightning.probes.check import check_heads_probes
-from hybrid_lightning.heads.report import ablation_table, heads_scalars, heads_table, score_grid
+from hybrid_lightning.heads.report import ablation_table, heads_scalars, heads_table, score_grid, scored_layers
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.probes.tasks import make_sample
 
@@ -129,9 +129,9 @@ def test_d1_the_copy_head_scores_one_and_every_other_head_zero():
     assert all(x["step"] == 5 and x["tokens"] == 7 for x in report["heads"] + report["layers"])
     grid = score_grid(report)
     assert np.isnan(grid[0]).all() and grid[2, COPY_HEAD] == 1.0
-    tags = heads_scalars(report)
+    tags = heads_scalars(report, scored_layers(report))
     assert tags["val_longctx_heads/retrieval_heads"] == 1 and tags["val_longctx_heads/layer_02/max_score"] == 1.0
-    assert "val_longctx_heads/layer_00/retrieval_heads" not in tags
+    assert "val_longctx_heads/layer_00/retrieval_heads" not in tags and "val_longctx_heads/layer_01/max_score" not in tags
     text = heads_table(report)
     assert "1.000*C" in text and "0 swa/32 (n/a)" in text
 

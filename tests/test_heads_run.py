@@ -27,18 +27,26 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     run_dir = tmp_path / "run"
     r = run_cli("train", "--run-dir", str(run_dir), *TINY, *HEADS)
     assert r.returncode == 0, r.stderr[-3000:]
-    steps = [9, 14]  # after steps 10 and 15 (the end), at the step of the last training batch
+    steps = [10, 15]  # after steps 10 and 15 (the end): the optimizer steps completed
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
     for tag in ("val_longctx_heads/retrieval_heads", "val_longctx_heads/copy_heads", "val_longctx_heads/max_score", "val_longctx_heads/mean_score", "val_longctx_heads/seconds",
-                "val_longctx_heads/layer_00/retrieval_heads", "val_longctx_heads/layer_01/mean_score", "val_longctx_heads/probe_token_accuracy"):
+                "val_longctx_heads/probe_token_accuracy"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag
+    # a layer's cards from the first scoring at which one of its heads scored above 0, none for the others
+    scored = [{f"layer_{r['layer']:02d}" for r in read(run_dir / "eval" / f"heads_step_{s}.json")["layers"]
+               if (r["max_score"] or 0) > 0} for s in steps]
+    cards = {t.split("/")[1] for t in acc.Tags()["scalars"] if t.startswith("val_longctx_heads/layer_")}
+    assert cards == scored[0] | scored[1]
+    for layer in scored[0] | scored[1]:
+        first = steps[0] if layer in scored[0] else steps[1]
+        assert [e.step for e in acc.Scalars(f"val_longctx_heads/{layer}/max_score")] == [s for s in steps if s >= first]
     assert "val_longctx/score" not in acc.Tags()["scalars"]
     images = acc.Images("val_longctx_heads/scores")
     assert [e.step for e in images] == steps
     assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200
-    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_14.json", "heads_step_9.json"]
-    callback = read(run_dir / "eval" / "heads_step_14.json")
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_10.json", "heads_step_15.json"]
+    callback = read(run_dir / "eval" / "heads_step_15.json")
     assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []  # 4 + 2 echoes
     assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [(0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
     assert callback["settings"]["value_tokens"] == 16 and callback["layers"][1]["window"] is None
@@ -49,7 +57,7 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     # and none is drawn
     assert main(["heads", str(run_dir), "--mask-top", "4", "--controls", "3", "--mask-each"]) == 0
     out = capsys.readouterr().out
-    offline = read(run_dir / "eval" / "heads_step_14.json")
+    offline = read(run_dir / "eval" / "heads_step_15.json")
     assert {k: offline[k] for k in SCORES} == {k: callback[k] for k in SCORES}
     assert "retrieval score by layer and head" in out and "ablation: mask top-4 heads by score" in out and "drop" in out
     assert "random draws from the same layers" not in out
@@ -70,12 +78,12 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     assert len([r for r in offline["ablation"] if r["selection"] == "single"]) == 4
 
     # an older checkpoint gives that step's record; a random ablation is added beside the top one
-    callback_9 = read(run_dir / "eval" / "heads_step_9.json")
+    callback_10 = read(run_dir / "eval" / "heads_step_10.json")
     assert main(["heads", str(run_dir), "--ckpt", str(run_dir / "checkpoints" / "step_0000010.ckpt")]) == 0
-    assert read(run_dir / "eval" / "heads_step_9.json") == callback_9
-    assert "step 9 " in capsys.readouterr().out
+    assert read(run_dir / "eval" / "heads_step_10.json") == callback_10
+    assert "step 10 " in capsys.readouterr().out
     assert main(["heads", str(run_dir), "--mask-random", "1", "--seed", "3"]) == 0
-    after = read(run_dir / "eval" / "heads_step_14.json")
+    after = read(run_dir / "eval" / "heads_step_15.json")
     assert [r["selection"] for r in after["ablation"]] == ["top"] + nonretrieval + ["single"] * 4 + ["random"]
     assert after["ablation_tests"] == offline["ablation_tests"]
 

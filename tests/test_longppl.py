@@ -158,9 +158,9 @@ def test_the_callback_scores_a_run_on_its_evaluators_key_tokens(tmp_path):
     for run_dir, extra in ((evaluator, []), (scored, ["--set", f"eval.longppl_evaluator={evaluator}", "--set", "seed=1"])):
         r = run_cli("train", "--run-dir", str(run_dir), *common, *extra)
         assert r.returncode == 0, r.stderr[-3000:]
-    own = json.loads((evaluator / "eval" / "step_5.json").read_text())["longppl"][0]
+    own = json.loads((evaluator / "eval" / "step_6.json").read_text())["longppl"][0]
     assert own["longppl"] is None and own["key_tokens"] is None and "no evaluator" in own["reason"]
-    row = json.loads((scored / "eval" / "step_5.json").read_text())["longppl"][0]
+    row = json.loads((scored / "eval" / "step_6.json").read_text())["longppl"][0]
     assert row["evaluator"] == str(evaluator / CKPT_DIR / LAST_CKPT) and row["reason"] is None
     assert row["key_tokens"] > 0 and row["longppl"] > 1
 

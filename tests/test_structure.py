@@ -31,8 +31,8 @@ LAYERS = [
     ("hybrid_lightning.heads",),
     ("hybrid_lightning.training",),
     ("hybrid_lightning.grid",),
-    ("hybrid_lightning.cli", "hybrid_lightning.cli_grid", "hybrid_lightning.__main__", "hybrid_lightning.export",
-     "hybrid_lightning.bench", "hybrid_lightning.analysis"),
+    ("hybrid_lightning.cli", "hybrid_lightning.__main__", "hybrid_lightning.export", "hybrid_lightning.bench",
+     "hybrid_lightning.analysis"),
 ]
 # analysis sits beside the command line but reads the run directory only: it imports from these layers
 # (and itself), never the model, data, planning, evaluation, training or grid code.

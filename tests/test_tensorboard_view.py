@@ -1,7 +1,8 @@
-"""What TensorBoard shows, read through a real TensorBoard server's HTTP API: no ``epoch`` scalar, tag
-groups ordered training, validation, long-context probes, per-layer heads; the
-resolved config as text, images no wider than their cards, an HParams session for a plain ``train`` run
-and for every grid cell with the keys a study varies, and no stray run ``.`` at a grid's root."""
+"""What TensorBoard shows, read through a real TensorBoard server's HTTP API: the custom-scalars layout whose first
+page is the headline, no ``epoch`` scalar, tag groups ordered training, validation, the long-context headline, the
+heads, then the per-task detail; per-layer head cards only for layers that have scored; the resolved config as
+text, images no wider than their cards, an HParams session for a plain ``train`` run and for every grid cell with
+the keys a study varies as written, and no stray run ``.`` at a grid's root."""
 
 import json
 import socket
@@ -13,10 +14,10 @@ import urllib.request
 from pathlib import Path
 
 from hybrid_lightning.config import load_config
-from hybrid_lightning.training.evaluation import CARD_PX
+from hybrid_lightning.eval.report import CARD_PX
 from hybrid_lightning.grid import load_grid
 from hybrid_lightning.grid.tensorboard import write_hparams
-from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
+from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_TAGS
 from hybrid_lightning.training.hparams import HPARAMS_METRICS, STUDY_KEYS
 from hybrid_lightning.training.run import train
 
@@ -57,7 +58,8 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
                    "eval.heads.every_n_steps=0", "eval.heads.tasks=[passkey]", "eval.heads.lengths=[512]"]
     cfg = load_config(None, [*TINY[1::2], *evaluations, "train.max_steps=3", "train.warmup_steps=0", "seed=7"])
     train(cfg, tmp_path / "plain")
-    grid = load_grid(write_grid(tmp_path, axes={"model.window": [8, 16]}))  # sessions only: nothing trained
+    arms = {"full": {"model.pattern": "F"}, "w8": {"model.window": 8}, "w16": {"model.window": 16}}
+    grid = load_grid(write_grid(tmp_path, axes={"arch": arms}))  # sessions only: nothing trained
     write_hparams(grid)
     server = Server(tmp_path)
     cells = [f"runs/g/{c.name}" for c in grid.cells]
@@ -70,8 +72,13 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
         # validation first, then the probes' scores, then the per-layer head cards, all in one group
         images = server.get("/data/plugin/images/tags")["plain"]
         groups = sorted({tag.split("/")[0] for tag in [*tags, *images]})
-        assert groups == ["train", "val", LONGCTX_TAGS, HEADS_TAGS], groups
-        assert any(t.startswith(f"{HEADS_TAGS}/layer_01/") for t in tags)
+        assert groups == ["train", "val", LONGCTX_TAGS, HEADS_TAGS, TASKS_TAGS], groups
+        heads = json.loads(next((tmp_path / "plain" / "eval").glob("heads_step_*.json")).read_text())
+        scored = {f"layer_{r['layer']:02d}" for r in heads["layers"] if (r["max_score"] or 0) > 0}
+        assert {t.split("/")[1] for t in tags if t.startswith(f"{HEADS_TAGS}/layer_")} == scored
+        layout = server.get("/data/plugin/custom_scalars/layout")
+        assert layout["category"][0]["title"] == "headline"
+        assert [c["title"] for c in layout["category"][0]["chart"]] == list(HEADLINE)
         assert server.get("/data/plugin/text/tags") == {"plain": ["config/text_summary"]}
         text = server.get("/data/plugin/text/text?run=plain&tag=config/text_summary")[0]["text"]
         assert "window: 32" in text and "seed: 7" in text
@@ -80,21 +87,31 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
             with urllib.request.urlopen(f"{server.base}/data/plugin/images/individualImage?{query}", timeout=10) as r:
                 png = r.read()
             assert int.from_bytes(png[16:20], "big") <= CARD_PX, tag  # the PNG header's width
-        experiment = server.get("/data/plugin/hparams/experiment", {"experimentName": ""})
-        names = [h["name"] for h in experiment["hparamInfos"]]
-        assert sorted(names) == sorted(STUDY_KEYS)  # the axis model.window is one of them
-        assert [m["name"]["tag"] for m in experiment["metricInfos"]] == list(HPARAMS_METRICS)
+        # two experiment summaries here (the plain run's and the grid's): TensorBoard takes one, either holds these
         groups = server.get("/data/plugin/hparams/session_groups", {
             "experimentName": "", "startIndex": 0, "sliceSize": 100,
             "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
             "colParams": [{"hparam": k} for k in STUDY_KEYS] + [{"metric": {"group": "", "tag": "train/loss"}}],
         })["sessionGroups"]
         by_name = {g["name"]: g["hparams"] for g in groups}
-        assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": 32.0,
-                                    "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": 7.0}
-        assert [by_name[name]["model.window"] for name in cells] == [8.0, 16.0]
+        assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": "32",
+                                    "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": "7"}
+        full, w8, w16 = (by_name[name] for name in cells)
+        assert {k: full[k] for k in STUDY_KEYS if k in full} == {"model.pattern": "F", "model.pos.full": "rope", "seed": "0"}
+        assert (w8["model.window"], w16["model.window"]) == ("8", "16")  # as written; no mixer nor window for full
         loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"] if m["name"]["tag"] == "train/loss")
-        assert loss["trainingStep"] == 2
+        assert loss["trainingStep"] == 3
+    finally:
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
+    server = Server(grid.root)  # the grid alone: its experiment
+    try:
+        server.wait_for({c.name for c in grid.cells})
+        experiment = server.get("/data/plugin/hparams/experiment", {"experimentName": ""})
+        assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(["arch", *STUDY_KEYS])  # every key some arm has
+        differing = {h["name"] for h in experiment["hparamInfos"] if h.get("differs")}
+        assert differing == {"arch", "model.pattern", "model.window", "seed"}  # the dashboard shows these first
+        assert [m["name"]["tag"] for m in experiment["metricInfos"]] == list(HPARAMS_METRICS)
     finally:
         server.proc.terminate()
         server.proc.wait(timeout=30)

@@ -24,7 +24,7 @@ def test_text_val_loss_is_logged_beside_val_loss(tmp_path):
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     text_loss, val_loss = acc.Scalars("val/text_loss"), acc.Scalars("val/loss")
-    assert [e.step for e in text_loss] == [e.step for e in val_loss] == [1, 3]
+    assert [e.step for e in text_loss] == [e.step for e in val_loss] == [2, 4]
     assert all(math.isfinite(e.value) for e in text_loss) and text_loss[-1].value != val_loss[-1].value
     assert "val/synthetic_loss" in acc.Tags()["scalars"]
 

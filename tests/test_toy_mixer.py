@@ -72,10 +72,10 @@ def test_a_toy_mixer_trains_evaluates_and_is_analysed_by_its_name(monkeypatch, t
     torch.testing.assert_close(pieces, model(x), rtol=1e-4, atol=1e-5)  # the state contract holds
 
     run_dir = train(cfg, tmp_path / "runs" / "toy")
-    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_5.json", "step_5.json"]  # at the end
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_6.json", "step_6.json"]  # at the end
     out = tmp_path / "analysis"
     analyze(tmp_path / "runs", out)
     runs = pd.read_csv(out / "runs.csv")
     assert runs["label"].tolist() == ["cumulative_mean EF"]
-    layers = json.loads((run_dir / "eval" / "heads_step_5.json").read_text())["layers"]
+    layers = json.loads((run_dir / "eval" / "heads_step_6.json").read_text())["layers"]
     assert [(layer["kind"], layer["applicable"]) for layer in layers] == [("cumulative_mean", False), ("full", True)]

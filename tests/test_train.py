@@ -27,12 +27,12 @@ def test_train_200_steps_loss_falls(tmp_path):
     r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")
     assert r.returncode == 0, r.stderr[-3000:]
     loss = scalars(run_dir, "train/loss")
-    assert loss[-1][0] == 199 and len(loss) == 20
+    assert loss[-1][0] == 200 and len(loss) == 20  # a step is the optimizer steps completed
     assert loss[-1][1] < 0.7 * loss[0][1], loss
-    assert [s for s, _ in scalars(run_dir, "val/loss")] == [99, 199]
+    assert [s for s, _ in scalars(run_dir, "val/loss")] == [100, 200]
     for tag in ("train/lr", "train/tokens", "train/tokens_per_sec", "val/ppl", "val/synthetic_loss"):
         assert scalars(run_dir, tag), tag
-    assert dict(scalars(run_dir, "train/tokens"))[199] == 200 * 8 * 128
+    assert dict(scalars(run_dir, "train/tokens"))[200] == 200 * 8 * 128
     # the run-directory contract
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "checkpoints" / "step_0000100.ckpt").is_file()
     cfg = read_run_config(run_dir)

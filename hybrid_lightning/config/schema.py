@@ -239,6 +239,10 @@ class TrainConfig(_Frozen):
     devices: Whole | Literal["auto"] = Field("auto", description="devices per node")
     num_nodes: Whole = Field(1, ge=1, description="nodes")
     strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="Lightning's strategy")
+    threads: Whole | Literal["auto"] = Field("auto", description="CPU threads of each training process (`torch.set_num_threads`); "
+                                             "auto = `OMP_NUM_THREADS` where the environment sets it, else the cores the process "
+                                             "was given (`SLURM_CPUS_PER_TASK`, else its CPU affinity) shared by the run's "
+                                             "processes on the node (training/threads.py)", **role(BOOKKEEPING))
     checkpoint_every_n_steps: Whole = Field(100, ge=1, description="a checkpoint `checkpoints/step_<N>.ckpt` (and `last.ckpt`) "
                                           "every N steps, and at the last step", **role(BOOKKEEPING))
     keep_checkpoints: Whole = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = all", **role(BOOKKEEPING))
@@ -255,6 +259,8 @@ class TrainConfig(_Frozen):
         if self.warmup_steps >= self.max_steps and self.max_steps > 1 and not budget_pending:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}: "
                              f"set train.warmup_steps to at most {self.max_steps - 1} (e.g. --set train.warmup_steps=0)")
+        if self.threads != "auto" and self.threads < 1:
+            raise ValueError(f"train.threads must be at least 1 (or auto), got {self.threads}")
         if self.devices != "auto" and self.devices < 1:
             raise ValueError(f"train.devices must be at least 1 (or auto), got {self.devices}")
         if self.tokens_per_param is not None and self.devices == "auto":

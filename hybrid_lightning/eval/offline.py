@@ -15,8 +15,9 @@ from hybrid_lightning.rundir import find_resume_checkpoint, given_checkpoint
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A run's model at one checkpoint, ready to evaluate: ``step`` is the index of its last
-    training batch (as the callbacks record it), ``dtype`` the autocast dtype of the run's precision."""
+    """A run's model at one checkpoint, ready to evaluate: ``step`` is its step as the run numbers its records
+    (``RunPlan.step_numbering``: the optimizer steps completed, as the callbacks record it), ``dtype`` the autocast
+    dtype of the run's precision."""
 
     cfg: RunConfig
     model: torch.nn.Module
@@ -52,7 +53,8 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     model.to(device)
     data = LMDataModule(cfg)
     data.setup()
-    return Checkpoint(cfg, model, data, int(state["global_step"]) - 1, int(state["tokens_seen"]), autocast_dtype(plan.precision))
+    step = int(state["global_step"]) - plan.step_offset
+    return Checkpoint(cfg, model, data, step, int(state["tokens_seen"]), autocast_dtype(plan.precision))
 
 
 def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:

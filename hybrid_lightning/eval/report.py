@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.records import LONGCTX_TAGS, Tag, pool
+from hybrid_lightning.records import LONGCTX_TAGS, TASKS_TAGS, Tag, pool
 from hybrid_lightning.records import headline as cells_headline
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
+CARD_PX = 340  # the width of an image card in TensorBoard's Images dashboard (2.21, seen in a browser), in pixels
+CARD_DPI = 100  # a figure's dots per inch there: 8-point labels are 11 pixels high
 # Record field -> the generation statistic (scoring.STATS) it averages over the cell's generated samples.
 GENERATION_FIELDS = {"generated_exact": "gen_exact", "match_all": "match_all", "match_part": "match_part"}
 # Fields that identify a row of each list in a report; a newer row replaces an older one with the same key.
@@ -27,24 +29,25 @@ def headline(report: dict) -> dict[str, float | None]:
 
 
 def scalars(report: dict) -> dict[str, float]:
-    """TensorBoard scalars of a report, tag -> value."""
+    """TensorBoard scalars of a report, tag -> value: the headline (``records.headline``) and LongPPL under
+    ``LONGCTX_TAGS``, the detail per task and per position under ``TASKS_TAGS``."""
     out: dict[str, float] = {}
     records = report["records"]
     for task in dict.fromkeys(r["task"] for r in records):
         for length in sorted({r["length"] for r in records if r["task"] == task}):
-            out[f"{LONGCTX_TAGS}/{task}/len_{length}"] = pool(records, task=task, length=length)["score"]
+            out[f"{TASKS_TAGS}/{task}/len_{length}"] = pool(records, task=task, length=length)["score"]
         p = pool(records, task=task)
-        out[f"{LONGCTX_TAGS}/{task}/exact"] = p["accuracy"]
-        out.update({f"{LONGCTX_TAGS}/{task}/{k}": p[k] for k in ("match_all", "match_part") if p[k] is not None})
-        out[f"{LONGCTX_TAGS}/{task}/chance_token_acc"], out[f"{LONGCTX_TAGS}/{task}/chance_loss"] = p["chance_token_accuracy"], p["chance_loss"]
+        out[f"{TASKS_TAGS}/{task}/exact"] = p["accuracy"]
+        out.update({f"{TASKS_TAGS}/{task}/{k}": p[k] for k in ("match_all", "match_part") if p[k] is not None})
+        out[f"{TASKS_TAGS}/{task}/chance_token_acc"], out[f"{TASKS_TAGS}/{task}/chance_loss"] = p["chance_token_accuracy"], p["chance_loss"]
         splits = {"": {}} if report["window"] is None else {"_in_window": {"in_window": True}, "_out_window": {"in_window": False}}
         for suffix, where in splits.items():
             p = pool(records, task=task, **where)
             if p is not None:
-                out[f"{LONGCTX_TAGS}/{task}/token_acc{suffix}"], out[f"{LONGCTX_TAGS}/{task}/answer_loss{suffix}"] = p["token_accuracy"], p["answer_loss"]
+                out[f"{TASKS_TAGS}/{task}/token_acc{suffix}"], out[f"{TASKS_TAGS}/{task}/answer_loss{suffix}"] = p["token_accuracy"], p["answer_loss"]
     out.update({f"{LONGCTX_TAGS}/{k}": v for k, v in headline(report).items() if v is not None})  # Tag.SCORE, ...
     for row in report["position_loss"]:
-        out[f"{LONGCTX_TAGS}/position_loss/{row['position_lo']:06d}-{row['position_hi'] - 1:06d}"] = row["loss"]
+        out[f"{TASKS_TAGS}/position_loss/{row['position_lo']:06d}-{row['position_hi'] - 1:06d}"] = row["loss"]
     for row in report["longppl"]:
         if row["longppl"] is not None:
             out[Tag.LONGPPL] = row["longppl"]
@@ -54,27 +57,35 @@ def scalars(report: dict) -> dict[str, float]:
     return out
 
 
-def heatmap(report: dict):
-    """A matplotlib figure: per task, the score (answer-token accuracy above chance) by needle depth
-    (rows) and length (columns)."""
+def card_figure(height: float):
+    """A matplotlib figure as wide as an image card of TensorBoard's Images dashboard (``CARD_PX``), which shows an
+    image at its own size, ``height`` inches tall: its fonts then show at their point size."""
     from matplotlib.figure import Figure
 
+    return Figure(figsize=(CARD_PX / CARD_DPI, height), dpi=CARD_DPI, layout="constrained")
+
+
+def heatmap(report: dict):
+    """A matplotlib figure for TensorBoard: per task (one row each), the score (answer-token accuracy above chance)
+    by needle depth (rows) and length (columns), each cell's value printed, and the colour bar."""
     records = report["records"]
     tasks = list(dict.fromkeys(r["task"] for r in records))
-    fig = Figure(figsize=(2.2 + 2.0 * len(tasks), 3.2), layout="constrained")
-    for ax, task in zip(np.atleast_1d(fig.subplots(1, max(1, len(tasks)))), tasks):
+    fig = card_figure(0.6 + 1.3 * len(tasks))
+    axes = np.atleast_1d(fig.subplots(max(1, len(tasks)), 1))
+    for ax, task in zip(axes, tasks):
         lengths = sorted({r["length"] for r in records if r["task"] == task})
         depths = sorted({r["depth"] for r in records if r["task"] == task})
         grid = np.array([[pool(records, task=task, length=n, depth=d)["score"] for n in lengths] for d in depths])
-        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=8)
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set_xlabel("length (tokens)", fontsize=8)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=8)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=8)
         ax.set_ylabel("needle depth", fontsize=8)
         ax.set_title(task, fontsize=9)
-    fig.suptitle(f"answer-token accuracy above chance, step {report['step']}", fontsize=9)
+    axes[-1].set_xlabel("length (tokens)", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.9).ax.tick_params(labelsize=8)
+    fig.suptitle(f"score (token accuracy above chance), step {report['step']}", fontsize=9)
     return fig
 
 

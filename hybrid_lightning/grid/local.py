@@ -25,7 +25,9 @@ from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import add_records, cell_states, lock, now, read_jobs, write_jobs
+from hybrid_lightning.grid.tensorboard import write_seed_runs
 from hybrid_lightning.training.cluster import check_cpu_devices, trains_on_cpu_here
+from hybrid_lightning.training.threads import share
 
 PROGRESS_EVERY_S = 60.0
 POLL_S = 0.5
@@ -75,8 +77,9 @@ class LocalExecutor(Executor):
     def run(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> int:
         """Trains the claimed ``cells``; exit code 1 when one did not finish."""
         left = run_local(grid, cells, self.parallel, say)
+        write_seed_runs(grid)  # the margin charts over seeds (grid/tensorboard.py)
         say(f"grid {grid.name}: {len(cells) - left} of {len(cells)} cell(s) finished" + (
-            f"; see `hybrid-lightning grid status {grid.path}`" if left else ""))
+            f"; see `hybrid-lightning grid status {grid.path}`" if left else "") + f"; tensorboard --logdir {grid.root}")
         return min(left, 1)
 
     def cancel(self, records: list[dict]) -> None:
@@ -125,7 +128,7 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
     (grid.state_dir / "logs").mkdir(parents=True, exist_ok=True)
     waiting, running = list(cells), {}
     failed, total = 0, len(cells)
-    threads = max(1, (os.cpu_count() or 1) // parallel)  # parallel cells share the cores
+    threads = share(parallel)  # parallel cells share the cores this process was given
     last_progress = time.monotonic()
     sigterm = []
     previous = signal.signal(signal.SIGTERM, lambda *_: sigterm.append(True))

@@ -2,88 +2,100 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
-from hybrid_lightning.grid.spec import Grid, format_value, load_grid
+from hybrid_lightning.grid.capacity import DEFAULT_GPU, Gpu
+from hybrid_lightning.grid.spec import Grid, format_value
 from hybrid_lightning.grid.state import CellState, cell_states
-from hybrid_lightning.units import format_table, si
+from hybrid_lightning.runplan import gib
+from hybrid_lightning.units import figure, format_table, si
 
 
-def plan_rows(grid: Grid, throughput: float | None = None, tflops: float | None = None) -> list[dict]:
+def plan_rows(grid: Grid, gpu: Gpu = DEFAULT_GPU) -> list[dict]:
     """One dict per cell, from its run plan: name, axis labels, overrides, run directory, parameters, tokens, the
     estimated peak memory per device (bytes, with the cell's and the other activation checkpointing setting, and
-    its parts), GPU-hours.
-
-    Args:
-        grid: the expanded grid.
-        throughput: training tokens per second per GPU, for the GPU-hour estimate of every cell.
-        tflops: sustained training TFLOP/s per GPU, for a GPU-hour estimate from each cell's FLOPs per token
-            (the plan's): cells of different sizes get their own.
-    """
-    from hybrid_lightning.plan.memory import MemoryEstimate
+    its parts); for a cell that may train on a GPU (``train.accelerator`` not cpu), its GPU-hours on ``gpu`` and
+    whether it fits the GPU's memory (``fits``), else the setting that would (``fitting_setting``, null where
+    none does: ``plan.memory.fitting_setting``)."""
+    from hybrid_lightning.plan.memory import fitting_setting
 
     rows = []
     for cell in grid.cells:
         plan = cell.plan
-        tokens, memory = plan.budget.tokens, MemoryEstimate(**plan.memory)
+        tokens, memory = plan.budget.tokens, plan.memory_estimate
         row = {
             "name": cell.name, "axes": cell.labels, "overrides": cell.overrides, "run_dir": str(cell.run_dir),
             "non_embedding_params": plan.params["non_embedding"], "tokens": tokens,
             "peak_memory": memory.peak(), "peak_memory_other_checkpointing": memory.peak(not memory.checkpointing),
             "memory": dict(plan.memory),
         }
-        if throughput:
-            row["gpu_hours"] = tokens / throughput / 3600
-        elif tflops:
-            row["gpu_hours"] = plan.flops_per_token * tokens / (tflops * 1e12) / 3600
+        if cell.config.train.accelerator != "cpu":
+            setting = fitting_setting(cell.config, plan.budget, memory, gpu.memory)
+            row |= {"gpu_hours": tokens / gpu.tokens_per_s(plan.flops_per_token) / 3600, "fits": setting == {},
+                    "fitting_setting": setting or None}
         rows.append(row)
     return rows
 
 
-def planned_cells(path, root=None) -> list[tuple]:
+def design_cells(grid: Grid) -> list[tuple]:
     """A grid's cells as the design check (``grid plan --verdicts``, analysis/design.py) reads them: (name,
-    config as plain data, run plan), planned without their data, which need not exist before the grid runs."""
+    config as plain data, run plan), planned without their data, which need not exist before the grid runs
+    (``grid`` loaded with ``resolve=False``)."""
     from hybrid_lightning.config import config_to_dict
     from hybrid_lightning.plan.resolve import plan_run
 
-    planned = [(cell.name, plan_run(cell.config, sources=False)) for cell in load_grid(path, root, resolve=False).cells]
+    planned = [(cell.name, plan_run(cell.config, sources=False)) for cell in grid.cells]
     return [(name, config_to_dict(cfg), plan) for name, (cfg, plan) in planned]
 
 
-def plan_table(grid: Grid, rows: list[dict]) -> str:
-    axes = list(grid.axes)
-    from hybrid_lightning.plan.memory import gib
+def _fit(row: dict) -> str:
+    if "fits" not in row:
+        return "-"
+    if row["fits"]:
+        return "fits"
+    setting = row["fitting_setting"]
+    return " ".join(f"--set {k}={json.dumps(v)}" for k, v in setting.items()) if setting else "nothing fits"
 
-    header = ["cell", *axes, "non-emb params", "tokens", "memory", "other ckpt"] + (["GPU-h"] if rows and "gpu_hours" in rows[0] else [])
+
+def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
+    axes = list(grid.axes)
+    on_gpu = [r for r in rows if "gpu_hours" in r]
+    header = ["cell", *axes, "non-emb params", "tokens", "memory", "other ckpt"]
+    header += ["GPU-h", f"on {gib(gpu.memory)}"] if on_gpu else []
     table = [header]
     for row in rows:
         line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]), si(row["tokens"]),
                 gib(row["peak_memory"]), gib(row["peak_memory_other_checkpointing"])]
-        if "gpu_hours" in row:
-            line.append(f"{row['gpu_hours']:.3g}")
+        if on_gpu:
+            line += [figure(row["gpu_hours"]) if "gpu_hours" in row else "-", _fit(row)]
         table.append(line)
-    total = sum(r["tokens"] for r in rows)
-    footer = f"{len(rows)} cells, {si(total)} tokens" + (
-        f", {sum(r['gpu_hours'] for r in rows):.3g} GPU-hours" if rows and "gpu_hours" in rows[0] else ""
-    )
-    return (f"{format_table(table)}\n{footer}; run directories in {grid.root}\nmemory: estimated peak per device "
-            "(plan/memory.py); other ckpt: the same with train.activation_checkpointing switched")
+    lines = [format_table(table, left=(0, len(header) - 1) if on_gpu else (0,)),
+             f"{len(rows)} cells, {si(sum(r['tokens'] for r in rows))} tokens; run directories in {grid.root}",
+             "memory: estimated peak per device (plan/memory.py); other ckpt: the same with train.activation_checkpointing switched"]
+    if on_gpu:
+        over = [r for r in on_gpu if not r["fits"]]
+        lines.append(f"GPU-h: {figure(sum(r['gpu_hours'] for r in on_gpu))} GPU-hours in all at {gpu.speed()} per GPU "
+                     f"({gpu.name}, {gpu.source}; a profile's gpu: section, --tflops or --throughput change it)")
+        lines.append(f"on {gib(gpu.memory)}: {len(over)} of {len(on_gpu)} cells exceed the GPU's memory" + (
+            "; the column names the setting that fits, keeping each cell's tokens per step" if over else ""))
+    return "\n".join(lines)
 
 
 def dry_run_table(grid: Grid) -> str:
     """What ``grid submit`` would train: each cell it would submit with its steps, tokens and time
-    (``training.dryrun``: a throughput measured here per distinct model), and the total."""
+    (``training.dryrun.estimates``: throughputs measured here, the cells' distinct training steps together), and the total."""
     from hybrid_lightning.grid.submit import unfinished
-    from hybrid_lightning.training.dryrun import duration, estimate
+    from hybrid_lightning.training.dryrun import duration, estimates
 
     todo = unfinished(grid, cell_states(grid))
-    table, total = [["cell", "state", "steps", "tokens", "tokens/s", "time"]], 0.0
-    for cell, state in todo:
-        est = estimate(cell.config, cell.plan)
-        total += est.seconds
+    table = [["cell", "state", "steps", "tokens", "tokens/s", "time"]]
+    found = estimates([(cell.config, cell.plan) for cell, _ in todo]) if todo else []
+    for (cell, state), est in zip(todo, found):
         table.append([cell.name, state.state, f"{est.steps:,}", si(est.tokens), f"{est.tokens_per_s:,.0f}", duration(est.seconds)])
     return (f"{format_table(table, left=(0, 1))}\n{len(todo)} of {len(grid.cells)} cells to submit, about "
-            f"{duration(total)} of training one after another (throughput measured here; evaluations not counted); nothing written")
+            f"{duration(sum(e.seconds for e in found))} of training one after another (throughput measured here; evaluations "
+            "not counted); nothing written")
 
 
 def status_table(rows: list[CellState]) -> str:
@@ -91,7 +103,7 @@ def status_table(rows: list[CellState]) -> str:
     table = [["cell", "state", "step", "loss", "score", "beyond", "job", "log"]]
     for r in rows:
         table.append([
-            r.name, r.state, f"{r.step or 0}/{r.max_steps}", *("-" if v is None else f"{v:.3f}" for v in (r.loss, r.longctx,
+            r.name, r.state, f"{r.step or 0}/{r.max_steps or '-'}", *("-" if v is None else f"{v:.3f}" for v in (r.loss, r.longctx,
                                                                                                         r.longctx_beyond)),
             r.job_id or "-", r.log or "-",
         ])

@@ -26,6 +26,7 @@ import yaml
 from submitit.core.utils import FailedJobError
 
 from hybrid_lightning.config import apply_overrides, config_to_dict, suggest
+from hybrid_lightning.grid.capacity import GPU_KEY
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.geometry import (
     GPU_KEYS, WORLD_KEYS, World, cell_resources, check_partition, check_profile_world, partition_nodes,
@@ -216,6 +217,7 @@ def read_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...]
             raise ValueError(f"profile {path}: not valid YAML: {e}") from None
         if not isinstance(profile, dict):
             raise ValueError(f"profile {path}: must be a mapping of submitit AutoExecutor parameters")
+    profile = {k: v for k, v in profile.items() if k != GPU_KEY}  # the GPU grid plan assumes (grid/capacity.py)
     origin = dict.fromkeys(profile, f"profile {path}")
     origin.update({item.partition("=")[0].strip().split(".")[0]: "--set" for item in overrides})
     profile = apply_overrides(profile, overrides)

@@ -15,10 +15,13 @@ whose configs are equal are refused, naming both.
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import hashlib
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +29,11 @@ from typing import Any
 from hybrid_lightning.config import (
     RunConfig,
     apply_assignments,
+    apply_overrides,
     config_to_dict,
     flatten,
     load_config,
+    parse_override,
     read_text_file,
     read_yaml,
     resolve_paths,
@@ -79,6 +84,11 @@ class Grid:
     def state_dir(self) -> Path:
         return self.root / GRID_DIR
 
+    def name_of(self, labels: dict[str, Any]) -> str:
+        """The name cells of ``labels`` (axis -> value, some axes left out) get: ``cell_name_for`` with the grid's
+        short keys."""
+        return cell_name_for(labels, _short_keys(list(self.axes)))
+
     def select(self, names: list[str] | tuple[str, ...]) -> list[Cell]:
         """The cells named (all when none), or a ``ValueError`` naming an unknown one."""
         if not names:
@@ -97,7 +107,8 @@ class _Option:
     assignment: dict[str, Any]  # what it sets in the config
 
 
-def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = True) -> Grid:
+def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = True, overrides: Sequence[str] = (),
+              cells: Sequence[str] = ()) -> Grid:
     """Reads a grid file and validates every cell; the first problem is one ``ValueError``
     naming the grid file and, where it applies, the cell and the config key.
 
@@ -105,7 +116,13 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
         path: the grid YAML file.
         root: folder of the cells' run directories; default the file's ``root:``, else ``runs/<name>``.
         resolve: False leaves the cells' configs validated but neither resolved nor planned (``plan.resolve.plan_run``):
-            their data files and tokenizer need not exist, as for analysis, which needs the cells' names.
+            their data files and tokenizer need not exist, as for analysis, which needs the cells' names, and
+            ``grid status``, which reads what the runs recorded.
+        cells: glob patterns over the cells' names (``--cells``, ``fnmatch``): the cells matching one of them are
+            kept, and only they are planned; a pattern that matches none is refused.
+        overrides: ``KEY=VALUE`` settings (``--set``) applied to every cell kept, after the grid's axes (a smoke
+            run: ``--set train.max_steps=5``); the cells keep their names. Settings that make two cells one run
+            are refused.
     """
     path = Path(path)
     raw = read_yaml(read_text_file(path, "grid file"), path)
@@ -115,9 +132,9 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
         raise ValueError(f"{path}: {e}") from None
     name = spec.name or path.stem
     root = Path(root or spec.root or Path("runs") / name).absolute()
-    base = _base_config(spec, path)
     axes = [_axis_options(key, values) for key, values in spec.axes.items()]
     axes += [_zip_options(group) for group in spec.zip]
+    base = _base_config(spec, path)
     label_values = {label: [] for options in axes for label in options[0].labels}
     for options in axes:
         for option in options:
@@ -126,7 +143,7 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
     _check_excludes(spec, label_values, path)
     short = _short_keys(list(label_values))
 
-    cells: list[Cell] = []
+    found: list[Cell] = []
     matched = [False] * len(spec.exclude)
     for combo in itertools.product(*axes) if axes else [()]:
         labels = {k: v for option in combo for k, v in option.labels.items()}
@@ -135,18 +152,65 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
             matched[i] = True
         if hits:
             continue
-        overrides = _merge([option.assignment for option in combo], path)
-        cfg, plan = _cell_config(base, overrides, cell_name_for(labels, short), path, resolve)
+        assignment = _merge([option.assignment for option in combo], path)
+        cfg = _cell_config(base, assignment, cell_name_for(labels, short), path)
         labels = _normalised(labels, cfg)
         cell_name = cell_name_for(labels, short)
-        cells.append(Cell(cell_name, labels, overrides, cfg.model_copy(update={"name": cell_name}), root / cell_name, plan))
+        found.append(Cell(cell_name, labels, assignment, cfg.model_copy(update={"name": cell_name}), root / cell_name))
     for i, hit in enumerate(matched):
         if not hit:
             raise ValueError(f"{path}: exclude[{i}] {dict(spec.exclude[i])} matches no cell")
-    _check_distinct(cells, path)
-    if not cells:
+    _check_distinct(found, path)
+    if not found:
         raise ValueError(f"{path}: the exclusions leave no cell")
-    return Grid(name, path, root, cells, label_values)
+    chosen = _overridden(_matching(found, cells), overrides)
+    return Grid(name, path, root, [_planned(c, path) for c in chosen] if resolve else chosen, label_values)
+
+
+def _overridden(cells: list[Cell], overrides: Sequence[str]) -> list[Cell]:
+    """The cells with ``--set`` settings applied over their configs (relative paths against the working directory,
+    as ``train --set``); a ``ValueError`` for a bad setting or for cells it makes one run."""
+    if not overrides:
+        return cells
+    changed = {".".join(key): value for key, value in map(parse_override, overrides)}
+    if "name" in changed:
+        raise ValueError("--set name: each cell is named after its values")
+    out = []
+    for cell in cells:
+        try:
+            cfg = validate_config(resolve_paths(apply_overrides(config_to_dict(cell.config), list(overrides)), Path.cwd()))
+        except ValueError as e:
+            raise ValueError(f"--set: {e}") from None
+        out.append(dataclasses.replace(cell, overrides={**cell.overrides, **changed}, config=cfg))
+    seen: dict[str, Cell] = {}
+    for cell in out:
+        first = seen.setdefault(json.dumps({**config_to_dict(cell.config), "name": None}, sort_keys=True), cell)
+        if first is not cell:
+            raise ValueError(f"--set {' '.join(overrides)} makes cells {first.name} and {cell.name} one run; pick one "
+                             "with --cells")
+    return out
+
+
+def _matching(cells: list[Cell], patterns: Sequence[str]) -> list[Cell]:
+    """The cells whose names match one of ``patterns`` (all without any); a ``ValueError`` names a pattern
+    that matches none, with the closest names."""
+    if not patterns:
+        return cells
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(c.name, pattern) for c in cells):
+            hint = suggest(pattern, [c.name for c in cells])
+            raise ValueError(f"--cells {pattern!r} matches no cell{hint} (cells are named key=value,...; quote the "
+                             "pattern, e.g. --cells 'arch=full,*')")
+    return [c for c in cells if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+
+
+def _planned(cell: Cell, grid_path: Path) -> Cell:
+    """The cell with its config resolved and planned (``plan_run``: a bad cell is refused here)."""
+    try:
+        cfg, plan = plan_run(cell.config)
+    except ValueError as e:
+        raise ValueError(f"{grid_path}: cell {cell.name}: {e}") from None
+    return dataclasses.replace(cell, config=cfg, plan=plan)
 
 
 def _normalised(labels: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
@@ -230,14 +294,12 @@ def _merge(assignments: list[dict[str, Any]], grid_path: Path) -> dict[str, Any]
     return out
 
 
-def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Path,
-                 resolve: bool) -> tuple[RunConfig, RunPlan | None]:
-    """The cell's config, with ``resolve`` resolved and planned (``plan_run``: a bad cell is refused here)."""
+def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Path) -> RunConfig:
+    """The cell's config, validated."""
     if "name" in overrides:
         raise ValueError(f"{grid_path}: 'name' cannot be set by an axis; each cell is named after its values")
     try:
-        raw = resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent)
-        return plan_run(validate_config(raw)) if resolve else (validate_config(raw), None)
+        return validate_config(resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent))
     except ValueError as e:
         raise ValueError(f"{grid_path}: cell {name}: {e}") from None
 

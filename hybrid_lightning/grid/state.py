@@ -28,7 +28,9 @@ from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.records import Tag
 from hybrid_lightning.fileio import write_atomic
-from hybrid_lightning.rundir import read_events, read_status
+from hybrid_lightning.plan.resolve import budget
+from hybrid_lightning.rundir import read_events, read_plan, read_status
+from hybrid_lightning.runplan import budget_steps
 
 JOBS_FILE = "jobs.json"
 
@@ -41,7 +43,7 @@ class CellState:
     state: str
     live: bool
     step: int | None
-    max_steps: int
+    max_steps: int | None  # None: a budget in train.tokens_per_param of a cell not planned and never trained (planned_steps)
     loss: float | None
     longctx: float | None  # the last val_longctx/score (probe lengths up to train.seq_len)
     longctx_beyond: float | None  # the last val_longctx/score_beyond (longer probe lengths)
@@ -92,6 +94,24 @@ def _last_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, tuple[int, 
     return {t: (events[-1].step, events[-1].value) for t, events in series.items() if events}  # a resume may purge all
 
 
+def planned_steps(cell: Cell) -> int | None:
+    """The cell's ``train.max_steps``: its plan's (a resolved grid), else its config's where it states them. A
+    budget in ``train.tokens_per_param`` of a grid read without plans (``grid status``) gives its steps with the
+    parameters its run recorded (``plan.json``): counting them would load torch; None before the cell has a run."""
+    if cell.plan is not None:
+        return cell.plan.budget.max_steps
+    train = cell.config.train
+    if train.tokens_per_param is None:
+        return train.max_steps
+    try:
+        params = read_plan(cell.run_dir).params
+    except ValueError:  # no run directory yet
+        return None
+    if not params:
+        return None
+    return budget_steps(train.tokens_per_param, params["non_embedding"], budget(train).tokens_per_step)
+
+
 def cell_states(grid: Grid, cells: list[Cell] | None = None) -> list[CellState]:
     """The state of each cell (all by default). Each executor on record is asked once about all
     of its jobs (e.g. one ``squeue``).
@@ -115,14 +135,22 @@ def cell_states(grid: Grid, cells: list[Cell] | None = None) -> list[CellState]:
     return rows
 
 
+def _step_offset(run_dir: Path) -> int:
+    """``RunPlan.step_offset`` of the run's recorded plan; 0 (this version's numbering) before it wrote one."""
+    try:
+        return read_plan(run_dir).step_offset
+    except ValueError:
+        return 0
+
+
 def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live: str | None) -> CellState:
     """``record`` is the cell's newest job record, ``executor`` the one that wrote it, ``live`` its live state."""
     status = read_status(cell.run_dir) or {}
-    max_steps = cell.config.train.max_steps
+    max_steps = planned_steps(cell)
     scalars = _last_scalars(cell.run_dir, (Tag.LOSS, Tag.SCORE, Tag.SCORE_BEYOND))
     step = status.get("step")
-    if Tag.LOSS in scalars:
-        step = max(step or 0, scalars[Tag.LOSS][0] + 1)  # the loss of step s is logged at index s
+    if Tag.LOSS in scalars:  # the steps completed, whichever way the run numbered them (RunPlan.step_offset)
+        step = max(step or 0, scalars[Tag.LOSS][0] + _step_offset(cell.run_dir))
     row = CellState(
         cell.name, "not submitted", False, step, max_steps, scalars.get(Tag.LOSS, (0, None))[1],
         scalars.get(Tag.SCORE, (0, None))[1], scalars.get(Tag.SCORE_BEYOND, (0, None))[1], None, None, None,
@@ -130,7 +158,7 @@ def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live
     )
     if record is not None and (job_id := executor.job_id(record)) is not None:
         row.job_id, row.log = job_id, record.get("log")
-    if status.get("state") == "done" and status.get("step", 0) >= max_steps:
+    if status.get("state") == "done" and status.get("step", 0) >= (max_steps or status.get("max_steps") or 0):
         row.state, row.step = "done", status["step"]
         return row
     if live is not None:

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_lightning.eval.report import card_figure
 from hybrid_lightning.records import ABLATION_KEY, HEADS_TAGS
 from hybrid_lightning.rundir import eval_path, write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
 # Fields that identify an ablation test (the rows' key is records.ABLATION_KEY); a newer one replaces an older one with the same key.
 TEST_KEY = ("k", "mode", "masked", "seed", "match", "draws", "selection_seed")
-ANNOTATE_CELLS = 256  # the image prints each score when the grid has at most this many cells
+ANNOTATE_HEADS = 4  # the image prints each score where a layer has at most this many heads (a card is 340 pixels wide)
 
 
 def head_name(layer: int, head: int) -> str:
@@ -26,12 +27,18 @@ def layer_label(row: dict) -> str:
     return f"{row['layer']} {kind}" + ("" if row["applicable"] else " (n/a)")
 
 
-def heads_scalars(report: dict) -> dict[str, float]:
-    """TensorBoard scalars, tag -> value: totals under ``val_longctx_heads/``, each attention layer's under
-    ``val_longctx_heads/layer_<ll>/``, and the probes' exact match and token accuracy."""
+def scored_layers(report: dict) -> set[int]:
+    """The attention layers of which some head scored above 0."""
+    return {layer["layer"] for layer in report["layers"] if layer["applicable"] and (layer["max_score"] or 0) > 0}
+
+
+def heads_scalars(report: dict, layers: set[int] = frozenset()) -> dict[str, float]:
+    """TensorBoard scalars, tag -> value: totals under ``val_longctx_heads/``, the probes' exact match and token
+    accuracy, and the measures of each of ``layers`` (those whose heads have scored, at this evaluation or an
+    earlier one: the others' would be cards of zeros) under ``val_longctx_heads/layer_<ll>/``."""
     out = {f"{HEADS_TAGS}/{k}": float(v) for k, v in report["total"].items() if v is not None}
     for layer in report["layers"]:
-        if layer["applicable"]:
+        if layer["applicable"] and layer["layer"] in layers:
             out |= {f"{HEADS_TAGS}/layer_{layer['layer']:02d}/{k}": float(layer[k]) for k in MEASURES if layer[k] is not None}
     for k in ("accuracy", "token_accuracy"):
         if report[k] is not None:
@@ -50,19 +57,18 @@ def score_grid(report: dict) -> np.ndarray:
 
 
 def score_image(report: dict):
-    """A matplotlib figure: retrieval score by layer (rows) and head (columns); grey = not scored,
-    C = copy head, L = locator head."""
+    """A matplotlib figure for TensorBoard: retrieval score by layer (rows) and head (columns) with its colour bar;
+    grey = not scored; each score printed, C = copy head, L = locator head, where the cells are wide enough."""
     import matplotlib
-    from matplotlib.figure import Figure
 
     grid = score_grid(report)
     roles = {(r["layer"], r["head"]): r["role"] for r in report["heads"]}
     n_layers, n_heads = grid.shape
-    fig = Figure(figsize=(2.4 + 0.5 * n_heads, 1.2 + 0.3 * n_layers), layout="constrained")
+    fig = card_figure(0.9 + 0.22 * n_layers)
     ax = fig.subplots()
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
     image = ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=cmap, aspect="auto")
-    if grid.size <= ANNOTATE_CELLS:
+    if n_heads <= ANNOTATE_HEADS:
         for (i, j), v in np.ndenumerate(grid):
             mark = {"copy": "C", "locator": "L"}.get(roles.get((i, j)), "")
             text = "n/a" if np.isnan(v) else f"{v:.2f}{mark}"
@@ -71,8 +77,9 @@ def score_image(report: dict):
     ax.set_yticks(range(n_layers), [layer_label(r) for r in report["layers"]], fontsize=7)
     ax.set_xlabel("head", fontsize=8)
     ax.set_ylabel("layer", fontsize=8)
-    fig.colorbar(image, ax=ax, shrink=0.8)
-    ax.set_title(f"retrieval score, step {report['step']} (C copy, L locator)", fontsize=9)
+    fig.colorbar(image, ax=ax, shrink=0.9).ax.tick_params(labelsize=7)
+    ax.set_title(f"retrieval score, step {report['step']}" + (" (C copy, L locator)" if n_heads <= ANNOTATE_HEADS else ""),
+                 fontsize=8)
     return fig
 
 

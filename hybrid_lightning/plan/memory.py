@@ -32,48 +32,16 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hybrid_lightning.kinds import LayerSpec
+from hybrid_lightning.kinds import LayerSpec, ModelOptions
 from hybrid_lightning.model import Block
 from hybrid_lightning.plan.count import count, distinct
 from hybrid_lightning.plan.layers import model_options
 from hybrid_lightning.plan.matching import matched_plan
 from hybrid_lightning.plan.precision import autocast_dtype, resolve_precision
-from hybrid_lightning.runplan import Budget
+from hybrid_lightning.runplan import Budget, MemoryEstimate, gib
 
 FP32 = 4
-GIB = 2**30
 MEASURED_LENGTH = 8192  # tokens up to which activations are counted at the run's own length
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes per device at the peak of a training step."""
-
-    weights: int
-    gradients: int
-    optimizer: int
-    activations: int  # saved for the backward, every block's kept
-    checkpointed: int  # the same with activation checkpointing
-    transient: int  # the logits' gradient
-    checkpointing: bool  # the run's train.activation_checkpointing
-
-    def peak(self, checkpointing: bool | None = None) -> int:
-        """The peak with the run's checkpointing setting, or with the one given."""
-        on = self.checkpointing if checkpointing is None else checkpointing
-        return self.weights + self.gradients + self.optimizer + self.transient + (self.checkpointed if on else self.activations)
-
-    def describe(self) -> str:
-        other = "with" if not self.checkpointing else "without"
-        return (f"{gib(self.peak())} per device (weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
-                f"optimizer {gib(self.optimizer)}, activations {gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
-                f"{gib(self.peak(not self.checkpointing))} {other} train.activation_checkpointing)")
-
-
-def gib(n: int) -> str:
-    """Bytes as MiB below 1 GiB, else GiB."""
-    if n < GIB:
-        return f"{n / 2**20:.3g} MiB"
-    return f"{n / GIB:.3g} GiB" if n < 1000 * GIB else f"{n / GIB:,.0f} GiB"
 
 
 def estimate_memory(cfg: Any, budget: Budget) -> MemoryEstimate:
@@ -85,8 +53,10 @@ def estimate_memory(cfg: Any, budget: Budget) -> MemoryEstimate:
     kinds = distinct(specs)
     params = count(model_options(m), specs).total
     dtype = autocast_dtype(resolve_precision(t, m))
-    blocks = {spec: _along_t(_block_activations, m, spec, t.batch_size, t.seq_len, dtype) for spec in kinds}
-    ends = _along_t(_ends_activations, m, None, t.batch_size, t.seq_len, dtype)
+    opts = model_options(m)
+    blocks = {spec: _along_t(functools.partial(_block_activations, opts, spec), m.window, t.batch_size, t.seq_len, dtype)
+              for spec in kinds}
+    ends = _along_t(functools.partial(_ends_activations, opts), m.window, t.batch_size, t.seq_len, dtype)
     tokens = budget.micro_batch_tokens  # one device's micro-batch: the tokens a forward holds
     inputs = sum(kinds.values()) * tokens * m.d_model * FP32  # the residual stream, fp32
     return MemoryEstimate(
@@ -95,6 +65,29 @@ def estimate_memory(cfg: Any, budget: Budget) -> MemoryEstimate:
         checkpointed=ends + inputs + max(blocks.values()),
         transient=tokens * m.vocab_size * FP32, checkpointing=t.activation_checkpointing,
     )
+
+
+def fitting_setting(cfg: Any, budget: Budget, estimate: MemoryEstimate, capacity: int) -> dict[str, Any] | None:
+    """The ``train`` settings under which the run ``cfg`` (resolved; its plan's ``budget`` and ``estimate``) peaks
+    within ``capacity`` bytes per device, its tokens per step kept: ``{}`` where it fits as it is; else activation
+    checkpointing; else the largest micro-batch that fits (``train.batch_size`` a divisor of the run's,
+    ``train.accumulate_grad_batches`` raised in proportion), without checkpointing and then with it; None where
+    none of these fits."""
+    if estimate.peak() <= capacity:
+        return {}
+    on = {"train.activation_checkpointing": True}
+    if estimate.peak(True) <= capacity:
+        return on
+    t = cfg.train
+    for batch in (b for b in range(t.batch_size - 1, 0, -1) if t.batch_size % b == 0):
+        accumulate = t.accumulate_grad_batches * t.batch_size // batch
+        smaller = cfg.model_copy(update={"train": t.model_copy(update={"batch_size": batch, "accumulate_grad_batches": accumulate})})
+        at = estimate_memory(smaller, dataclasses.replace(budget, batch_size=batch, accumulate=accumulate))
+        setting = {"train.batch_size": batch, "train.accumulate_grad_batches": accumulate}
+        for checkpointing in dict.fromkeys((t.activation_checkpointing, True)):
+            if at.peak(checkpointing) <= capacity:
+                return setting | (on if checkpointing and not t.activation_checkpointing else {})
+    return None
 
 
 def _saved_bytes(run: Callable[[], object], dtype: torch.dtype | None) -> int:
@@ -119,20 +112,21 @@ def _saved_bytes(run: Callable[[], object], dtype: torch.dtype | None) -> int:
     return sum(n for _, n in saved.values())
 
 
-def _along_t(count: Callable[..., int], m, spec: LayerSpec | None, B: int, T: int, dtype: torch.dtype | None) -> int:
-    """``count(m, spec, B, T, dtype)``, for a long T from the line through two lengths that hold the window
-    twice over (a multiple of every chunk and block size)."""
-    short = max(MEASURED_LENGTH // 2, 1024 * -(-2 * (m.window + 1) // 1024))
+def _along_t(count: Callable[[int, int, torch.dtype | None], int], window: int, B: int, T: int, dtype: torch.dtype | None) -> int:
+    """``count(B, T, dtype)``, for a long T from the line through two lengths that hold ``window`` twice over (a
+    multiple of every chunk and block size)."""
+    short = max(MEASURED_LENGTH // 2, 1024 * -(-2 * (window + 1) // 1024))
     if T <= 2 * short:
-        return count(m, spec, B, T, dtype)
-    a, b = count(m, spec, B, short, dtype), count(m, spec, B, 2 * short, dtype)
+        return count(B, T, dtype)
+    a, b = count(B, short, dtype), count(B, 2 * short, dtype)
     return b + (b - a) * (T - 2 * short) // short
 
 
+# Cached by what the count depends on (a block's options, not the whole config): a grid's cells share blocks.
 @functools.lru_cache(maxsize=256)
-def _block_activations(m, spec: LayerSpec, B: int, T: int, dtype: torch.dtype | None) -> int:
+def _block_activations(opts: ModelOptions, spec: LayerSpec, B: int, T: int, dtype: torch.dtype | None) -> int:
     """Saved bytes of one block of ``spec`` on a (B, T, d_model) fp32 input."""
-    return _saved_bytes(lambda: (Block(model_options(m), spec), (torch.empty(B, T, m.d_model, requires_grad=True),)), dtype)
+    return _saved_bytes(lambda: (Block(opts, spec), (torch.empty(B, T, opts.d_model, requires_grad=True),)), dtype)
 
 
 class _Ends(torch.nn.Module):
@@ -150,7 +144,7 @@ class _Ends(torch.nn.Module):
 
 
 @functools.lru_cache(maxsize=64)
-def _ends_activations(m, spec: None, B: int, T: int, dtype: torch.dtype | None) -> int:
+def _ends_activations(m: ModelOptions, B: int, T: int, dtype: torch.dtype | None) -> int:
     def build():
         tokens = torch.zeros(B, T, dtype=torch.long)
         return _Ends(m), (tokens, torch.empty(B, T, m.d_model, requires_grad=True))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import math
 import subprocess
 from pathlib import Path
 
@@ -17,15 +16,13 @@ from hybrid_lightning import __version__
 from hybrid_lightning.config import EvalConfig, RunConfig, TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning.plan.count import count
-from hybrid_lightning.plan.layers import model_options
-from hybrid_lightning.plan.matching import matched_plan, non_embedding_params, param_report
-from hybrid_lightning.plan.memory import MemoryEstimate, estimate_memory
-from hybrid_lightning.plan.precision import resolve_precision
-from hybrid_lightning.probes.check import check_probes
-from hybrid_lightning.rundir import read_plan, read_run_config
+from hybrid_lightning import runplan
 from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan
 from hybrid_lightning.units import format_table
+
+# Counting parameters, estimating memory and checking probes build blocks and probes with torch and numpy: their
+# modules are imported where a plan is made (and, for train.tokens_per_param, where the steps are counted), so
+# that resolving a config that states its steps (--print-config) loads neither.
 
 
 def resolve_config(cfg: RunConfig, sources: bool = True) -> RunConfig:
@@ -68,13 +65,21 @@ def budget(train: TrainConfig) -> Budget:
 
 
 def budget_steps(cfg: RunConfig) -> int:
-    """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters, rounded up."""
-    return max(1, math.ceil(cfg.train.tokens_per_param * non_embedding_params(cfg.model) / budget(cfg.train).tokens_per_step))
+    """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters (``runplan.budget_steps``)."""
+    from hybrid_lightning.plan.matching import non_embedding_params
+
+    return runplan.budget_steps(cfg.train.tokens_per_param, non_embedding_params(cfg.model), budget(cfg.train).tokens_per_step)
 
 
 def make_plan(cfg: RunConfig) -> RunPlan:
     """The run plan of the resolved config ``cfg`` (``resolve_config``); a ``ValueError`` naming the key for
     probes that cannot be built."""
+    from hybrid_lightning.plan.count import count
+    from hybrid_lightning.plan.layers import model_options
+    from hybrid_lightning.plan.matching import matched_plan, param_report
+    from hybrid_lightning.plan.memory import estimate_memory
+    from hybrid_lightning.plan.precision import resolve_precision
+
     m, t = cfg.model, cfg.train
     specs, opts, tokens = matched_plan(m), model_options(m), budget(t)
     counts = count(opts, specs, (t.seq_len,))
@@ -91,6 +96,8 @@ def make_plan(cfg: RunConfig) -> RunPlan:
 @functools.cache
 def _probes(cfg: EvalConfig, tokenizer: str, seq_len: int) -> dict:
     """The checked probes (``probes.check.check_probes``); a grid's cells mostly share them, so each once."""
+    from hybrid_lightning.probes.check import check_probes
+
     return check_probes(cfg, load_tokenizer(tokenizer), seq_len)
 
 
@@ -136,17 +143,20 @@ def param_table(plan: RunPlan) -> str:
     return "\n".join([format_table(rows, left=()),
                       f"non-embedding {p['non_embedding']:,}  embedding {p['embedding']:,}  total {p['total']:,}",
                       f"estimated peak memory at batch {plan.budget.batch_size} x {plan.budget.seq_len}: "
-                      f"{MemoryEstimate(**plan.memory).describe()}",
+                      f"{plan.memory_estimate.describe()}",
                       f"reference (pattern {match['reference_pattern']}) non-embedding {match['reference']:,}  this model "
                       f"{match['matched']:,}  deviation {match['deviation']:+.2%}  {how}"])
 
 
 def run_plan(run_dir: Path) -> tuple[RunConfig, RunPlan]:
     """A run directory's config and plan, to build its model from: for a run written before plans were recorded
-    (``rundir.read_plan`` rebuilds only its layout), the plan made from its config here."""
+    (``rundir.read_plan`` rebuilds only its layout), the plan made from its config here, numbering steps as the
+    run did."""
+    from hybrid_lightning.rundir import read_plan, read_run_config
+
     cfg, plan = read_run_config(run_dir), read_plan(run_dir)
     if not plan.rebuilt:
         return cfg, plan
     if cfg.model.vocab_size is None:  # a config written by hand, not by training
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": load_tokenizer(cfg.data.tokenizer).vocab_size})})
-    return cfg, make_plan(cfg)
+    return cfg, dataclasses.replace(make_plan(cfg), step_numbering=plan.step_numbering)

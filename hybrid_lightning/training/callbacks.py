@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from hybrid_lightning.config import RunConfig, dump_config
 from hybrid_lightning.eval.report import headline, report_path
@@ -21,7 +22,8 @@ from hybrid_lightning.records import Tag
 from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR, process_status, write_status
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.hparams import study_hparams, write_session
-from hybrid_lightning.training.steps import OnOptimizerSteps, say
+from hybrid_lightning.training.layout import run_layout
+from hybrid_lightning.training.steps import AfterStepLogged, OnOptimizerSteps, say
 from hybrid_lightning.units import si
 
 
@@ -114,11 +116,13 @@ class PeakMemory(OnOptimizerSteps):
         pl_module.log(Tag.PEAK_MEMORY, peak / 2**30)
 
 
-class Console(OnOptimizerSteps):
+class Console(AfterStepLogged):
     """What a person reading the console or a cell's log sees (rank 0): a start line (run directory,
     parameters, tokens, the step training starts from); with ``every``, a progress line each ``every``
     steps (for runs without a progress bar); an end summary (final losses, the long-context score,
-    where the outputs are)."""
+    where the outputs are). Each value printed is the step's own: a progress line is printed once the step's
+    values are logged (``AfterStepLogged``), with ``val/*`` only at a step that validated; the last step
+    validates (``LastStep``), so its line and the summary show the same values."""
 
     PROGRESS = (Tag.LOSS, Tag.VAL_LOSS, Tag.TOKENS_PER_SEC, Tag.LR)
     SUMMARY = (Tag.LOSS, Tag.VAL_LOSS, Tag.VAL_PPL, Tag.RETRIEVAL_ACC)
@@ -130,19 +134,22 @@ class Console(OnOptimizerSteps):
         if trainer.is_global_zero:
             params, step = self.plan.params, trainer.global_step
             start = f"resuming at step {step}" if step else "from step 0"
+            threads = torch.get_num_threads()  # training/threads.py chose them
+            cpu = f", {threads} CPU thread{'s' if threads > 1 else ''}" if pl_module.device.type == "cpu" else ""
             say(f"{self.run_dir}: {params['total']:,} parameters ({params['non_embedding']:,} non-embedding), "
-                f"{si(self.plan.budget.tokens)} tokens in {self.plan.budget.max_steps:,} steps, {start}")
+                f"{si(self.plan.budget.tokens)} tokens in {self.plan.budget.max_steps:,} steps, {start}{cpu}")
 
-    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        step = trainer.global_step
+    def on_step_logged(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, validated: bool) -> None:
         if self.every and trainer.is_global_zero and (step % self.every == 0 or step >= trainer.max_steps):
-            say(f"step {step}/{trainer.max_steps}  {_metrics(trainer, self.PROGRESS)}")
+            names = self.PROGRESS if validated else tuple(n for n in self.PROGRESS if n != Tag.VAL_LOSS)
+            say(f"step {step}/{trainer.max_steps}  {_metrics(trainer, names)}")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)  # the last step's line first
         if not trainer.is_global_zero:
             return
         end = "done" if trainer.global_step >= trainer.max_steps else "stopped"
-        record = report_path(self.run_dir, trainer.global_step - 1)  # the evaluation at the end, if it ran
+        record = report_path(self.run_dir, trainer.global_step)  # the evaluation at the end, if it ran
         score = headline(json.loads(record.read_text()))["score"] if record.is_file() else None
         scores = f"  val_longctx/score {score:.4g}" if score is not None else ""
         say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
@@ -151,18 +158,20 @@ class Console(OnOptimizerSteps):
 
 
 class RunSummary(L.Callback):
-    """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``) and the run's
-    HParams session (``hparams.write_session``, unless a grid wrote its cell's), with the experiment summary."""
+    """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``), the custom-scalars
+    layout that leads with the headline (``layout.run_layout``) and the run's HParams session
+    (``hparams.write_session``, unless a grid wrote its cell's), with the experiment summary."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+    def __init__(self, cfg: RunConfig, plan: RunPlan, run_dir: Path):
+        self.cfg, self.plan, self.run_dir = cfg, plan, Path(run_dir)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.logger is None:
             return
         text = dump_config(self.cfg).rstrip("\n")
         trainer.logger.experiment.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # Markdown code
-        values = study_hparams(self.cfg)
+        trainer.logger.experiment.add_custom_scalars(run_layout())
+        values = study_hparams(self.cfg, self.plan)
         write_session(self.run_dir, values, {k: [v] for k, v in values.items()})
 
 
@@ -172,17 +181,24 @@ def _metrics(trainer: L.Trainer, names: tuple[str, ...]) -> str:
     return "  ".join(f"{name} {float(found[name]):.4g}" for name in names if name in found)
 
 
-class StepProgressBar(OnOptimizerSteps, TQDMProgressBar):
-    """One bar over optimizer steps, from the resumed step to max_steps; its rate counts this
-    process's steps only."""
+class StepProgressBar(AfterStepLogged, TQDMProgressBar):
+    """One bar over optimizer steps, from the resumed step to max_steps, showing each step's values once they are
+    logged (``AfterStepLogged``); its rate counts this process's steps only. No bar of Lightning's own: neither
+    its epochs ("Epoch 0") nor its validation ("Validation DataLoader 0")."""
+
+    @property
+    def train_description(self) -> str:
+        return "train"
+
+    def init_validation_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True)  # validation is part of a step here, not a bar of its own
 
     def on_train_start(self, trainer: L.Trainer, *_) -> None:
         super().on_train_start(trainer)
         self._start(trainer)  # a resume in the middle of an epoch gets no on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_) -> None:
-        super().on_train_epoch_start(trainer)
-        self._start(trainer)
+        self._start(trainer)  # not Lightning's: it names the bar after the epoch
 
     def _start(self, trainer: L.Trainer) -> None:
         bar = self.train_progress_bar
@@ -191,10 +207,9 @@ class StepProgressBar(OnOptimizerSteps, TQDMProgressBar):
         _show(bar, trainer.global_step)
         bar.set_description("train")
 
-    def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        n = trainer.global_step
-        if self.is_enabled and (n % self.refresh_rate == 0 or n >= trainer.max_steps):
-            _show(self.train_progress_bar, n)
+    def on_step_logged(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, validated: bool) -> None:
+        if self.is_enabled and (step % self.refresh_rate == 0 or step >= trainer.max_steps):
+            _show(self.train_progress_bar, step)
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 

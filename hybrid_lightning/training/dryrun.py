@@ -5,10 +5,10 @@ tokens. Nothing is written: no run directory, no token store, no cache."""
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +18,12 @@ from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.plan.precision import autocast_dtype
 from hybrid_lightning.rundir import find_resume_checkpoint
 from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.training.threads import set_threads, thread_count
 
-WARMUP_STEPS = 1  # untimed optimizer steps first (allocations, lazy initialisation, a compilation)
-MEASURED_STEPS = 5  # then timed ones, each alone: the median is the step time (one slow step does not move it)
+WARMUP_STEPS = 2  # untimed optimizer steps of each run first (allocations, lazy initialisation, a compilation)
+MEASURED_STEPS = 7  # then timed rounds, one step of every run measured together in each: a run's median is its step time
 MEASURED_TOKENS = 4096  # at most this many tokens per measured step: the run's batch, cut to fit (one sequence at least)
+MEMORY_SHARE = 0.5  # of this machine's (or GPU's) memory, what the runs measured together may hold
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,17 @@ class Estimate:
     tokens_per_s: float
     batch: int
     device: str
+    threads: int
 
     @property
     def seconds(self) -> float:
         return self.tokens / self.tokens_per_s
 
     def describe(self) -> str:
+        threads = f", {self.threads} thread{'s' if self.threads > 1 else ''}" if self.device == "cpu" else ""
         return (f"{self.steps:,} steps, {self.tokens:,} tokens; measured {self.tokens_per_s:,.0f} tokens/s on "
-                f"{self.device} (batch {self.batch}, median of {MEASURED_STEPS} steps) -> about {duration(self.seconds)} "
-                "of training (evaluations not counted)")
+                f"{self.device} (batch {self.batch}{threads}, median of {MEASURED_STEPS} steps) -> about "
+                f"{duration(self.seconds)} of training (evaluations not counted)")
 
 
 def dry_run_report(cfg: RunConfig, plan: RunPlan, run_dir: Path) -> str:
@@ -63,33 +67,85 @@ def duration(seconds: float) -> str:
 
 
 def estimate(cfg: RunConfig, plan: RunPlan) -> Estimate:
-    """The resolved run's steps, tokens and training time (see ``MEASURED_TOKENS``)."""
-    device = "cuda" if cfg.train.accelerator != "cpu" and torch.cuda.is_available() else "cpu"
-    batch = max(1, min(cfg.train.batch_size, MEASURED_TOKENS // cfg.train.seq_len))
-    # what the step's time depends on: neither the run's name and seed nor its length (a grid's equal cells measure once)
-    raw = {**config_to_dict(cfg), "name": None, "seed": 0}
-    raw["train"] = {**raw["train"], "max_steps": None, "batch_size": batch}
-    rate = measure(json.dumps(raw, sort_keys=True), json.dumps(plan.as_dict(), sort_keys=True), device)
-    b = plan.budget
-    return Estimate(b.max_steps, b.tokens, rate * b.world_size, batch, device)  # one device each: its own batch
+    """The resolved run's steps, tokens and training time (``estimates``)."""
+    return estimates([(cfg, plan)])[0]
 
 
-@functools.cache
-def measure(config: str, plan: str, device: str) -> float:
-    """Training tokens/s of one device running the training step of the run ``config`` (JSON, its
-    ``train.batch_size`` the measured batch) with its plan (JSON), and an AdamW step, on random tokens: the median
-    of ``MEASURED_STEPS`` steps timed alone, after ``WARMUP_STEPS``."""
+def estimates(runs: list[tuple[RunConfig, RunPlan]]) -> list[Estimate]:
+    """The steps, tokens and training time of each resolved run and its plan. Runs whose training step is the same
+    (``_step_key``: neither name, seed, steps nor evaluation settings change it) are measured once; the others are
+    measured together, ``MEASURED_STEPS`` rounds of one step of each, so that a machine whose load changes
+    meanwhile slows every run alike and equal runs get equal estimates (in groups of as many as
+    ``MEMORY_SHARE`` of the memory holds, by their plans' estimates)."""
+    device = "cuda" if any(cfg.train.accelerator != "cpu" for cfg, _ in runs) and torch.cuda.is_available() else "cpu"
+    keys = [_step_key(cfg, plan) for cfg, plan in runs]
+    distinct = {key: (cfg, plan) for key, (cfg, plan) in zip(keys, runs)}
+    rates: dict[str, float] = {}
+    for group in _groups(list(distinct.items()), device):
+        rates |= _measure_together(group, device)
+    out = []
+    for key, (cfg, plan) in zip(keys, runs):
+        b = plan.budget
+        out.append(Estimate(b.max_steps, b.tokens, rates[key] * b.world_size, _batch(cfg), device, thread_count(cfg.train)))
+    return out  # one device each: its own batch
+
+
+def _batch(cfg: RunConfig) -> int:
+    return max(1, min(cfg.train.batch_size, MEASURED_TOKENS // cfg.train.seq_len))
+
+
+def _step_key(cfg: RunConfig, plan: RunPlan) -> str:
+    """What a measured step depends on, as JSON: the config but its name, seed, length and evaluations, at the
+    measured batch, and the plan."""
+    raw = {**config_to_dict(cfg), "name": None, "seed": 0, "eval": None}
+    raw["train"] = {**raw["train"], "max_steps": None, "tokens_per_param": None, "batch_size": _batch(cfg)}
+    return json.dumps([raw, {**plan.as_dict(), "budget": None, "probes": None}], sort_keys=True)
+
+
+def _groups(runs: list[tuple[str, tuple[RunConfig, RunPlan]]], device: str) -> list[list[tuple[str, tuple[RunConfig, RunPlan]]]]:
+    """``runs`` in groups whose plans' memory estimates together stay within ``MEMORY_SHARE`` of the device's."""
+    from hybrid_lightning.plan.memory import machine_memory
+
+    groups: list[list] = []
+    budget, held = MEMORY_SHARE * machine_memory(runs[0][1][0])[0], 0
+    for item in runs:
+        need = item[1][1].memory_estimate.peak()
+        if not groups or held + need > budget:
+            groups.append([])
+            held = 0
+        groups[-1].append(item)
+        held += need
+    return groups
+
+
+def _measure_together(group: list[tuple[str, tuple[RunConfig, RunPlan]]], device: str) -> dict[str, float]:
+    """Training tokens/s of one device for each run of ``group`` (key -> rate): ``WARMUP_STEPS`` untimed steps of
+    each, then ``MEASURED_STEPS`` rounds of one timed step of each in turn; the median of each run's."""
+    steps = {key: _training_step(cfg, plan, device) for key, (cfg, plan) in group}
+    for step in steps.values():
+        for _ in range(WARMUP_STEPS):
+            step()
+    times: dict[str, list[float]] = {key: [] for key in steps}
+    for _ in range(MEASURED_STEPS):
+        for key, step in steps.items():
+            times[key].append(step())
+    return {key: _batch(cfg) * cfg.train.seq_len / statistics.median(times[key]) for key, (cfg, _) in group}
+
+
+def _training_step(cfg: RunConfig, plan: RunPlan, device: str) -> Callable[[], float]:
+    """A function that runs one optimizer step of the run (its ``LMSystem.training_step`` and AdamW, at the measured
+    batch, on random tokens, under the run's threads and precision) and returns its seconds."""
     from hybrid_lightning.training.system import LMSystem
 
-    raw, planned = json.loads(config), json.loads(plan)
-    raw["train"]["max_steps"] = 1
-    system = LMSystem(raw, planned).to(device)
+    raw = config_to_dict(cfg)
+    raw["train"] = {**raw["train"], "max_steps": 1, "tokens_per_param": None, "batch_size": _batch(cfg)}
+    system = LMSystem(raw, plan.as_dict()).to(device)
     opt = system.configure_optimizers()["optimizer"]
-    t = system.cfg.train
-    tokens = torch.randint(0, system.cfg.model.vocab_size, (t.batch_size, t.seq_len + 1), device=device)  # (B, T + 1)
-    dtype = autocast_dtype(planned["precision"])
+    tokens = torch.randint(0, cfg.model.vocab_size, (_batch(cfg), cfg.train.seq_len + 1), device=device)  # (B, T + 1)
+    dtype = autocast_dtype(plan.precision)
 
     def step() -> float:
+        set_threads(cfg.train)
         start = time.perf_counter()
         with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
             loss = system.training_step(tokens, 0)
@@ -101,6 +157,4 @@ def measure(config: str, plan: str, device: str) -> float:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    for _ in range(WARMUP_STEPS):
-        step()
-    return tokens[:, :-1].numel() / statistics.median(step() for _ in range(MEASURED_STEPS))
+    return step

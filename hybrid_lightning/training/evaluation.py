@@ -23,29 +23,22 @@ from hybrid_lightning.config import RunConfig
 from hybrid_lightning.eval.longppl import evaluator_key_tokens
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval
-from hybrid_lightning.heads.report import heads_scalars, score_image, write_heads
+from hybrid_lightning.heads.report import heads_scalars, score_image, scored_layers, write_heads
 from hybrid_lightning.heads.retrieval import RetrievalHeads
 from hybrid_lightning.plan.precision import autocast_dtype
 from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
+from hybrid_lightning.rundir import eval_files, read_eval_record
 from hybrid_lightning.training.steps import OnOptimizerSteps, say
-
-CARD_PX = 340  # the width of an image card in TensorBoard's Images dashboard (2.21, seen in a browser), in pixels
-
-
-def fit_card(fig):
-    """``fig`` at a resolution whose width fits an image card: the Images dashboard shows images at their size."""
-    fig.set_dpi(min(fig.get_dpi(), CARD_PX / fig.get_figwidth()))
-    return fig
-
 
 class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
     """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
     training ends; on rank 0 writes its report and logs it under ``tag``, with ``<tag>/seconds``,
     and says on the console when an evaluation starts and how long it took.
 
-    Records and scalars carry the step of the last training batch (``global_step - 1``), the
-    step TensorBoard shows for that batch's loss, so that a resumed run, whose logger hides
-    steps at or after its resume step, keeps the evaluation that preceded its checkpoint.
+    Records, their files and scalars carry the step evaluated: the optimizer steps completed
+    (``trainer.global_step``), as the console, the checkpoints and every TensorBoard scalar do. The
+    checkpoint of a step is saved before its evaluations, and a resumed run's logger hides only the
+    steps after its resume step, so it keeps the evaluation of the step it resumes from.
 
     Args:
         every, at_end: the schedule.
@@ -70,7 +63,7 @@ class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict | None:
         t0 = time.perf_counter()
-        step = trainer.global_step - 1
+        step = trainer.global_step
         if trainer.is_global_zero:
             say(f"step {trainer.global_step}: {self.tag} evaluation...")
         report = self.evaluate(trainer, pl_module, step)
@@ -138,7 +131,7 @@ class LongContextEvaluation(PeriodicEvaluation):
         for tag, value in scalars(report).items():
             writer.add_scalar(tag, value, step)
         if report["records"]:
-            writer.add_figure(f"{self.tag}/heatmap", fit_card(heatmap(report)), step, close=False)
+            writer.add_figure(f"{self.tag}/heatmap", heatmap(report), step, close=False)
 
 
 class RetrievalHeadsEvaluation(PeriodicEvaluation):
@@ -156,6 +149,7 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
         super().__init__(cfg.eval.heads.every_n_steps, cfg.eval.heads.at_end, HEADS_TAGS, on_time)
         self.cfg, self.run_dir, self.tokenizer = cfg, Path(run_dir), tokenizer
         self._heads: RetrievalHeads | None = None
+        self._scored: set[int] | None = None  # the layers whose heads have scored (heads_scalars)
 
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict:
         if self._heads is None:
@@ -167,6 +161,10 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
         write_heads(self.run_dir, report)
 
     def log_report(self, writer, report: dict, step: int) -> None:
-        for tag, value in heads_scalars(report).items():
+        if self._scored is None:  # a resumed run: the layers its earlier records saw score
+            earlier = (read_eval_record(path) for kind, k, path in eval_files(self.run_dir) if kind == "heads" and k < step)
+            self._scored = set().union(*(scored_layers(r) for r in earlier if r is not None))
+        self._scored |= scored_layers(report)
+        for tag, value in heads_scalars(report, self._scored).items():
             writer.add_scalar(tag, value, step)
-        writer.add_figure(f"{self.tag}/scores", fit_card(score_image(report)), step, close=False)
+        writer.add_figure(f"{self.tag}/scores", score_image(report), step, close=False)

@@ -8,20 +8,45 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hybrid_lightning.config import RunConfig, config_to_dict, flatten
+import json
+
+from hybrid_lightning.config import RunConfig
 from hybrid_lightning.records import Tag
 from hybrid_lightning.rundir import HPARAMS_SUFFIX
+from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
 
 # The config keys a study of hybrids varies: the HParams dashboard compares runs by them, on these metrics.
-STUDY_KEYS = ("model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed")
-HPARAMS_METRICS = (Tag.LOSS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC, Tag.SCORE, Tag.SCORE_BEYOND,
+STUDY_KEYS = (*LAYOUT_KEYS, "seed")
+# The dashboard shows the first five of each at first: the headline metrics lead, and the hparams that differ
+# between sessions (``_mark_differing``).
+HPARAMS_METRICS = (Tag.SCORE, Tag.SCORE_BEYOND, Tag.LOSS, Tag.VAL_LOSS, Tag.RETRIEVAL_ACC, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS,
                    Tag.LONGPPL)
 
 
-def study_hparams(cfg: RunConfig) -> dict[str, float | str]:
-    """``STUDY_KEYS`` of ``cfg`` as HParams values (numbers as floats: one type per hparam across runs)."""
-    flat = flatten(config_to_dict(cfg))
-    return {k: float(flat[k]) if isinstance(flat[k], int) else flat[k] for k in STUDY_KEYS}
+def written(value: Any) -> str:
+    """An HParams value as a config writes it (``16``, ``0.0003``, ``true``, ``rope``): the dashboard shows a number
+    with three decimals (``16.000``), so every value is text, one type per hparam across runs."""
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def study_hparams(cfg: RunConfig, plan: RunPlan) -> dict[str, str]:
+    """The ``STUDY_KEYS`` that apply to the run, as its plan has them (``RunPlan.layout``: no mixer nor efficient
+    layers' position for all-full attention, no window without windowed layers), and its seed, each ``written``."""
+    return {k: written(v) for k, v in {**plan.layout(), "seed": cfg.seed}.items()}
+
+
+def _mark_differing(summary, experiment: Mapping[str, list]):
+    """The experiment ``summary`` with its hparams marked as differing where sessions hold two values or more, and
+    the seed always: the dashboard shows five hparams at first, those marked first, then by name, and would hide
+    the seed behind five model keys."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    metadata = summary.value[0].metadata
+    data = plugin_data_pb2.HParamsPluginData.FromString(metadata.plugin_data.content)
+    for info in data.experiment.hparam_infos:
+        info.differs = info.name == "seed" or len(experiment[info.name]) > 1
+    metadata.plugin_data.content = data.SerializeToString()
+    return summary
 
 
 def has_session(folder: Path) -> bool:
@@ -39,7 +64,9 @@ def write_session(folder: Path, values: Mapping[str, Any], experiment: Mapping[s
 
     summaries = []
     if experiment is not None:
-        summaries.append(hparams(dict(values), dict.fromkeys(HPARAMS_METRICS, 0.0), dict(experiment))[0])
+        # the experiment names every hparam of the grid, some of which this session lacks (they apply to other arms)
+        summary = hparams({k: v[0] for k, v in experiment.items()}, dict.fromkeys(HPARAMS_METRICS, 0.0), dict(experiment))[0]
+        summaries.append(_mark_differing(summary, experiment))
     summaries.append(hparams(dict(values), {})[1])
     Path(folder).mkdir(parents=True, exist_ok=True)
     writer = FileWriter(str(folder), filename_suffix=HPARAMS_SUFFIX)

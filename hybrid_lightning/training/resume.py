@@ -12,7 +12,8 @@ from pathlib import Path
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, flatten, validate_config
 from hybrid_lightning.config.roles import may_change_on_resume
 from hybrid_lightning.config.schedule import lr_factor
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, DATA_KEY, newest_checkpoint, read_config_dict
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, DATA_KEY, newest_checkpoint, read_config_dict, read_plan
+from hybrid_lightning.runplan import STEPS_INDEXED
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,18 @@ def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
     if blocking:
         diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
         raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another --run-dir")
+
+
+def check_numbering(run_dir: Path, resume: Resume | None) -> None:
+    """A run written before steps counted the optimizer steps completed (``runplan.STEPS_INDEXED``: its plan.json
+    of version 1, or none) is not resumed: its records would mix two numberings. A ``ValueError`` says what to do."""
+    if resume is None:
+        return
+    plan = read_plan(run_dir)
+    if plan.step_numbering == STEPS_INDEXED:
+        raise ValueError(f"{run_dir} was trained by an older hybrid-lightning, whose records number a step by the "
+                         f"index of its last batch (plan version {plan.version}{', rebuilt' if plan.rebuilt else ''}); "
+                         "finish it with that version, or train this config again in another --run-dir")
 
 
 def check_extension(cfg: RunConfig, resume: Resume | None) -> None:

@@ -13,7 +13,7 @@ from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.integrity import fingerprint
 from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.fileio import IOFailure, RunLock
-from hybrid_lightning.plan.memory import MemoryEstimate, check_fits
+from hybrid_lightning.plan.memory import check_fits
 from hybrid_lightning.plan.resolve import default_run_dir, plan_run, provenance
 from hybrid_lightning.rundir import (
     DATA_KEY,
@@ -26,7 +26,7 @@ from hybrid_lightning.rundir import (
     write_status,
 )
 from hybrid_lightning.runplan import RunPlan
-from hybrid_lightning.training.resume import Resume, check_extension, check_same_run, recorded_data
+from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
 from hybrid_lightning.training.stop import Stopped
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
     """
     cfg, plan = plan_run(cfg)  # every derived fact, once; bad probes are refused here
-    check_fits(cfg, MemoryEstimate(**plan.memory))  # a size beyond the machine's memory is refused before anything is allocated
+    check_fits(cfg, plan.memory_estimate)  # a size beyond the machine's memory is refused before anything is allocated
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
@@ -97,6 +97,7 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
             old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
             write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
         return run_dir
+    check_numbering(run_dir, resume)
     # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
     store = ensure_store(cfg, recorded_data(run_dir, resume))
     # Imported here: Lightning is slow to import and not needed to validate.

@@ -21,6 +21,7 @@ from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.checkpoints import StepCheckpoints
 from hybrid_lightning.training.cluster import set_main_address
 from hybrid_lightning.training.system import LMSystem
+from hybrid_lightning.training.threads import set_threads
 
 # The step sampler makes data order a function of the step, so Lightning's warning that a plain
 # dataloader cannot resume mid-epoch does not apply; nor does its advice on dataloader workers.
@@ -31,36 +32,39 @@ for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.
     warnings.filterwarnings("ignore", message=_pattern)
 # Lightning's banners ("GPU available: ...", "`Trainer.fit` stopped: ...", the CUDA devices, "Restoring states from the
 # checkpoint ...") say nothing that a run's own start and end lines (callbacks.Console, "resuming from ...") don't.
-_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ",
-            "Restoring states from the checkpoint", "Restored all states from the checkpoint")
+_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ", "Restoring states",
+            "Restored all states")
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_name).addFilter(lambda record: not str(record.msg).startswith(_BANNERS))
 
 
 class RunLogger(TensorBoardLogger):
-    """Lightning's TensorBoard logger without the ``epoch`` scalar it adds to every write: the step
+    """Lightning's TensorBoard logger at the run's step numbering: a step is the optimizer steps completed
+    (``runplan.STEPS_COMPLETED``), where Lightning writes a step's scalars, and the validation after it, at the
+    0-based index of its last batch, one less. Without the ``epoch`` scalar it adds to every write: the step
     sampler makes a run one endless epoch, so it is always 0."""
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, None if step is None else step + 1)
 
 
 def build_trainer(
     cfg: RunConfig, plan: RunPlan, run_dir: Path, resume_step: int = 0, extra_callbacks: Sequence[L.Callback] = ()
 ) -> tuple[L.Trainer, LMSystem, LMDataModule]:
     t = cfg.train
+    set_threads(t)  # the cores this process was given, as a grid cell and the dry run take them
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     logger = RunLogger(
         save_dir=str(run_dir), name="", version="", default_hp_metric=False,
-        # Steps >= resume_step logged before a crash (or a restart from 0) are hidden by TensorBoard:
+        # Steps after resume_step logged before a crash (or a restart from 0) are hidden by TensorBoard:
         # no duplicates, no gaps.
-        purge_step=resume_step,
+        purge_step=resume_step + 1,
     )
     checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
     throughput = Throughput(plan, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
     # the checkpoints first: the last step is saved before the evaluations at the end, so a stop during them keeps it
-    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, run_dir),
+    callbacks = [checkpoints, throughput, PeakMemory(t.log_every_n_steps), LastStep(), RunSummary(cfg, plan, run_dir),
                  *extra_callbacks]
     if cfg.eval.every_n_steps or cfg.eval.at_end:
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))

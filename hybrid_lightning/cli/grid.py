@@ -1,0 +1,140 @@
+"""``grid plan``, ``grid submit``, ``grid status`` and ``grid cancel``. ``status`` and ``cancel`` read the grid's
+cells without planning them (what the runs recorded says the rest): neither loads torch. ``plan`` plans every
+cell it shows (parameters, memory: torch, not Lightning); ``submit`` plans the cells it submits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hybrid_lightning.cli.args import add_set, command
+from hybrid_lightning.cli.run import add_preview_args
+from hybrid_lightning.config import RunConfig, dump_config
+
+CELL_KEYS = tuple(k for k in RunConfig.model_fields if k != "name")  # --set keys under these set every cell's config
+
+
+def _split_set(items: list[str]) -> tuple[list[str], list[str]]:
+    """``--set`` items: (those of the cells' configs, ``train.max_steps=20``; those of the SLURM profile,
+    ``timeout_min=60``), told apart by the key's first part."""
+    cell = [item for item in items if item.partition("=")[0].strip().split(".")[0] in CELL_KEYS]
+    return cell, [item for item in items if item not in cell]
+
+
+def _grid(args: argparse.Namespace, resolve: bool = True, profile_keys: bool = False):
+    from hybrid_lightning.grid.spec import load_grid
+
+    cell, profile = _split_set(getattr(args, "overrides", []))
+    if profile and not profile_keys:
+        raise ValueError(f"--set {profile[0]}: not a key of the run config ({', '.join(CELL_KEYS)}), and grid "
+                         f"{args.grid_command} takes no SLURM profile parameters (grid plan and grid submit do)")
+    return load_grid(args.grid, args.root, resolve, cell, getattr(args, "cells", ()) or ())
+
+
+def cmd_grid_plan(args: argparse.Namespace) -> int:
+    import sys
+
+    from hybrid_lightning.grid.capacity import plan_gpu
+    from hybrid_lightning.grid.report import design_cells, plan_rows, plan_table
+    from hybrid_lightning.grid.submit import check_plan
+
+    if args.verdicts:  # which verdicts of analyze --findings the grid can reach, before its data exists
+        from hybrid_lightning.analysis.design import design_check
+
+        print(design_check(design_cells(_grid(args, resolve=False)), args.pilot, args.json))
+        return 0
+    gpu = plan_gpu(args.profile, args.tflops, args.throughput)  # a bad profile before any cell is planned
+    grid = _grid(args, profile_keys=True)
+    check_plan(grid, args.profile, _split_set(args.overrides)[1], say=lambda line: print(line, file=sys.stderr))
+    rows = plan_rows(grid, gpu)
+    print(json.dumps(rows, indent=1) if args.json else plan_table(grid, rows, gpu))
+    return 0
+
+
+def cmd_grid_submit(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.executor import EXECUTORS
+
+    if not (args.print_config or args.dry_run) and args.executor not in EXECUTORS:
+        raise ValueError(f"--executor {args.executor or 'is missing'}: one of {list(EXECUTORS)}")
+    grid = _grid(args, profile_keys=True)
+    if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
+        from hybrid_lightning.grid.report import dry_run_table
+
+        configs = (f"---\n# cell {c.name}: {c.run_dir}\n{dump_config(c.config)}" for c in grid.cells)
+        print("".join(configs) if args.print_config else dry_run_table(grid))
+        return 0
+    from hybrid_lightning.grid.submit import submit_grid
+
+    return submit_grid(grid, args.executor, args.profile, args.parallel, overrides=_split_set(args.overrides)[1])
+
+
+def cmd_grid_status(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.report import status_table
+    from hybrid_lightning.grid.state import cell_states
+
+    rows = cell_states(_grid(args, resolve=False))
+    print(json.dumps([r.as_dict() for r in rows], indent=1) if args.json else status_table(rows))
+    return 0
+
+
+def cmd_grid_cancel(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.submit import cancel_grid
+
+    return cancel_grid(_grid(args, resolve=False), args.names)
+
+
+def cmd_grid_tensorboard(args: argparse.Namespace) -> int:
+    from hybrid_lightning.grid.tensorboard import write_seed_runs
+
+    grid = _grid(args, resolve=False)
+    folders = write_seed_runs(grid)
+    print(f"grid {grid.name}: {len(folders)} arm(s) with several seeds written as runs under {grid.root / 'seeds'}"
+          f"\ntensorboard --logdir {grid.root}   # CUSTOM SCALARS: the headline of every cell, and over seeds")
+    return 0
+
+
+def _add_selection(p: argparse.ArgumentParser, profile: bool = False) -> None:
+    add_set(p, "set a config value in every cell (not one an axis sets)" + (
+        "; a key outside the run config sets a parameter of the SLURM profile, e.g. --set timeout_min=60" if profile else ""),
+        "train.max_steps=20")
+    p.add_argument("--cells", action="append", metavar="PATTERN", help="only the cells whose names match this glob, "
+                   "e.g. --cells 'arch=full,*' (repeatable; quote it for the shell)")
+
+
+def add_parsers(sub) -> None:
+    grid = command(sub, "grid", "ablation grids: plan, submit (SLURM or local), status, cancel", "grids.md")
+    actions = grid.add_subparsers(dest="grid_command", required=True, metavar="ACTION")
+
+    def action(name: str, help: str, func) -> argparse.ArgumentParser:
+        p = command(actions, name, help, "grids.md")
+        p.add_argument("grid", help="grid file (YAML: base, axes, zip, exclude)")
+        p.add_argument("--root", help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
+        p.set_defaults(func=func)
+        return p
+
+    p = action("plan", "validate every cell and print them: parameters, tokens, memory, GPU-hours and whether each "
+               "fits the GPU", cmd_grid_plan)
+    _add_selection(p, profile=True)
+    p.add_argument("--json", action="store_true", help="the cells as a JSON list")
+    p.add_argument("--profile", help="SLURM profile: each cell's nodes and tasks checked against it and, where SLURM "
+                   "answers, its partition (without a profile or a profile --set: CPU cells against this machine's "
+                   "cores); its gpu: section states the GPU (memory, TFLOP/s), default an H100 80GB at 400 TFLOP/s")
+    p.add_argument("--verdicts", action="store_true", help="instead, the verdicts the grid can reach: floors, power (analysis.md)")
+    p.add_argument("--pilot", metavar="RUNS", help="with --verdicts: effects and variances from the runs under RUNS")
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
+    speed.add_argument("--tflops", type=float, metavar="TFLOPS",
+                       help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
+    p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
+    _add_selection(p, profile=True)
+    p.add_argument("--executor", metavar="NAME", help="local, slurm or another registered executor (docs/grids.md); needed to submit")
+    p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
+    add_preview_args(p)
+    p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
+    _add_selection(p)
+    p.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    action("tensorboard", "write each arm's mean and range over its seeds as TensorBoard runs (seeds/<arm>) for the "
+           "margin charts of the CUSTOM SCALARS tab", cmd_grid_tensorboard)
+    p = action("cancel", "cancel the live jobs of the grid (or of the cells named)", cmd_grid_cancel)
+    p.add_argument("names", nargs="*", metavar="cells", help="cell names (default: every cell)")

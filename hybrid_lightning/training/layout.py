@@ -1,0 +1,29 @@
+"""The custom-scalars layout of a run's TensorBoard (its CUSTOM SCALARS tab, TensorBoard's ``custom_scalars``
+plugin): a first page that leads with the headline, the charts of ``records.HEADLINE`` (the score within and
+beyond the training length, the retrieval heads, the loss), one line per run. Every run writes it when training
+starts (``callbacks.RunSummary``); TensorBoard merges the runs' layouts, so a grid's page holds every cell. An arm
+of a grid with several seeds gets a run of its own, ``seeds/<arm>`` (grid/tensorboard.py), holding each headline
+tag's mean over the seeds under the tag itself and its range beside it (``SEED_RANGE``), drawn as margin charts."""
+
+from __future__ import annotations
+
+import re
+
+from hybrid_lightning.records import HEADLINE
+
+HEADLINE_PAGE = "headline"
+SEEDS_PAGE = "headline over seeds: mean, min and max"
+SEED_RANGE = ("_seed_min", "_seed_max")  # suffixes of the tags of an arm's lowest and highest seed
+
+
+def run_layout() -> dict:
+    """The layout as ``SummaryWriter.add_custom_scalars`` takes it: the headline page of multiline charts."""
+    return {HEADLINE_PAGE: {title: ["Multiline", [f"^{re.escape(tag)}$" for tag in tags]] for title, tags in HEADLINE.items()}}
+
+
+def seeds_layout() -> dict:
+    """``run_layout`` and a page of margin charts, one per headline tag: an arm's mean over its seeds, its range
+    shaded."""
+    margins = {f"{title}: {tag}" if len(tags) > 1 else title: ["Margin", [tag, *(tag + suffix for suffix in SEED_RANGE)]]
+               for title, tags in HEADLINE.items() for tag in tags}
+    return {**run_layout(), SEEDS_PAGE: margins}
