@@ -10,7 +10,7 @@ from hybrid_lightning.config import config_to_dict, validate_config
 def test_train_compile_compiles_the_model_in_place():
     from conftest import system_of
 
-    cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "vocab_size": 20},
+    cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF"},
                            "train": {"compile": True}})
     system = system_of(config_to_dict(cfg))
     assert system.model._compiled_call_impl is not None

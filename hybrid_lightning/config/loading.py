@@ -138,19 +138,21 @@ def _deep_copy(d: dict) -> dict:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
-def validate_config(raw: dict | None) -> RunConfig:
-    """Builds a ``RunConfig`` from plain data; every problem becomes one ``ValueError``."""
-    return validate(RunConfig, raw, "a run config", "config")
+def validate_config(raw: dict | None, model_only: bool = False) -> RunConfig:
+    """Builds a ``RunConfig`` from plain data; every problem becomes one ``ValueError``. ``model_only``: the
+    config of a model built alone (``plan.build``), whose window no run's sequences bound."""
+    return validate(RunConfig, raw, "a run config", "config", {"model_only": model_only})
 
 
-def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str):
-    """``model`` from plain data: unknown keys named with a suggestion, every other problem one ``ValueError``."""
+def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str, context: dict | None = None):
+    """``model`` from plain data (``context``: pydantic's validation context); unknown keys named with a
+    suggestion, every other problem one ``ValueError``."""
     raw = raw or {}
     if not isinstance(raw, dict):
         raise ValueError(f"{what} must be a mapping, got {type(raw).__name__}")
     _check_keys(raw, model, "", noun)
     try:
-        return model.model_validate(raw)
+        return model.model_validate(raw, context=context)
     except ValidationError as e:
         raise ValueError(f"invalid {noun}: {_describe(e)}") from None
 

@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool, create_model, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, create_model, model_validator
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, Number, Whole, _Frozen, role
 
@@ -365,9 +365,10 @@ class RunConfig(_Frozen):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig, **role(BOOKKEEPING))  # evaluation does not change training
 
-
     @model_validator(mode="after")
-    def _check(self) -> RunConfig:
+    def _check(self, info: ValidationInfo) -> RunConfig:
+        if info.context and info.context.get("model_only"):  # a model built alone sees no sequences of a run
+            return self
         longest = max(self.train.seq_len, self.eval.position_len, *self.eval.lengths, *self.eval.heads.lengths)
         windowed = any(KINDS[m].has_window for m in self.model.mixers_used)
         if windowed and self.model.window > longest:

@@ -20,7 +20,7 @@ def resolve_model_config(cfg: ModelConfig | Mapping, vocab_size: int | None = No
     """Validates a ``model:`` section given as a dict or config and fills the vocabulary size
     (``vocab_size``, else the byte tokenizer's) when the config leaves it open."""
     if not isinstance(cfg, ModelConfig):
-        cfg = validate_config({"model": dict(cfg)}).model
+        cfg = validate_config({"model": dict(cfg)}, model_only=True).model
     if cfg.vocab_size is None:
         cfg = cfg.model_copy(update={"vocab_size": vocab_size or BYTE_VOCAB})
     return cfg
