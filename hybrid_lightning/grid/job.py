@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import lightning as L
 import submitit
 
 # submitit asks SLURM for this signal `signal_delay_s` before the time limit (and on preemption).
@@ -37,7 +36,7 @@ class CellJob(submitit.helpers.Checkpointable):
     def __call__(self) -> str:
         from hybrid_lightning.config import validate_config
         from hybrid_lightning.rundir import read_status
-        from hybrid_lightning.training.checkpoints import StopOnRequest
+        from hybrid_lightning.training.checkpoints import SigtermStaysWithTheJob, StopOnRequest
         from hybrid_lightning.training.run import train
 
         import torch
@@ -108,16 +107,3 @@ class JobSignals:
             time.sleep(0.2)
         if self.requeue.is_set() and callable(self.submitit_handler):
             self.submitit_handler(REQUEUE_SIGNAL, None)
-
-
-class SigtermStaysWithTheJob(L.Callback):
-    """Gives SIGTERM back to the job's handler when training starts. Lightning installs its own then,
-    which broadcasts from inside the handler (a collective that hangs when the ranks are between
-    other collectives: measured, a ``scancel`` of a two-node job waited for SIGKILL) and ends ``fit``
-    at the next batch without a checkpoint. Lightning restores the job's handler at its teardown."""
-
-    def __init__(self, handler):
-        self.handler = handler
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        signal.signal(signal.SIGTERM, self.handler)

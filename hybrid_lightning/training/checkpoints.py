@@ -169,3 +169,16 @@ class StopOnSignals(StopOnRequest):
             self.request.set()
             return
         raise Stopped(signum)
+
+
+class SigtermStaysWithTheJob(L.Callback):
+    """Gives SIGTERM back to the job's handler when training starts. Lightning installs its own then,
+    which broadcasts from inside the handler (a collective that hangs when the ranks are between
+    other collectives: measured, a ``scancel`` of a two-node job waited for SIGKILL) and ends ``fit``
+    at the next batch without a checkpoint. Lightning restores the job's handler at its teardown."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        signal.signal(signal.SIGTERM, self.handler)
