@@ -96,6 +96,19 @@ def test_commands_check_their_arguments_before_preparing_data(world, capsys):
     assert "--workers" in refused(world, capsys, "data", "prepare", *TINY, "--workers", "0")
 
 
+@pytest.mark.parametrize("argv, named", [
+    ([], "COMMAND"), (["train", "--bogus"], "--bogus"), (["grid", "plan"], "grid"), (["grid"], "ACTION"),
+    (["data", "prepare", "--workers", "x"], "--workers"),
+])
+def test_a_usage_error_is_one_line_that_points_at_help(world, capsys, argv, named):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit.value.code == 2 and len(lines) == 1, err
+    assert named in lines[0] and "--help)" in lines[0], lines[0]
+
+
 def fabricated_run(world: Path) -> Path:
     """A run directory with config.yaml and a checkpoint of step 0 (a whole torch archive, no weights)."""
     import torch

@@ -22,8 +22,16 @@ __all__ = ["build_parser", "demo_grid", "main"]
 _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line on stderr (exit 2) pointing at ``--help``, as every other refusal
+    is; its subcommands' parsers are of this class too (``add_subparsers`` takes the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hybrid-lightning", description="Train and study hybrid (full + efficient attention) language models. "
         "Start with README.md; the reference is in docs/ (docs/configuration.md for every config key).",
     )
