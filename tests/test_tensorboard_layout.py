@@ -18,7 +18,7 @@ from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_TAGS, Tag
 from hybrid_lightning.rundir import read_events
 from hybrid_lightning.training.hparams import study_hparams
-from hybrid_lightning.training.layout import HEADLINE_PAGE, SEED_RANGE, SEEDS_PAGE, run_layout, seeds_layout
+from hybrid_lightning.training.layout import HEADLINE_PAGE, SEED_STATS, SEEDS_PAGE, run_layout, seeds_layout
 
 from conftest import TINY
 from test_grid import write_grid
@@ -51,7 +51,9 @@ def test_the_first_page_is_the_headline_and_matches_its_tags_only():
     assert score[0] == "Multiline" and [re.match(p, Tag.SCORE) for p in score[1]] != [None]
     assert not any(re.match(p, Tag.SCORE_BEYOND) for p in score[1])  # not the score beyond: anchored
     margins = seeds_layout()[SEEDS_PAGE]
-    assert margins["loss: val/loss"] == ["Margin", ["val/loss", *(f"val/loss{s}" for s in SEED_RANGE)]]
+    assert margins["loss: val/loss"] == ["Margin", [f"val/loss{s}" for s in SEED_STATS]]
+    cell_tags = {tag for tags in HEADLINE.values() for tag in tags}  # what a cell's own run logs
+    assert all(not cell_tags & set(series) for _, series in margins.values())  # no cell is "missing" a margin
     assert list(seeds_layout())[0] == HEADLINE_PAGE
 
 
@@ -104,7 +106,7 @@ def test_an_arm_with_seeds_becomes_a_run_of_their_mean_and_range(tmp_path, capsy
     assert [f.relative_to(grid.root).as_posix() for f in folders] == [f"{SEEDS_DIR}/window=8", f"{SEEDS_DIR}/window=16"]
     acc = read_events(folders[0])
     series = {tag: [(e.step, round(e.value, 6)) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-    assert series == {Tag.SCORE: [(10, 0.2), (20, 0.4)], f"{Tag.SCORE}_seed_min": [(10, 0.1), (20, 0.3)],
+    assert series == {f"{Tag.SCORE}_seed_mean": [(10, 0.2), (20, 0.4)], f"{Tag.SCORE}_seed_min": [(10, 0.1), (20, 0.3)],
                       f"{Tag.SCORE}_seed_max": [(10, 0.3), (20, 0.5)]}
     assert read_events(folders[1]).Tags()["scalars"] == []  # nothing trained: a layout, no scalars
     assert main(["grid", "tensorboard", str(grid.path)]) == 0 and len(list(folders[0].glob("events.out.tfevents.*"))) == 1

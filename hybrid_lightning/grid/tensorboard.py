@@ -24,7 +24,7 @@ from hybrid_lightning.records import HEADLINE
 from hybrid_lightning.rundir import HPARAMS_SUFFIX as SUFFIX
 from hybrid_lightning.rundir import read_events
 from hybrid_lightning.training.hparams import study_hparams, write_session
-from hybrid_lightning.training.layout import SEED_RANGE, seeds_layout
+from hybrid_lightning.training.layout import SEED_STATS, seeds_layout
 
 SEEDS_DIR = "seeds"  # under a grid's root: one TensorBoard run per arm with several seeds (write_seed_runs)
 
@@ -52,8 +52,8 @@ def _session_values(cell) -> dict[str, str]:
 def write_seed_runs(grid: Grid) -> list[Path]:
     """For each arm of the grid (cells alike but for their ``seed`` axis value) with two seeds or more, the run
     ``<root>/seeds/<arm>`` (``SEEDS_DIR``): at each step that two of its seeds or more logged, the mean over them of
-    each headline tag (``records.HEADLINE``) under the tag itself and their lowest and highest beside it
-    (``layout.SEED_RANGE``), with the layout whose margin charts draw them (``layout.seeds_layout``). Written anew
+    each headline tag (``records.HEADLINE``), their lowest and their highest, under the tag with the suffixes of
+    ``layout.SEED_STATS``, with the layout whose margin charts draw them (``layout.seeds_layout``). Written anew
     from the cells' events each time (the folder's earlier event files replaced). Returns the folders written."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -69,8 +69,8 @@ def write_seed_runs(grid: Grid) -> list[Path]:
             for step in sorted({s for run in series for s in run.get(tag, {})}):
                 values = [run[tag][step] for run in series if step in run.get(tag, {})]
                 if len(values) >= 2:
-                    for name, value in zip((tag, *(tag + s for s in SEED_RANGE)), (mean(values), min(values), max(values))):
-                        writer.add_scalar(name, value, step)
+                    for suffix, value in zip(SEED_STATS, (mean(values), min(values), max(values))):
+                        writer.add_scalar(tag + suffix, value, step)
         writer.close()
         written.append(folder)
     return written

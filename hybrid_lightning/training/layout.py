@@ -3,7 +3,9 @@ plugin): a first page that leads with the headline, the charts of ``records.HEAD
 beyond the training length, the retrieval heads, the loss), one line per run. Every run writes it when training
 starts (``callbacks.RunSummary``); TensorBoard merges the runs' layouts, so a grid's page holds every cell. An arm
 of a grid with several seeds gets a run of its own, ``seeds/<arm>`` (grid/tensorboard.py), holding each headline
-tag's mean over the seeds under the tag itself and its range beside it (``SEED_RANGE``), drawn as margin charts."""
+tag's mean, lowest and highest over the seeds under the tag with a suffix each (``SEED_STATS``), drawn as margin
+charts; the cells' own runs hold none of those tags, so that TensorBoard lists none of them as missing a margin
+(it lists a run that has some of a margin chart's three tags but not all)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from hybrid_lightning.records import HEADLINE
 
 HEADLINE_PAGE = "headline"
 SEEDS_PAGE = "headline over seeds: mean, min and max"
-SEED_RANGE = ("_seed_min", "_seed_max")  # suffixes of the tags of an arm's lowest and highest seed
+SEED_STATS = ("_seed_mean", "_seed_min", "_seed_max")  # suffixes of the tags of an arm's mean, lowest and highest seed
 
 
 def run_layout() -> dict:
@@ -24,6 +26,6 @@ def run_layout() -> dict:
 def seeds_layout() -> dict:
     """``run_layout`` and a page of margin charts, one per headline tag: an arm's mean over its seeds, its range
     shaded."""
-    margins = {f"{title}: {tag}" if len(tags) > 1 else title: ["Margin", [tag, *(tag + suffix for suffix in SEED_RANGE)]]
+    margins = {f"{title}: {tag}" if len(tags) > 1 else title: ["Margin", [tag + suffix for suffix in SEED_STATS]]
                for title, tags in HEADLINE.items() for tag in tags}
     return {**run_layout(), SEEDS_PAGE: margins}
