@@ -136,3 +136,14 @@ def test_the_replica_grid_with_its_runs_as_the_pilot(capsys):
     assert "swa W=8 FEEE pos.full=rope: its only full-attention layer is layer 0" in warned
     assert "swa W=8 EEEF pos.full=rope: no windowed head can reach" in warned and "top-K 2 >= 2 heads per layer" in warned
     print(json.dumps(table, indent=1))
+
+
+@pytest.mark.slow
+def test_the_fourth_replica_grid_can_reach_every_test(capsys, quick):
+    """ablations/cpu_replica4.yaml, planned before it trains: with 4 heads per layer and a depth control whose full
+    layer is not layer 0, the convergence, "where", ablation and laziness tests are all reachable (Holm floor
+    below 0.05), and no control is flagged but the W=8 windows that no copy source lies inside."""
+    table, warned, _ = check([REPO / "ablations" / "cpu_replica4.yaml"], capsys)
+    for test in ("convergence (probes)", "where", "laziness", "ablation: swa W=32 EEFE pos.full=rope", "ablation: F pos.full=rope"):
+        assert table[test]["reachable"] == "yes" and table[test]["holm_floor"] < 0.05, table[test]
+    assert "layer 0" not in warned and "top-K" not in warned
