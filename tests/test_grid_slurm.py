@@ -197,7 +197,7 @@ def test_tensorboard_server_lists_every_cell_with_hparams(finished_grid):
         assert sorted(by_window) == [8.0, 16.0, 32.0]
         for row, cell in zip(cell_states(grid), grid.cells):  # each cell's final train/loss is its metric
             final = [m for m in by_window[float(cell.labels["model.window"])]["metricValues"] if m["name"]["tag"] == "train/loss"]
-            assert final[0]["trainingStep"] == 19 and final[0]["value"] == pytest.approx(row.loss)
+            assert final[0]["trainingStep"] == 20 and final[0]["value"] == pytest.approx(row.loss)
     finally:
         server.terminate()
         server.wait(timeout=30)

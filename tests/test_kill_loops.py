@@ -77,7 +77,7 @@ def test_repeated_kills_resume_exactly_at_any_accumulation(tmp_path, accumulate)
     assert kills >= 3, kills  # the loop did kill the runs it meant to
     (w_a, o_a), (w_b, o_b) = state(straight), state(killed)
     assert worst(w_a, w_b) == 0.0 and worst(o_a, o_b) == 0.0
-    assert loss_steps(killed) == list(range(STEPS))
+    assert loss_steps(killed) == list(range(1, STEPS + 1))
     for ckpt in (killed / "checkpoints").glob("step_*.ckpt"):  # every checkpoint at a boundary: its own step
         loop = torch.load(ckpt, map_location="cpu", weights_only=False)["loops"]["fit_loop"]["epoch_loop.batch_progress"]
         step = int(ckpt.stem.split("_")[1])

@@ -270,7 +270,7 @@ def test_a_forced_requeue_stops_both_nodes_and_resumes_exactly(across, tmp_path)
     assert "Requeued job" in logs[0]
     stopped = int(re.search(r"resuming from last.ckpt at step (\d+)", logs[0]).group(1))
     assert 4 <= stopped < STEPS and stopped % EVERY  # the stop's own checkpoint, not a periodic one
-    assert loss_steps(cell.run_dir) == list(range(STEPS))  # every step once
+    assert loss_steps(cell.run_dir) == list(range(1, STEPS + 1))  # every step once
     assert same_weights(cell.run_dir, across)
 
 
@@ -287,7 +287,7 @@ def test_2x1_and_2x2_cells_equal_one_process(across, reference):
             assert "node n1 does not resolve: MASTER_ADDR=127.0.0.1 (its NodeAddr)" in log
         assert [bool(re.search(r"^step \d+/", log, re.M)) for log in logs] == [True] + [False] * (2 * devices - 1)
         events = [p for p in cell.run_dir.glob("events.out.tfevents.*") if not p.name.endswith(".hparams")]
-        assert len(events) == 1 and loss_steps(cell.run_dir) == list(range(STEPS))  # one writer, every step once
+        assert len(events) == 1 and loss_steps(cell.run_dir) == list(range(1, STEPS + 1))  # one writer, every step once
         assert sorted(p.name for p in (cell.run_dir / "checkpoints").iterdir()) == [
             "last.ckpt", *(f"step_{s:07d}.ckpt" for s in range(EVERY, STEPS + 1, EVERY))]
         got = weights(cell.run_dir)
@@ -308,7 +308,7 @@ def test_scancel_stops_both_nodes_at_a_checkpoint_and_a_resubmit_resumes_exactly
     submit(path, profile(tmp_path))
     wait(grid, all_done)
     assert f"resuming from last.ckpt at step {status['step']}" in task_logs(grid, cell)[0]
-    assert loss_steps(cell.run_dir) == list(range(STEPS))
+    assert loss_steps(cell.run_dir) == list(range(1, STEPS + 1))
     assert same_weights(cell.run_dir, across)
 
 
@@ -330,7 +330,7 @@ def test_a_task_killed_on_one_node_fails_the_job_naming_it(across, tmp_path):
     wait(grid, all_done)
     resumed = int(re.search(r"resuming from last.ckpt at step (\d+)", task_logs(grid, cell)[0]).group(1))
     assert resumed % EVERY == 0 and EVERY <= resumed < STEPS  # the newest periodic checkpoint before the kill
-    assert loss_steps(cell.run_dir) == list(range(STEPS))
+    assert loss_steps(cell.run_dir) == list(range(1, STEPS + 1))
     assert same_weights(cell.run_dir, across)
 
 
