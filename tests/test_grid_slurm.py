@@ -194,9 +194,9 @@ def test_tensorboard_server_lists_every_cell_with_hparams(finished_grid):
             "colParams": [{"hparam": "model.window"}, {"metric": {"group": "", "tag": "train/loss"}}],
         })["sessionGroups"]
         by_window = {g["hparams"]["model.window"]: g for g in groups}
-        assert sorted(by_window) == [8.0, 16.0, 32.0]
+        assert sorted(by_window, key=int) == ["8", "16", "32"]  # as the grid writes them (training/hparams.written)
         for row, cell in zip(cell_states(grid), grid.cells):  # each cell's final train/loss is its metric
-            final = [m for m in by_window[float(cell.labels["model.window"])]["metricValues"] if m["name"]["tag"] == "train/loss"]
+            final = [m for m in by_window[str(cell.labels["model.window"])]["metricValues"] if m["name"]["tag"] == "train/loss"]
             assert final[0]["trainingStep"] == 20 and final[0]["value"] == pytest.approx(row.loss)
     finally:
         server.terminate()
