@@ -77,6 +77,7 @@ def test_null_runs_reach_every_test(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.simulation  # 21-28 min for both on a loaded 2-core machine: apart from the README's test command
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_false_reproduced_under_the_global_null(tmp_path, seeds):
     """100 replications at 3 and at 5 seeds per arm: each finding says reproduced in at most 5% of them."""
