@@ -26,6 +26,7 @@ import yaml
 
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.slurm import squeue_jobs
+from hybrid_lightning.grid.spec import format_value
 from hybrid_lightning.grid.state import read_jobs
 from hybrid_lightning.rundir import checkpoint_is_valid, read_status
 from hybrid_lightning.training.hparams import STUDY_KEYS
@@ -194,9 +195,9 @@ def test_tensorboard_server_lists_every_cell_with_hparams(finished_grid):
             "colParams": [{"hparam": "model.window"}, {"metric": {"group": "", "tag": "train/loss"}}],
         })["sessionGroups"]
         by_window = {g["hparams"]["model.window"]: g for g in groups}
-        assert sorted(by_window, key=int) == ["8", "16", "32"]  # as the grid writes them (training/hparams.written)
+        assert sorted(by_window, key=int) == ["8", "16", "32"]  # as the grid writes them (grid.spec.format_value)
         for row, cell in zip(cell_states(grid), grid.cells):  # each cell's final train/loss is its metric
-            final = [m for m in by_window[str(cell.labels["model.window"])]["metricValues"] if m["name"]["tag"] == "train/loss"]
+            final = [m for m in by_window[format_value(cell.labels["model.window"])]["metricValues"] if m["name"]["tag"] == "train/loss"]
             assert final[0]["trainingStep"] == 20 and final[0]["value"] == pytest.approx(row.loss)
     finally:
         server.terminate()
