@@ -81,6 +81,26 @@ def test_chunked_is_stable_under_strong_decay(op):
     assert rel_err(outs["chunked"], outs["recurrent"]) <= 1e-4
 
 
+@pytest.mark.parametrize("decay", [1.0, 60.0])
+def test_hand_written_backwards_pass_gradcheck(decay):
+    """The chunk-level functions whose backward is written by hand (the decayed scores of both operators, the
+    delta rule's solve with its scores) against finite differences in fp64, under mild and strong decay; the
+    upper triangle and diagonal of the solve's system are not read, so their gradient must be zero."""
+    from hybrid_lightning.model.ops.common import decayed
+    from hybrid_lightning.model.ops.delta_rule import _WYSolve
+
+    g = torch.Generator().manual_seed(0)
+    C = 6
+    b = (F.logsigmoid(torch.randn(2, 3, C, generator=g, dtype=torch.float64) + 2) * decay).cumsum(-1)
+    kk, qk = (0.3 * torch.randn(2, 3, C, C, generator=g, dtype=torch.float64) for _ in range(2))
+    rhs = torch.randn(2, 3, C, 4, generator=g, dtype=torch.float64)
+    inputs = [t.requires_grad_() for t in (b, kk, qk, rhs)]
+    assert torch.autograd.gradcheck(decayed, (inputs[0], inputs[2]))
+    assert torch.autograd.gradcheck(_WYSolve.apply, inputs)
+    _WYSolve.apply(*inputs)[0].sum().backward()
+    assert kk.grad.triu().abs().max() == 0
+
+
 @pytest.mark.parametrize("op", ["gla", "delta"])
 def test_operator_in_pieces_equals_one_call(op):
     """B2 at the operator: feeding the sequence in pieces, carrying the final state, equals one call."""

@@ -102,8 +102,41 @@ def from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:
 def segment_decay(b: torch.Tensor) -> torch.Tensor:
     """b: (..., C) cumulative log-decay inside a chunk -> (..., C, C): exp(b_i - b_j) for j <= i, else 0.
 
-    The upper triangle is masked before the exponential, where b_i - b_j > 0 could overflow.
+    The upper triangle is masked before the exponential, where b_i - b_j > 0 could overflow. Not
+    differentiated: ``decayed`` and the delta rule's solve give b its gradient themselves.
     """
     C = b.shape[-1]
-    causal = torch.ones(C, C, dtype=torch.bool, device=b.device).tril()
-    return (b[..., :, None] - b[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    upper = torch.ones(C, C, dtype=torch.bool, device=b.device).triu(1)
+    return (b[..., :, None] - b[..., None, :]).masked_fill_(upper, float("-inf")).exp_()
+
+
+def decay_gradient(*pairs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The gradient of b through products Y = P * segment_decay(b), from pairs (dL/dY, Y): with
+    M = Σ dL/dY * Y, dL/db_i = Σ_j M_ij - Σ_j M_ji (b_i enters row i with +, column i with -)."""
+    (grad, y), *rest = pairs
+    m = grad * y
+    for grad, y in rest:
+        m.addcmul_(grad, y)
+    return m.sum(-1) - m.sum(-2)
+
+
+class _Decayed(torch.autograd.Function):
+    """(b, P) -> P * segment_decay(b), with 4 passes over the (C, C) blocks backward where autograd makes 6."""
+
+    @staticmethod
+    def forward(ctx, b: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        d = segment_decay(b)
+        y = p * d
+        ctx.save_for_backward(d, y)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d, y = ctx.saved_tensors
+        return decay_gradient((grad, y)), grad * d
+
+
+def decayed(b: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """b: (..., C) cumulative log-decay, p: (..., C, C) -> p * exp(b_i - b_j) below and on the diagonal, 0 above."""
+    return _Decayed.apply(b, p)

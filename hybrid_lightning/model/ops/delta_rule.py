@@ -23,6 +23,7 @@ from hybrid_lightning.model.ops.common import (
     kernel_dtype,
     resolve_backend,
     segment_decay,
+    decay_gradient,
     to_chunks,
 )
 
@@ -76,15 +77,11 @@ def chunked_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | Non
         beta = to_chunks(beta.to(dtype), C)  # (B, H, n, C)
         k_beta = k * beta[..., None]  # (B, H, n, C, K): β_i k_i
         last = b[..., -1:]  # (B, H, n, 1)
-        decay = segment_decay(b)  # (B, H, n, C, C): e^{b_i - b_j}, j <= i
-        # I + A: the solve reads only the strict lower triangle (unit diagonal), and its gradient is
-        # confined there, so neither the identity nor a tril is built.
-        system = (k_beta @ k.transpose(-1, -2)) * decay
         rhs = torch.cat([v * beta[..., None], k_beta * b.exp()[..., None]], dim=-1)  # (B, H, n, C, V+K)
-        u, w = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split(
-            [v.shape[-1], k.shape[-1]], dim=-1
-        )  # the pseudo-values of a chunk are u - w S_0, S_0 the state entering it
-        scores = (q @ k.transpose(-1, -2)) * decay  # (B, H, n, C, C)
+        kt = k.transpose(-1, -2)
+        pseudo_parts, scores = _WYSolve.apply(b, k_beta @ kt, q @ kt, rhs)  # (B, H, n, C, V+K), (B, H, n, C, C)
+        # The pseudo-values of a chunk are u - w S_0, S_0 the state entering it.
+        u, w = pseudo_parts.split([v.shape[-1], k.shape[-1]], dim=-1)
         k_decayed = (k * (last - b).exp()[..., None]).transpose(-1, -2)  # (B, H, n, K, C)
         S = q.new_zeros(*k.shape[:2], k.shape[-1], v.shape[-1]) if state is None else state.to(dtype)
         before, pseudo = [], []  # per chunk: the state entering it, its pseudo-values
@@ -95,6 +92,30 @@ def chunked_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | Non
             S = decay_c * S + k_c @ pseudo[-1]
         o = (q * b.exp()[..., None]) @ torch.stack(before, dim=2) + scores @ torch.stack(pseudo, dim=2)  # (B, H, n, C, V)
         return from_chunks(o, T).to(out_dtype), S
+
+
+class _WYSolve(torch.autograd.Function):
+    """(b, K_β Kᵀ, Q Kᵀ, R) -> ((I + A)⁻¹ R, Q Kᵀ ∘ D) with D = segment_decay(b) and A the strict lower
+    triangle of K_β Kᵀ ∘ D: the delta rule's unit-triangular solve and its output scores, differentiated
+    together by hand, with 6 elementwise passes over the (C, C) blocks backward where autograd makes 12."""
+
+    @staticmethod
+    def forward(ctx, b, kk, qk, rhs):
+        d = segment_decay(b)
+        system, scores = kk * d, qk * d  # the solve reads only the strict lower triangle of system
+        x = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        ctx.save_for_backward(d, system, scores, x)
+        return x, scores
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_x, grad_scores):
+        d, system, scores, x = ctx.saved_tensors
+        grad_rhs = torch.linalg.solve_triangular(system.mT, grad_x, upper=True, unitriangular=True)
+        grad_system = -grad_rhs @ x.mT  # (B, H, n, C, C): dL/dA, of which the strict lower triangle is real
+        grad_system.diagonal(dim1=-2, dim2=-1).zero_()  # the unit diagonal is not A's; d zeroes the upper part
+        grad_b = decay_gradient((grad_system, system), (grad_scores, scores))
+        return grad_b, grad_system.mul_(d), grad_scores * d, grad_rhs
 
 
 def chunked_delta_rule_flops(T: int, chunk_size: int, H: int, K: int, V: int) -> float:

@@ -18,11 +18,11 @@ from hybrid_lightning.model.ops.common import (
     check_documents,
     chunk_cost,
     compute_dtype,
+    decayed,
     end_to_end,
     from_chunks,
     kernel_dtype,
     resolve_backend,
-    segment_decay,
     to_chunks,
 )
 
@@ -85,7 +85,7 @@ def chunked_gla(q, k, v, g, scale: float, state: torch.Tensor | None = None, chu
         q, k, v = (to_chunks(t.to(dtype), C) for t in (q, k, v))  # (B, H, n, C, K|V)
         b = to_chunks(g.to(dtype), C).cumsum(-1)  # (B, H, n, C): log-decay from chunk start
         last = b[..., -1:]  # (B, H, n, 1): log-decay over the whole chunk
-        o = ((q @ k.transpose(-1, -2)) * segment_decay(b)) @ v  # (B, H, n, C, V): within the chunk
+        o = decayed(b, q @ k.transpose(-1, -2)) @ v  # (B, H, n, C, V): within the chunk
         # What each chunk adds to the state, decayed to the chunk's end: (B, H, n, K, V).
         added = k.transpose(-1, -2) @ (v * (last - b).exp()[..., None])
         S = q.new_zeros(*added.shape[:2], *added.shape[3:]) if state is None else state.to(dtype)
