@@ -7,10 +7,7 @@
    batch 8 x 256): the CPU time of a training step of full attention, SWA-32 and every recurrent hybrid,
    fp32 and under bf16 autocast, side by side; ``train.precision: auto`` follows the bf16 column
    (``hybrid_lightning.plan.precision.CPU_BF16_SPEEDUP``).
-3. Work per second at the CPU replica's shape (d=64, 4 heads, batch 8 x 512, one thread, fp32): the CPU time
-   of a training step of full attention and each recurrent hybrid divided by the run plan's FLOP count of
-   that step, relative to full attention's (``TARGET_WORK``).
-4. The Lightning path (the ``Trainer`` that ``hybrid-lightning train`` builds: logging, checkpoint and
+3. The Lightning path (the ``Trainer`` that ``hybrid-lightning train`` builds: logging, checkpoint and
    throughput callbacks, the step sampler) against a plain PyTorch loop doing the same step on the
    same model, optimizer, schedule and batches, alternating rounds, the embedded default run config.
 """
@@ -30,7 +27,7 @@ from hybrid_lightning.bench.attention import WINDOWS
 from hybrid_lightning.bench.measure import interleaved_medians
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
 from hybrid_lightning.plan import build_model
-from hybrid_lightning.plan.count import count, count_params
+from hybrid_lightning.plan.count import count_params
 from hybrid_lightning.kinds import mixer_names
 
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64
@@ -40,8 +37,6 @@ TARGET_LIGHTNING = 0.9  # acceptance G2 of issue #8 (and A8 of the core issue)
 CPU_SIZES = (("d=128", {"n_layers": 4, "d_model": 128, "n_heads": 4}, 512),
              ("d=64", {"n_layers": 4, "d_model": 64, "n_heads": 2}, 256))
 CPU_BATCH, TARGET_RECURRENT_CPU = 8, 1.25  # a recurrent hybrid's step at most 1.25x full attention's
-WORK_SIZE, WORK_T = {"n_layers": 4, "d_model": 64, "n_heads": 4}, 512  # ablations/cpu_replica4.yaml's model and sequence
-TARGET_WORK = 1.3  # a recurrent hybrid's CPU time per FLOP at most 1.3x full attention's
 
 
 def architectures(windows: tuple[int, ...] = WINDOWS) -> dict[str, dict]:
@@ -130,33 +125,6 @@ def cpu_rows(quick: bool) -> list[dict]:
     return rows
 
 
-def work_rows(quick: bool) -> list[dict]:
-    """At the CPU replica's shape, one thread, fp32: CPU ms per step of full attention and each recurrent hybrid,
-    the plan's FLOPs per step (``plan/count.py``) and the CPU time per FLOP relative to full attention's."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    T = 32 if quick else WORK_T
-    batch = torch.randint(0, 257, (CPU_BATCH, T + 1), generator=torch.Generator().manual_seed(0))
-    archs = {name: arch for name, arch in architectures(()).items() if name == "full" or "hybrid" in name}
-    steps, flops = {}, {}
-    try:
-        for name, arch in archs.items():
-            torch.manual_seed(0)
-            model = build_model({**WORK_SIZE, **arch})
-            flops[name] = count(model.opts, model.plan, (T,)).flops[T] * CPU_BATCH * T
-            steps[name] = autocast_step(PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4), None, 1.0), batch, False)
-            steps[name]()  # warm-up
-        secs = interleaved_medians(steps, 1 if quick else 9)
-    finally:
-        torch.set_num_threads(threads)
-    per_flop = {name: secs[name].cpu / flops[name] for name in steps}
-    setting = f"d={WORK_SIZE['d_model']}, {WORK_SIZE['n_heads']} heads, batch {CPU_BATCH} x {T}"
-    return [{"part": "CPU, work", "setting": f"{name}, {setting}", "CPU ms/step": 1e3 * secs[name].cpu,
-             "GFLOP/step": flops[name] / 1e9, "step / full's": secs[name].cpu / secs["full"].cpu,
-             "work / full's": flops[name] / flops["full"], "time per FLOP / full's": per_flop[name] / per_flop["full"]}
-            for name in steps]
-
-
 class _StepTimer(L.Callback):
     """Wall-clock and process CPU seconds from the start of batch ``first`` to the end of the last batch."""
 
@@ -242,9 +210,8 @@ def lightning_rows(quick: bool) -> list[dict]:
 
 
 def run(quick: bool) -> dict:
-    archs, cpu, work, lightning = architecture_rows(quick), cpu_rows(quick), work_rows(quick), lightning_rows(quick)
+    archs, cpu, lightning = architecture_rows(quick), cpu_rows(quick), lightning_rows(quick)
     recurrent = [r["step / full's"] for r in cpu if "hybrid" in r["setting"]]
-    per_flop = [r["time per FLOP / full's"] for r in work if "hybrid" in r["setting"]]
     T = 256 if quick else SEQ_LEN
     notes = (
         f"Architectures: {'a quick size' if quick else SIZE}, batch {BATCH} x {T} tokens, fp32, AdamW; median of "
@@ -252,9 +219,6 @@ def run(quick: bool) -> dict:
         f"CPU, one thread: CPU time per step (forward, loss, backward, clipping, AdamW), medians of "
         f"{1 if quick else 7} interleaved steps, fp32; 'bf16 speed-up' is fp32 time / bf16-autocast time. The recurrent "
         f"hybrids take {min(recurrent):.2f}-{max(recurrent):.2f}x full attention's step (target <= {TARGET_RECURRENT_CPU}). "
-        f"CPU, work: the same measure ({1 if quick else 9} interleaved steps) at the CPU replica's shape, divided by the run "
-        f"plan's FLOPs of the step; the recurrent hybrids take {min(per_flop):.2f}-{max(per_flop):.2f}x full attention's "
-        f"CPU time per FLOP (target <= {TARGET_WORK}). "
         "Lightning vs plain: medians over alternating rounds of the steps after a warm-up; 'tokens per CPU s' "
         "divides by this process's CPU time, which the other processes of a shared machine do not inflate. "
         f"G2: the Lightning path reaches {lightning[0]['Lightning / plain']:.3f}x the plain loop's tokens/s "
@@ -263,8 +227,7 @@ def run(quick: bool) -> dict:
     return {
         "title": "(c) Training throughput",
         "columns": ["part", "setting", "non-embedding params", "tokens/s", "relative to full", "tokens per CPU s",
-                    "CPU ms/step", "step / full's", "bf16 speed-up", "GFLOP/step", "work / full's", "time per FLOP / full's",
-                    "Lightning / plain", "Lightning / plain (CPU s)"],
-        "rows": archs + cpu + work + lightning,
+                    "CPU ms/step", "step / full's", "bf16 speed-up", "Lightning / plain", "Lightning / plain (CPU s)"],
+        "rows": archs + cpu + lightning,
         "notes": notes,
     }

@@ -1,0 +1,53 @@
+"""Section (c), continued: CPU time per unit of work at the CPU replica's shape.
+
+One CPU thread, fp32, the model and sequence of ``ablations/cpu_replica4.yaml`` (d=64, 4 layers, 4 heads,
+batch 8 x 512): the CPU time of a training step (forward, loss, backward, clipping, AdamW) of full attention
+and of each recurrent hybrid (3 : 1, parameter-matched), interleaved in one process, divided by the run
+plan's training FLOPs of that step (``plan/count.py``). The recurrent hybrids are asked to do their work at
+most ``TARGET`` times slower per FLOP than full attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid_lightning.bench.measure import interleaved_medians
+from hybrid_lightning.bench.training import CPU_BATCH, PlainStep, architectures
+from hybrid_lightning.plan import build_model
+from hybrid_lightning.plan.count import count
+
+SIZE, SEQ_LEN = {"n_layers": 4, "d_model": 64, "n_heads": 4}, 512  # ablations/cpu_replica4.yaml's model and sequence
+TARGET = 1.3  # a recurrent hybrid's CPU time per FLOP at most 1.3x full attention's
+
+
+def run(quick: bool) -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    T, reps = (32, 1) if quick else (SEQ_LEN, 9)
+    batch = torch.randint(0, 257, (CPU_BATCH, T + 1), generator=torch.Generator().manual_seed(0))
+    archs = {name: arch for name, arch in architectures(()).items() if name == "full" or "hybrid" in name}
+    steps, flops = {}, {}
+    try:
+        for name, arch in archs.items():
+            torch.manual_seed(0)
+            model = build_model({**SIZE, **arch})
+            flops[name] = count(model.opts, model.plan, (T,)).flops[T] * CPU_BATCH * T
+            step = PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4), None, 1.0)
+            steps[name] = (lambda s: lambda: s(batch))(step)
+            steps[name]()  # warm-up
+        secs = interleaved_medians(steps, reps)
+    finally:
+        torch.set_num_threads(threads)
+    per_flop = {name: secs[name].cpu / flops[name] / (secs["full"].cpu / flops["full"]) for name in steps}
+    setting = f"d={SIZE['d_model']}, {SIZE['n_heads']} heads, batch {CPU_BATCH} x {T}"
+    rows = [{"architecture": name, "setting": setting, "CPU ms/step": 1e3 * secs[name].cpu, "GFLOP/step": flops[name] / 1e9,
+             "step / full's": secs[name].cpu / secs["full"].cpu, "work / full's": flops[name] / flops["full"],
+             "time per FLOP / full's": per_flop[name]} for name in steps]
+    recurrent = [per_flop[name] for name in steps if name != "full"]
+    notes = (f"One thread, fp32, CPU time per training step, medians of {reps} interleaved steps after a warm-up; FLOPs are "
+             f"the run plan's. The recurrent hybrids take {min(recurrent):.2f}-{max(recurrent):.2f}x full attention's CPU "
+             f"time per FLOP (target <= {TARGET}).")
+    return {"title": "(c) Training: CPU time per FLOP at the CPU replica's shape",
+            "columns": ["architecture", "setting", "CPU ms/step", "GFLOP/step", "step / full's", "work / full's",
+                        "time per FLOP / full's"],
+            "rows": rows, "notes": notes}
