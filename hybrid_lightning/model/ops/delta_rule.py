@@ -18,12 +18,12 @@ from hybrid_lightning.model.ops.common import (
     check_documents,
     chunk_cost,
     compute_dtype,
+    decay_gradient,
     end_to_end,
     from_chunks,
     kernel_dtype,
     resolve_backend,
     segment_decay,
-    decay_gradient,
     to_chunks,
 )
 
