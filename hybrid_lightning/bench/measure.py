@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +32,17 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int) -> dict
         name: Timing(statistics.median(t.wall for t in ts), statistics.median(t.cpu for t in ts))
         for name, ts in times.items()
     }
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch computes on one CPU thread inside the block, on as many as before after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def sync() -> None:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_lightning.bench.attention import WINDOWS
-from hybrid_lightning.bench.measure import interleaved_medians
+from hybrid_lightning.bench.measure import interleaved_medians, one_thread
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count_params
@@ -70,15 +70,25 @@ class PlainStep:
         return loss.item()
 
 
+def random_batch(rows: int, T: int) -> torch.Tensor:
+    """(rows, T + 1) byte-vocabulary tokens, the same at every call."""
+    return torch.randint(0, 257, (rows, T + 1), generator=torch.Generator().manual_seed(0))
+
+
+def seeded_step(model_cfg: dict) -> PlainStep:
+    """The training step of a model of ``model_cfg`` built from seed 0: AdamW at 1e-4, no schedule, clipping at 1."""
+    torch.manual_seed(0)
+    model = build_model(model_cfg)
+    return PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4), None, 1.0)
+
+
 def architecture_rows(quick: bool) -> list[dict]:
     size, T, windows = ({"n_layers": 4, "d_model": 64, "n_heads": 2}, 256, (32, 64, 128)) if quick else (SIZE, SEQ_LEN, WINDOWS)
-    batch = torch.randint(0, 257, (BATCH, T + 1), generator=torch.Generator().manual_seed(0))
+    batch = random_batch(BATCH, T)
     steps, params = {}, {}
     for name, arch in architectures(windows).items():
-        torch.manual_seed(0)
-        model = build_model({**size, **arch})
-        params[name] = count_params(model)["non_embedding"]
-        step = PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4), None, 1.0)
+        step = seeded_step({**size, **arch})
+        params[name] = count_params(step.model)["non_embedding"]
         step(batch)  # warm-up
         steps[name] = (lambda s: lambda: s(batch))(step)
     secs = interleaved_medians(steps, 1 if quick else 3)
@@ -100,18 +110,14 @@ def autocast_step(step: PlainStep, batch: torch.Tensor, bf16: bool):
 
 def cpu_rows(quick: bool) -> list[dict]:
     """Per size and architecture: CPU ms per step on one thread, fp32 and bf16 autocast, interleaved."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     rows = []
-    try:
+    with one_thread():
         for label, size, T in CPU_SIZES[1:] if quick else CPU_SIZES:
             T = 32 if quick else T
-            batch = torch.randint(0, 257, (CPU_BATCH, T + 1), generator=torch.Generator().manual_seed(0))
+            batch = random_batch(CPU_BATCH, T)
             steps = {}
             for name, arch in architectures((32,)).items():
-                torch.manual_seed(0)
-                model = build_model({**size, **arch})
-                step = PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4), None, 1.0)
+                step = seeded_step({**size, **arch})
                 for bf16 in (False, True):
                     steps[name, bf16] = autocast_step(step, batch, bf16)
                     steps[name, bf16]()  # warm-up
@@ -120,8 +126,6 @@ def cpu_rows(quick: bool) -> list[dict]:
                       "CPU ms/step": 1e3 * secs[name, False].cpu, "step / full's": secs[name, False].cpu / secs["full", False].cpu,
                       "bf16 speed-up": secs[name, False].cpu / secs[name, True].cpu}
                      for name in architectures((32,))]
-    finally:
-        torch.set_num_threads(threads)
     return rows
 
 

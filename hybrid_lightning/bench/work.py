@@ -9,11 +9,8 @@ most ``TARGET`` times slower per FLOP than full attention.
 
 from __future__ import annotations
 
-import torch
-
-from hybrid_lightning.bench.measure import interleaved_medians
-from hybrid_lightning.bench.training import CPU_BATCH, PlainStep, architectures
-from hybrid_lightning.plan import build_model
+from hybrid_lightning.bench.measure import interleaved_medians, one_thread
+from hybrid_lightning.bench.training import CPU_BATCH, architectures, random_batch, seeded_step
 from hybrid_lightning.plan.count import count
 
 SIZE, SEQ_LEN = {"n_layers": 4, "d_model": 64, "n_heads": 4}, 512  # ablations/cpu_replica4.yaml's model and sequence
@@ -21,23 +18,16 @@ TARGET = 1.3  # a recurrent hybrid's CPU time per FLOP at most 1.3x full attenti
 
 
 def run(quick: bool) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     T, reps = (32, 1) if quick else (SEQ_LEN, 9)
-    batch = torch.randint(0, 257, (CPU_BATCH, T + 1), generator=torch.Generator().manual_seed(0))
-    archs = {name: arch for name, arch in architectures(()).items() if name == "full" or "hybrid" in name}
+    batch = random_batch(CPU_BATCH, T)
     steps, flops = {}, {}
-    try:
-        for name, arch in archs.items():
-            torch.manual_seed(0)
-            model = build_model({**SIZE, **arch})
-            flops[name] = count(model.opts, model.plan, (T,)).flops[T] * CPU_BATCH * T
-            step = PlainStep(model, torch.optim.AdamW(model.parameters(), lr=1e-4), None, 1.0)
+    with one_thread():
+        for name, arch in architectures(()).items():  # no SWA windows: full attention and the recurrent hybrids
+            step = seeded_step({**SIZE, **arch})
+            flops[name] = count(step.model.opts, step.model.plan, (T,)).flops[T] * CPU_BATCH * T
             steps[name] = (lambda s: lambda: s(batch))(step)
             steps[name]()  # warm-up
         secs = interleaved_medians(steps, reps)
-    finally:
-        torch.set_num_threads(threads)
     per_flop = {name: secs[name].cpu / flops[name] / (secs["full"].cpu / flops["full"]) for name in steps}
     setting = f"d={SIZE['d_model']}, {SIZE['n_heads']} heads, batch {CPU_BATCH} x {T}"
     rows = [{"architecture": name, "setting": setting, "CPU ms/step": 1e3 * secs[name].cpu, "GFLOP/step": flops[name] / 1e9,
