@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The CPU replica end to end (ablations/cpu_replica.yaml; docs/grids.md, "A CPU replica").
+# The CPU replica end to end (docs/grids.md, "A CPU replica"): `ablations/cpu_replica.sh [GRID]`, GRID
+# ablations/cpu_replica.yaml (the third edition, the default) or ablations/cpu_replica4.yaml (the fourth).
 # It spans sittings whose runs/ do not survive: the finished runs are kept as packed records in
-# analysis/results/cpu_replica/runs/ (hybrid-lightning pack, docs/run-directory.md), which this script
+# analysis/results/<grid name>/runs/ (hybrid-lightning pack, docs/run-directory.md), which this script
 # copies back into the grid's root first, so the grid trains only the cells not packed yet. Run it
 # again in the next sitting (after committing the packed runs); stopped with SIGTERM to its `grid submit`,
 # it keeps what finished.
@@ -12,20 +13,22 @@
 # 2 best heads against 20 random pairs of non-retrieval heads from their own layers, none where the pair
 # fills its layer, and 20 from any layer, and every head alone; only the latter where the top 2 is
 # tied); pack the finished runs; analyse the packed runs into analysis/results/cpu_replica/.
-# Before training more: `hybrid-lightning grid plan ablations/cpu_replica.yaml --verdicts` says which
+# Before training more: `hybrid-lightning grid plan GRID --verdicts` says which
 # verdicts these arms and seeds can reach (docs/analysis.md, "The design check").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hl=${HYBRID_LIGHTNING:-$( [ -x .venv/bin/hybrid-lightning ] && echo .venv/bin/hybrid-lightning || echo hybrid-lightning )}
 py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
-grid=ablations/cpu_replica.yaml
-root=runs/cpu_replica
-results=analysis/results/cpu_replica
-mkdir -p "$root"
+grid=${1:-ablations/cpu_replica.yaml}
+name=$(basename "$grid" .yaml)
+data=runs/cpu_replica  # the training data of every edition (the grids name these files)
+root=runs/$name
+results=analysis/results/$name
+mkdir -p "$data" "$root"
 
-[ -f "$root/probes.jsonl" ] || $hl probes passkey niah_single_1 --lengths 511 --samples 5000 --value-tokens 16 --seed 1 \
-    --out "$root/probes.jsonl"
-[ -f "$root/text_val.jsonl" ] || "$py" - "$root" <<'PY'
+[ -f "$data/probes.jsonl" ] || $hl probes passkey niah_single_1 --lengths 511 --samples 5000 --value-tokens 16 --seed 1 \
+    --out "$data/probes.jsonl"
+[ -f "$data/text_val.jsonl" ] || "$py" - "$data" <<'PY'
 # Natural text: the standard library's source files (the embedded corpus) in their fixed order, one
 # document each; a file whose path hashes to 0 mod 20 is held out. 2.5M bytes (= tokens) for training.
 import hashlib, json, sys
