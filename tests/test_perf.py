@@ -143,13 +143,20 @@ def test_training_section_quick_reports_every_architecture_and_both_paths():
     assert "G2: the Lightning path reaches" in result["notes"] and "(target <= 1.25)" in result["notes"]
 
 
-def test_work_section_quick_divides_each_step_by_the_plans_flops():
+def test_work_section_quick_divides_each_step_by_the_plans_flops(monkeypatch):
+    """Each recurrent hybrid with its operator chunked and compiled; torch.compile is left out here (the
+    compiled operator is tested in test_recurrent.py, slow)."""
     from hybrid_lightning.bench import work
+    from hybrid_lightning.model.ops import common
 
+    common.compiled.cache_clear()
+    monkeypatch.setattr(torch, "compile", lambda fn: fn)
     result = work.run(quick=True)
+    common.compiled.cache_clear()
     rows = result["rows"]
-    assert [row["architecture"] for row in rows] == ["full", *(f"{m} hybrid" for m in mixer_names(efficient_only=True)
-                                                               if m != "swa")]
+    hybrids = [f"{m} hybrid" for m in mixer_names(efficient_only=True) if m != "swa"]
+    assert [row["architecture"] for row in rows] == ["full", *(h for h in hybrids for _ in range(2))]
+    assert [row["setting"].rsplit(" ", 1)[-1] for row in rows[1:]] == ["chunked", "compiled"] * len(hybrids)
     for row in rows:  # time per FLOP relative to full's = step ratio / work ratio
         assert row["CPU ms/step"] > 0 and row["GFLOP/step"] > 0
         assert row["time per FLOP / full's"] == pytest.approx(row["step / full's"] / row["work / full's"])

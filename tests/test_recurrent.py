@@ -49,25 +49,38 @@ SHAPES = [  # B, T, H, K, V, chunk: T not a multiple of the chunk, T < chunk, T 
 ]
 
 
-@pytest.mark.parametrize("op", ["gla", "delta"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-T{}-H{}-K{}-V{}-C{}".format(*s))
-def test_chunked_matches_recurrent_outputs_and_gradients(op, shape):
-    """B1: the chunked operator equals the step-by-step reference in fp32, outputs, final state and
+def assert_matches_recurrent(op, shape, backend):
+    """``backend``'s operator equals the step-by-step reference in fp32: outputs, final state and the
     gradients of every input (the initial state included)."""
     B, T, H, K, V, chunk = shape
     inputs = op_inputs(B, T, H, K, V, seed=T)
     results = {}
-    for backend in ("recurrent", "chunked"):
-        o, S = run_op(op, inputs, backend, chunk)
+    for name in ("recurrent", backend):
+        o, S = run_op(op, inputs, name, chunk)
         w = torch.randn(o.shape, generator=torch.Generator().manual_seed(0))
         loss = (o * w).sum() + (S * S).sum()
         used = inputs if op == "delta" else [t for i, t in enumerate(inputs) if i != 4]  # gla has no beta
-        results[backend] = (o, S, torch.autograd.grad(loss, used))
-    (o_ref, s_ref, g_ref), (o, s, grads) = results["recurrent"], results["chunked"]
+        results[name] = (o, S, torch.autograd.grad(loss, used))
+    (o_ref, s_ref, g_ref), (o, s, grads) = results["recurrent"], results[backend]
     assert o.dtype == torch.float32 and o.shape == (B, T, H, V)
     assert rel_err(o, o_ref) <= 1e-4 and rel_err(s, s_ref) <= 1e-4
     for got, want in zip(grads, g_ref):
         assert rel_err(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("op", ["gla", "delta"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-T{}-H{}-K{}-V{}-C{}".format(*s))
+def test_chunked_matches_recurrent_outputs_and_gradients(op, shape):
+    """B1: the chunked operator equals the step-by-step reference."""
+    assert_matches_recurrent(op, shape, "chunked")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["gla", "delta"])
+def test_compiled_matches_recurrent_outputs_and_gradients(op):
+    """The chunked operator under torch.compile (backend ``compiled``, about a minute of compilation each)
+    equals the step-by-step reference, at a length that is not a multiple of the chunk."""
+    assert_matches_recurrent(op, SHAPES[0], "compiled")
 
 
 @pytest.mark.parametrize("op", ["gla", "delta"])

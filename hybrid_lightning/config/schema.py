@@ -78,9 +78,9 @@ class _ModelLayout(_Frozen):
     init_std: Number = Field(0.02, gt=0, description="weights drawn from N(0, std); residual outputs scaled by 1/sqrt(2 n_layers)")
     attn_backend: Literal["auto", "reference", "sdpa", "blocked", "flash", "flex"] = Field(
         "auto", description="attention kernel (docs/training.md, Attention backends)", **role(BOOKKEEPING))
-    recurrent_backend: Literal["auto", "chunked", "recurrent", "fla"] = Field(
-        "auto", description="recurrent mixers: `auto` = fla on CUDA when installed, else `chunked` (docs/training.md, Recurrent "
-        "mixers)", **role(BOOKKEEPING))
+    recurrent_backend: Literal["auto", "chunked", "compiled", "recurrent", "fla"] = Field(
+        "auto", description="recurrent mixers: `auto` = fla on CUDA when installed, else `chunked`; `compiled` = `chunked` under "
+        "torch.compile (docs/training.md, Recurrent mixers)", **role(BOOKKEEPING))
     recurrent_chunk: Whole = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend", **role(BOOKKEEPING))
     efficient_mlp_hidden: Whole | None = Field(None, ge=1, description="SwiGLU width of the non-full layers; null = `mlp_hidden`'s")
     match_params: str | None = Field(None, description="a reference pattern, e.g. `F`: sets the non-full layers' SwiGLU width "

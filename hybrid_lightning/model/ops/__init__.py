@@ -3,6 +3,7 @@
 - ``recurrent``: the step-by-step recurrence in plain torch, one token at a time; the ground truth.
 - ``chunked``: the same recurrence computed chunk by chunk in plain torch (quadratic inside a chunk,
   recurrent across chunks); the training path on CPU.
+- ``compiled``: ``chunked`` under ``torch.compile``, compiled once per chunk count (bench ``work``).
 - ``fla``: the flash-linear-attention Triton kernel; on CUDA (the ``gpu`` extra), or on CPU under
   Triton's interpreter with ``TRITON_INTERPRET=1`` (the ``fla-cpu`` extra; ``interpreter.py``), slowly.
 - ``auto``: ``fla`` for CUDA tensors when fla is importable, else ``chunked``.

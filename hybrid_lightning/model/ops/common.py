@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from hybrid_lightning.interpreter import interpreting, patched
 
-BACKENDS = ("auto", "chunked", "recurrent", "fla")
+BACKENDS = ("auto", "chunked", "compiled", "recurrent", "fla")
 
 
 @functools.cache
@@ -22,6 +22,13 @@ def fla_available() -> bool:
     except Exception:  # ImportError, or triton failing to find a driver at import
         return False
     return True
+
+
+@functools.cache
+def compiled(fn):
+    """``fn`` (a chunked operator) under ``torch.compile`` (inductor), made once per operator. Each new chunk
+    count, and inference beside training, is a compilation of its own (about 1-2 minutes on one CPU core)."""
+    return torch.compile(fn)
 
 
 def check_documents(backend: str, cu_seqlens: torch.Tensor | None, state: torch.Tensor | None) -> None:

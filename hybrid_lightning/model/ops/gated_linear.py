@@ -17,6 +17,7 @@ import torch
 from hybrid_lightning.model.ops.common import (
     check_documents,
     chunk_cost,
+    compiled,
     compute_dtype,
     decayed,
     end_to_end,
@@ -40,7 +41,7 @@ def gated_linear_attention(
         g: (B, T, H) log-decay per step, <= 0.
         scale: multiplier on q·k.
         state: (B, H, K, V) state before the first step; None = zeros.
-        backend: ``auto``, ``chunked``, ``recurrent`` or ``fla``.
+        backend: ``auto``, ``chunked``, ``compiled``, ``recurrent`` or ``fla``.
         chunk_size: steps per chunk of the chunked implementation.
         cu_seqlens: (N + 1,) packed documents of the B rows laid end to end (``documents.cu_seqlens``),
             each from a zero state; fla only.
@@ -51,8 +52,9 @@ def gated_linear_attention(
     """
     backend = resolve_backend(backend, q)
     check_documents(backend, cu_seqlens, state)
-    if backend == "chunked":
-        return chunked_gla(q, k, v, g, scale, state, chunk_size)
+    if backend in ("chunked", "compiled"):
+        chunked = chunked_gla if backend == "chunked" else compiled(chunked_gla)
+        return chunked(q, k, v, g, scale, state, chunk_size)
     if backend == "fla":
         return fla_gla(q, k, v, g, scale, state, cu_seqlens)
     return recurrent_gla(q, k, v, g, scale, state)
