@@ -35,7 +35,9 @@ def _fmt(v) -> str:
 
 
 def describe_machine() -> str:
-    machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    # the vector ISA torch dispatches to (AVX2, AVX512, ...): ratios between kernels move with it
+    machine = (f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
+               f"torch {torch.__version__}")
     if hasattr(os, "getloadavg"):  # other processes distort timings on a shared machine: say how busy it was
         machine += f", load average {os.getloadavg()[0]:.1f} at the start"
     return machine
