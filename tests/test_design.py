@@ -144,9 +144,10 @@ def test_the_fourth_replica_grid_can_reach_every_test(capsys, quick):
     layer is not layer 0, the convergence, "where", ablation and laziness tests are all reachable (Holm floor
     below 0.05), and no control is flagged but the W=8 windows that no copy source lies inside."""
     table, warned, _ = check([REPO / "ablations" / "cpu_replica4.yaml"], capsys)
-    for test in ("convergence (probes)", "where", "laziness", "ablation: swa W=32 EEFE pos.full=rope", "ablation: F pos.full=rope"):
+    for test in ("convergence (probes)", "where", "laziness", "ablation: swa W=32 EEFE pos.full=rope max_steps=4000",
+                 "ablation: F pos.full=rope max_steps=4000", "ablation: F pos.full=rope max_steps=6000"):
         assert table[test]["reachable"] == "yes" and table[test]["holm_floor"] < 0.05, table[test]
     assert "layer 0" not in warned and "top-K" not in warned
     # 4 + 5 + 4 seeds where laziness compares, 3 elsewhere: the NoPE pair's 4 vs 3 cannot reach finding 3
     assert table["laziness"]["seeds"] == "4/5/4" and table["laziness"]["holm_floor"] == pytest.approx(4 / 126)
-    assert table["beyond: swa W=8 EEEF pos.full=rope"]["reachable"] == "no (floor)"
+    assert table["beyond: swa W=8 EEEF pos.full=rope max_steps=4000"]["reachable"] == "no (floor)"
