@@ -35,10 +35,9 @@ def run(quick: bool) -> dict:
     full = ("full", "chunked")
     per_flop = {key: secs[key].cpu / flops[key] / (secs[full].cpu / flops[full]) for key in steps}
     size = f"d={SIZE['d_model']}, {SIZE['n_heads']} heads, batch {CPU_BATCH} x {T}"
-    rows = [{"architecture": name, "setting": size if name == "full" else f"{size}, operator {backend}",
+    rows = [{"architecture": key[0], "setting": size if key == full else f"{size}, operator {key[1]}",
              "CPU ms/step": 1e3 * secs[key].cpu, "GFLOP/step": flops[key] / 1e9, "step / full's": secs[key].cpu / secs[full].cpu,
-             "work / full's": flops[key] / flops[full], "time per FLOP / full's": per_flop[key]}
-            for key in steps for name, backend in [key]]
+             "work / full's": flops[key] / flops[full], "time per FLOP / full's": per_flop[key]} for key in steps]
     ranges = {backend: [per_flop[key] for key in steps if key != full and key[1] == backend] for backend in ("chunked", "compiled")}
     notes = (f"One thread, fp32, CPU time per training step, medians of {reps} interleaved steps after a warm-up; FLOPs are "
              "the run plan's. The recurrent hybrids take " + ", ".join(
