@@ -12,7 +12,7 @@
 # a time; ablate the retrieval heads of every run trained in this sitting at the training length (the
 # 2 best heads against 20 random pairs of non-retrieval heads from their own layers, none where the pair
 # fills its layer, and 20 from any layer, and every head alone; only the latter where the top 2 is
-# tied); pack the finished runs; analyse the packed runs into analysis/results/cpu_replica/.
+# tied); pack the finished runs; analyse the packed runs into analysis/results/<grid name>/.
 # Before training more: `hybrid-lightning grid plan GRID --verdicts` says which
 # verdicts these arms and seeds can reach (docs/analysis.md, "The design check").
 set -euo pipefail

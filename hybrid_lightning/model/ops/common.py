@@ -31,6 +31,11 @@ def compiled(fn):
     return torch.compile(fn)
 
 
+def chunked_form(fn, backend: str):
+    """The chunked operator ``fn`` as ``backend`` runs it: itself for ``chunked``, compiled for ``compiled``."""
+    return compiled(fn) if backend == "compiled" else fn
+
+
 def check_documents(backend: str, cu_seqlens: torch.Tensor | None, state: torch.Tensor | None) -> None:
     """Packed documents (``cu_seqlens``) go to fla's kernels only, each document from a zero state."""
     if cu_seqlens is not None and (backend != "fla" or state is not None):

@@ -17,7 +17,7 @@ import torch
 from hybrid_lightning.model.ops.common import (
     check_documents,
     chunk_cost,
-    compiled,
+    chunked_form,
     compute_dtype,
     decay_gradient,
     end_to_end,
@@ -41,8 +41,7 @@ def gated_delta_rule(
     backend = resolve_backend(backend, q)
     check_documents(backend, cu_seqlens, state)
     if backend in ("chunked", "compiled"):
-        chunked = chunked_delta_rule if backend == "chunked" else compiled(chunked_delta_rule)
-        return chunked(q, k, v, g, beta, scale, state, chunk_size)
+        return chunked_form(chunked_delta_rule, backend)(q, k, v, g, beta, scale, state, chunk_size)
     if backend == "fla":
         return fla_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens)
     return recurrent_delta_rule(q, k, v, g, beta, scale, state)

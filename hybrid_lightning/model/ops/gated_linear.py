@@ -17,7 +17,7 @@ import torch
 from hybrid_lightning.model.ops.common import (
     check_documents,
     chunk_cost,
-    compiled,
+    chunked_form,
     compute_dtype,
     decayed,
     end_to_end,
@@ -53,8 +53,7 @@ def gated_linear_attention(
     backend = resolve_backend(backend, q)
     check_documents(backend, cu_seqlens, state)
     if backend in ("chunked", "compiled"):
-        chunked = chunked_gla if backend == "chunked" else compiled(chunked_gla)
-        return chunked(q, k, v, g, scale, state, chunk_size)
+        return chunked_form(chunked_gla, backend)(q, k, v, g, scale, state, chunk_size)
     if backend == "fla":
         return fla_gla(q, k, v, g, scale, state, cu_seqlens)
     return recurrent_gla(q, k, v, g, scale, state)
