@@ -231,7 +231,7 @@ class TrainConfig(_Frozen):
     betas: tuple[Number, Number] = Field((0.9, 0.95), description="AdamW betas")
     grad_clip: Number | None = Field(1.0, gt=0, description="gradient-norm clipping; null = off (the norm before clipping is "
                                     "logged as `train/grad_norm`)")
-    precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU; on CPU bf16-mixed where measured faster for the architecture (precision.py), else 32")
+    precision: Literal["auto", "32", "bf16-mixed", "16-mixed"] = Field("auto", description="auto = bf16-mixed on GPU; on a CPU with bf16 instructions (AVX512-BF16, AMX) bf16-mixed where measured faster for the architecture (precision.py), else 32")
     compile: StrictBool = Field(False, description="`torch.compile` the model (inductor), in place: checkpoints are the same either "
                           "way; the first steps wait for the compilation (measured: 88 s for a 2-layer model on a shared "
                           "2-core CPU)", **role(BOOKKEEPING))

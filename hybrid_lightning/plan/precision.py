@@ -32,13 +32,21 @@ CPU_BF16_SPEEDUP = {
 CPU_BF16_MARGIN = 1.05  # bf16 only where it measured at least 5% faster: closer is within the timing noise
 
 
+def cpu_native_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), which the table above was measured
+    with. Without them oneDNN emulates bf16: d=128 full attention's step measured 0.83x fp32's speed with
+    AVX-512 alone and 0.15x with AVX2 alone (the same machine with ``ONEDNN_MAX_CPU_ISA`` limited; docs/training.md)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def resolve_precision(train: TrainConfig, model: ModelConfig) -> str:
-    """``train.precision`` as a Lightning precision string. ``auto`` is bf16-mixed on a GPU; on a CPU,
-    bf16-mixed only for architectures measured faster under it (``CPU_BF16_SPEEDUP``), else 32-true."""
+    """``train.precision`` as a Lightning precision string. ``auto`` is bf16-mixed on a GPU; on a CPU with
+    bf16 instructions, bf16-mixed only for architectures measured faster under it (``CPU_BF16_SPEEDUP``);
+    else 32-true."""
     if train.precision != "auto":
         return "32-true" if train.precision == "32" else train.precision
     gpu = train.accelerator == "gpu" or (train.accelerator == "auto" and torch.cuda.is_available())
-    return "bf16-mixed" if gpu or cpu_bf16_faster(model) else "32-true"
+    return "bf16-mixed" if gpu or (cpu_native_bf16() and cpu_bf16_faster(model)) else "32-true"
 
 
 def cpu_bf16_faster(model: ModelConfig) -> bool:
