@@ -13,6 +13,7 @@ import torch
 
 from hybrid_lightning.bench import SECTIONS
 from hybrid_lightning.fileio import write_owned
+from hybrid_lightning.plan.precision import cpu_native_bf16
 
 DEFAULT_OUT = Path("analysis/results/bench")
 MARKER = ".hybrid-lightning-bench"  # in an output folder: the files the benchmarks wrote there (fileio.write_owned)
@@ -34,10 +35,19 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it (``/proc/cpuinfo``), else ``platform.processor()``."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+
+
 def describe_machine() -> str:
-    # the vector ISA torch dispatches to (AVX2, AVX512, ...): ratios between kernels move with it
-    machine = (f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads, "
-               f"torch {torch.__version__}")
+    # the CPU, the vector ISA torch dispatches to (AVX2, AVX512, ...) and whether it has bf16 instructions:
+    # ratios between kernels move with them
+    bf16 = ", bf16 instructions" if cpu_native_bf16() else ""
+    machine = (f"{platform.machine()} {cpu_name()} {torch.backends.cpu.get_cpu_capability()}{bf16}, "
+               f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
     if hasattr(os, "getloadavg"):  # other processes distort timings on a shared machine: say how busy it was
         machine += f", load average {os.getloadavg()[0]:.1f} at the start"
     return machine
