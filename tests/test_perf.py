@@ -151,8 +151,10 @@ def test_work_section_quick_divides_each_step_by_the_plans_flops(monkeypatch):
 
     common.compiled.cache_clear()
     monkeypatch.setattr(torch, "compile", lambda fn: fn)
-    result = work.run(quick=True)
-    common.compiled.cache_clear()
+    try:
+        result = work.run(quick=True)
+    finally:  # no uncompiled operator left in the cache for later tests, whatever happened
+        common.compiled.cache_clear()
     rows = result["rows"]
     hybrids = [f"{m} hybrid" for m in mixer_names(efficient_only=True) if m != "swa"]
     assert [row["architecture"] for row in rows] == ["full", *(h for h in hybrids for _ in range(2))]
