@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU replica end to end (docs/grids.md, "A CPU replica"): `ablations/cpu_replica.sh [GRID]`, GRID
-# ablations/cpu_replica.yaml (the third edition, the default) or ablations/cpu_replica4.yaml (the fourth).
+# ablations/cpu_replica.yaml by default.
 # It spans sittings whose runs/ do not survive: the finished runs are kept as packed records in
 # analysis/results/<grid name>/runs/ (hybrid-lightning pack, docs/run-directory.md), which this script
 # copies back into the grid's root first, so the grid trains only the cells not packed yet. Run it

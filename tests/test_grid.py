@@ -78,8 +78,9 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert grid.cells[-1].config.model.d_model == 256 and grid.cells[-1].config.model.window == 128
     assert load_profile(REPO / "slurm" / "local.yaml")["slurm_partition"] == "debug"
     assert load_profile(REPO / "slurm" / "example.yaml")["gpus_per_node"] == 8
-    # the replica: every architecture, natural text, 5 seeds where the NoPE and laziness tests compare;
-    # it trains on files that cpu_replica.sh writes under runs/: stand-ins beside a copy
+    # the replica: every architecture, an EEFE depth control, full attention also over 6,000 steps, natural text;
+    # 4 + 5 + 4 seeds where laziness compares, 3 elsewhere; it trains on files that cpu_replica.sh writes under
+    # runs/: stand-ins beside a copy
     (tmp_path / "ablations").mkdir()
     shutil.copy(REPO / "ablations" / "cpu_replica.yaml", tmp_path / "ablations")
     data = tmp_path / "runs" / "cpu_replica"
@@ -91,11 +92,12 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     seeds = {}
     for c in replica.cells:
         seeds.setdefault(c.name.split("arch=")[1], set()).add(c.config.seed)
-    five = {"swa8", "swa8-nope", "swa32", "swa128"}
-    assert {a for a, s in seeds.items() if s == set(range(5))} == five and len(seeds) == 10
-    assert all(s == {0, 1, 2} for a, s in seeds.items() if a not in five) and len(replica.cells) == 38
+    assert seeds.pop("swa32") == set(range(5)) and seeds.pop("swa8") == seeds.pop("swa128") == set(range(4))
+    assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 7 and len(replica.cells) == 34
     mixers = {c.config.model.mixer for c in replica.cells if c.config.model.pattern != "F"}
     assert mixers == {"swa", "mamba2", "gated_deltanet", "lightning"}
+    assert {c.config.model.n_heads for c in replica.cells} == {4} and "EEFE" in {c.config.model.pattern for c in replica.cells}
+    assert {c.config.train.max_steps for c in replica.cells if c.config.model.pattern == "F"} == {4000, 6000}
     assert {c.config.data.text_val_files for c in replica.cells} == {(str((data / "text_val.jsonl").resolve()),)}
 
 

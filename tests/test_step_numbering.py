@@ -5,6 +5,7 @@ read with that numbering (``RunPlan.step_offset``), and not resumed."""
 
 import json
 import re
+import shutil
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -56,14 +57,16 @@ def test_console_files_tensorboard_status_and_analysis_count_the_same_steps(tmp_
     assert r.returncode == 0 and "written to " + str(run_dir / "eval" / "step_4.json") in r.stdout, r.stderr[-2000:]
 
 
-def test_older_plans_number_steps_by_index():
+def test_older_plans_number_steps_by_index(tmp_path):
     _, plan = plan_run(load_config(None, TINY[1::2]))
     assert plan.step_numbering == STEPS_COMPLETED and plan.tokens_at_recorded(10) == 10 * 8 * 128
     older = plan_from_dict({k: v for k, v in plan.as_dict().items() if k != "step_numbering"} | {"version": 1})
     assert older.step_numbering == STEPS_INDEXED and older.tokens_at_recorded(9) == 10 * 8 * 128
-    # the committed replica's runs predate plan.json: rebuilt, by index, their tokens as analysis always read them
-    runs = find_runs(REPO / "analysis" / "results" / "cpu_replica" / "runs")
-    rebuilt = read_plan(runs[0])
+    # a run written before plan.json (a config.yaml alone): rebuilt, by index, its tokens as analysis always read them
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(find_runs(REPO / "analysis" / "results" / "cpu_replica" / "runs")[0] / "config.yaml", run)
+    rebuilt = read_plan(run)
     assert rebuilt.rebuilt and rebuilt.step_offset == 1
 
 

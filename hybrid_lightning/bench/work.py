@@ -1,6 +1,6 @@
 """Section (c), continued: CPU time per unit of work at the CPU replica's shape.
 
-One CPU thread, fp32, the model and sequence of ``ablations/cpu_replica4.yaml`` (d=64, 4 layers, 4 heads,
+One CPU thread, fp32, the model and sequence of ``ablations/cpu_replica.yaml`` (d=64, 4 layers, 4 heads,
 batch 8 x 512): the CPU time of a training step (forward, loss, backward, clipping, AdamW) of full attention
 and of each recurrent hybrid (3 : 1, parameter-matched), interleaved in one process, divided by the run
 plan's training FLOPs of that step (``plan/count.py``). Each recurrent hybrid runs twice: with its operator in
@@ -15,7 +15,7 @@ from hybrid_lightning.bench.measure import interleaved_medians, one_thread
 from hybrid_lightning.bench.training import CPU_BATCH, architectures, random_batch, seeded_step
 from hybrid_lightning.plan.count import count
 
-SIZE, SEQ_LEN = {"n_layers": 4, "d_model": 64, "n_heads": 4}, 512  # ablations/cpu_replica4.yaml's model and sequence
+SIZE, SEQ_LEN = {"n_layers": 4, "d_model": 64, "n_heads": 4}, 512  # ablations/cpu_replica.yaml's model and sequence
 TARGET = 1.3  # a recurrent hybrid's CPU time per FLOP at most 1.3x full attention's
 
 
