@@ -63,6 +63,11 @@ DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of 
 CKPT_SUFFIX = ".ckpt"
 
 
+def step_checkpoint_name(step: int) -> str:
+    """The file name of optimizer step ``step``'s periodic checkpoint in ``checkpoints/``: ``step_<N>.ckpt``."""
+    return f"step_{step:07d}{CKPT_SUFFIX}"
+
+
 def find_runs(root: str | Path) -> list[Path]:
     """Run directories under ``root`` (itself included): folders holding ``config.yaml``, sorted; ``.grid/`` skipped."""
     root = Path(root)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from hybrid_lightning.records import Tag
-from hybrid_lightning.rundir import checkpoint_is_valid
+from hybrid_lightning.rundir import CKPT_DIR, checkpoint_is_valid, step_checkpoint_name
 
 # killed just after the step-20 checkpoint (every 10 steps); 80 steps to spare, so that a fast device cannot finish first
 MAX_STEPS, KILL_AFTER = 100, 20
@@ -39,7 +39,7 @@ def kill_after_checkpoint(run_dir: Path, accelerator: str, timeout: float = 600)
     False when it ended (or timed out, or reached its last step) before it was killed."""
     proc = subprocess.Popen(command(run_dir, accelerator), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=os.environ.copy())
-    ckpt = run_dir / "checkpoints" / f"step_{KILL_AFTER:07d}.ckpt"
+    ckpt = run_dir / CKPT_DIR / step_checkpoint_name(KILL_AFTER)
     deadline = time.monotonic() + timeout
     while not (ckpt.exists() and checkpoint_is_valid(ckpt)):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -50,7 +50,7 @@ def kill_after_checkpoint(run_dir: Path, accelerator: str, timeout: float = 600)
     time.sleep(0.05)  # a few steps past the checkpoint
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    return not (run_dir / "checkpoints" / f"step_{MAX_STEPS:07d}.ckpt").exists()  # killed before its last step
+    return not (run_dir / CKPT_DIR / step_checkpoint_name(MAX_STEPS)).exists()  # killed before its last step
 
 
 def losses(run_dir: Path, tag: str) -> list[tuple[int, float]]:

@@ -33,8 +33,9 @@ CPU_BF16_MARGIN = 1.05  # bf16 only where it measured at least 5% faster: closer
 
 
 def cpu_native_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX). Without them oneDNN emulates bf16: d=128 full attention's step measured 0.83x fp32's speed with
-    AVX-512 alone and 0.15x with AVX2 alone (the same machine with ``ONEDNN_MAX_CPU_ISA`` limited; docs/training.md)."""
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX). Without them oneDNN emulates bf16: d=128 full
+    attention's step measured 0.83x fp32's speed with AVX-512 alone and 0.15x with AVX2 alone (the same machine
+    with ``ONEDNN_MAX_CPU_ISA`` limited; docs/training.md)."""
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 

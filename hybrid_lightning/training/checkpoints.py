@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer.states import TrainerStatus
 
-from hybrid_lightning.rundir import CKPT_SUFFIX, LAST_CKPT
+from hybrid_lightning.rundir import LAST_CKPT, step_checkpoint_name
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.steps import OnOptimizerSteps
 from hybrid_lightning.training.stop import Stopped
@@ -48,7 +48,7 @@ class StepCheckpoints(OnOptimizerSteps):
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
         if step % self.every == 0 or step >= trainer.max_steps:
-            self.save(trainer, f"step_{step:07d}{CKPT_SUFFIX}")
+            self.save(trainer, step_checkpoint_name(step))
             self.save(trainer, LAST_CKPT)
             self._rotate(trainer)
 
