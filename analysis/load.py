@@ -256,21 +256,47 @@ def _identity(cfg: dict, plan: RunPlan) -> dict:
 def _labels(identities: list[dict], plans: list[RunPlan]) -> list[str]:
     """One label per run (``_label``), from the keys that differ between the runs: those with two values or
     more among the runs that have them (a key a run lacks does not apply to it). Distinct architectures
-    whose labels would coincide once shortened get a 4-character hash of their identity appended; where no
-    key differs, the label names the model (``_model``)."""
-    keys = list(dict.fromkeys(k for i in identities for k in i))
-    varying = [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
-    names = _short_names(varying)
-    shown = {k: _distinct_parts([i[k] for i in identities if i.get(k) is not None]) for k in names}
-    labels = [_label({k: shown[k][v] for k, v in i.items() if k in shown and v is not None}, names) or _model(i, plan)
-              for i, plan in zip(identities, plans)]
+    whose labels would coincide once shortened name the keys that differ among them first, after the mixer,
+    window and pattern (``lightning EEEF max_steps=6000 pos.full=rope…``); where that does not tell them
+    apart either, they keep their label with a 4-character hash of their identity appended. Where no key
+    differs, the label names the model (``_model``)."""
     archs = [json.dumps(i, sort_keys=True, default=str) for i in identities]
+    varying = _varying(identities)
+    labels = _texts(identities, plans, varying, identities)
+    for label in _shared(labels, archs):
+        group = [i for i, l in enumerate(labels) if l == label]
+        first = _varying([identities[i] for i in group])
+        again = _texts([identities[i] for i in group], [plans[i] for i in group],
+                       first + [k for k in varying if k not in first], identities)
+        if not _shared(again, [archs[i] for i in group]):
+            for i, l in zip(group, again):
+                labels[i] = l
+    shared = _shared(labels, archs)
+    return [f"{label} #{hashlib.sha1(a.encode()).hexdigest()[:4]}" if label in shared else label
+            for label, a in zip(labels, archs)]
+
+
+def _varying(identities: list[dict]) -> list[str]:
+    """The keys with two values or more among the runs that have them, in the order the runs name them."""
+    keys = list(dict.fromkeys(k for i in identities for k in i))
+    return [k for k in keys if len({json.dumps(i[k], default=str) for i in identities if k in i}) > 1]
+
+
+def _texts(identities: list[dict], plans: list[RunPlan], keys: list[str], among: list[dict]) -> list[str]:
+    """The labels of ``identities`` naming ``keys`` (in that order, after those of ``LABEL_NAMES``); values
+    shortened as among the runs ``among``, so that one value reads the same in every label."""
+    names = _short_names(keys)
+    shown = {k: _distinct_parts([i[k] for i in among if i.get(k) is not None]) for k in names}
+    return [_label({k: shown[k][v] for k, v in i.items() if k in shown and v is not None}, names) or _model(i, plan)
+            for i, plan in zip(identities, plans)]
+
+
+def _shared(labels: list[str], archs: list[str]) -> set[str]:
+    """The labels that more than one architecture has."""
     by_label: dict[str, set[str]] = {}
     for label, a in zip(labels, archs):
         by_label.setdefault(label, set()).add(a)
-    shared = {label for label, kinds in by_label.items() if len(kinds) > 1}
-    return [f"{label} #{hashlib.sha1(a.encode()).hexdigest()[:4]}" if label in shared else label
-            for label, a in zip(labels, archs)]
+    return {label for label, kinds in by_label.items() if len(kinds) > 1}
 
 
 def _short_names(varying: list[str]) -> dict[str, str]:

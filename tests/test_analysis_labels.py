@@ -52,6 +52,23 @@ def test_long_labels_keep_architectures_apart(tmp_path):
     assert a != b and len(a) <= LABEL_MAX + 6 and a.startswith("note_a=aaaaaaaaaaaaaaa… note_b=") and a[:-6] == b[:-6]
 
 
+def test_labels_cut_alike_are_told_apart_by_what_differs_between_them(tmp_path):
+    from hybrid_lightning.analysis.load import _labels
+
+    def arm(mixer, steps, pos="rope", window=None, match=None, pattern="EEEF"):
+        keys = ("model.mixer", "model.window", "model.pattern", "model.pos.full", "model.match_params", "train.max_steps")
+        return {k: v for k, v in zip(keys, (mixer, window, pattern, pos, match, steps)) if v}
+
+    identities = [arm("lightning", 4000, match="F"), arm("lightning", 6000, match="F"), arm("mamba2", 4000, match="E"),
+                  arm("swa", 4000, "nope", 8), arm("swa", 4000, window=8), arm(None, 4000, pattern="F")]
+    labels = _labels(identities, [None] * 6)
+    # cut at 48 characters, both lightning arms would read "lightning EEEF pos.full=rope match_params=F max…"
+    assert labels[:3] == ["lightning EEEF max_steps=4000 pos.full=rope mat…", "lightning EEEF max_steps=6000 pos.full=rope mat…",
+                          "mamba2 EEEF pos.full=rope match_params=E max_st…"]
+    assert labels[3:] == ["swa EEEF pos.full=nope max_steps=4000", "swa EEEF pos.full=rope max_steps=4000",
+                          "F pos.full=rope max_steps=4000"]
+
+
 @pytest.mark.parametrize("n", [3, 12])
 def test_legends_and_titles_fit_in_the_figure(tmp_path, n):
     unrelated(tmp_path, n)
