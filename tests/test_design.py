@@ -124,7 +124,7 @@ def test_a_pilot_folder_without_runs_is_refused(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_replica_grid_with_its_runs_as_the_pilot(capsys):
-    """ablations/cpu_replica.yaml with its own packed runs (34) as the pilot: at their effects speed has full power
+    """ablations/cpu_replica.yaml with its own packed runs as the pilot: at their effects speed has full power
     and laziness at 4 + 5 + 4 seeds none (its exact floor 0.0159, 0.0317 after Holm: complete separation only; more
     seeds named); the NoPE pair's 4 vs 3 seeds cannot reach finding 3; only the W=8 windows are flagged."""
     table, warned, _ = check([REPO / "ablations" / "cpu_replica.yaml", "--pilot", REPO / "analysis" / "results" / "cpu_replica" / "runs"],
@@ -145,7 +145,8 @@ def test_the_replica_grid_can_reach_every_test_before_it_trains(capsys, quick):
     below 0.05), and no control is flagged but the W=8 windows that no copy source lies inside."""
     table, warned, _ = check([REPO / "ablations" / "cpu_replica.yaml"], capsys)
     for test in ("convergence (probes)", "where", "laziness", "ablation: swa W=32 EEFE pos.full=rope max_steps=4000",
-                 "ablation: F pos.full=rope max_steps=4000", "ablation: F pos.full=rope max_steps=6000"):
+                 "ablation: F pos.full=rope max_steps=4000", "ablation: F pos.full=rope max_steps=6000",
+                 "ablation: lightning EEEF max_steps=6000 pos.full=rope mat…"):
         assert table[test]["reachable"] == "yes" and table[test]["holm_floor"] < 0.05, table[test]
     assert "layer 0" not in warned and "top-K" not in warned
     # 4 + 5 + 4 seeds where laziness compares, 3 elsewhere: the NoPE pair's 4 vs 3 cannot reach finding 3

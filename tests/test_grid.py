@@ -78,7 +78,8 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert grid.cells[-1].config.model.d_model == 256 and grid.cells[-1].config.model.window == 128
     assert load_profile(REPO / "slurm" / "local.yaml")["slurm_partition"] == "debug"
     assert load_profile(REPO / "slurm" / "example.yaml")["gpus_per_node"] == 8
-    # the replica: every architecture, an EEFE depth control, full attention also over 6,000 steps, natural text;
+    # the replica: every architecture, an EEFE depth control, full attention and the Lightning hybrid also over
+    # 6,000 steps, natural text;
     # 4 + 5 + 4 seeds where laziness compares, 3 elsewhere; it trains on files that cpu_replica.sh writes under
     # runs/: stand-ins beside a copy
     (tmp_path / "ablations").mkdir()
@@ -93,11 +94,13 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     for c in replica.cells:
         seeds.setdefault(c.name.split("arch=")[1], set()).add(c.config.seed)
     assert seeds.pop("swa32") == set(range(5)) and seeds.pop("swa8") == seeds.pop("swa128") == set(range(4))
-    assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 7 and len(replica.cells) == 34
+    assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 8 and len(replica.cells) == 37
     mixers = {c.config.model.mixer for c in replica.cells if c.config.model.pattern != "F"}
     assert mixers == {"swa", "mamba2", "gated_deltanet", "lightning"}
     assert {c.config.model.n_heads for c in replica.cells} == {4} and "EEFE" in {c.config.model.pattern for c in replica.cells}
-    assert {c.config.train.max_steps for c in replica.cells if c.config.model.pattern == "F"} == {4000, 6000}
+    for full_or_lightning in ("F", "lightning"):
+        steps = {c.config.train.max_steps for c in replica.cells if full_or_lightning in (c.config.model.pattern, c.config.model.mixer)}
+        assert steps == {4000, 6000}
     assert {c.config.data.text_val_files for c in replica.cells} == {(str((data / "text_val.jsonl").resolve()),)}
 
 
