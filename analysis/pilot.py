@@ -1,8 +1,9 @@
 """Effect models for the design check (analysis/design.py): the stated defaults, or the effect and variance of
 pilot runs (``grid plan --verdicts --pilot RUNS``), each arm's per-run values resampled (analysis/power.py).
 
-A grid's arm is matched to pilot runs of the same model (``model_key``: the model keys of the architecture;
-data, tokenizer and budget may differ). The values resampled are those the verdicts read, in the
+A grid's arm is matched to the pilot runs of the same model trained the same way (``model_key`` with the
+training keys: the budget and schedule) where the pilot has two or more, else to those of the same model
+(``model_key``: the model keys of the architecture; data, tokenizer and budget may differ). The values resampled are those the verdicts read, in the
 pilot's own units: speed, each run's restricted time to emergence as a share of the pilot's tau; convergence,
 the scores at the pilot's declared mid and end evaluations (each step resampled on its own); laziness, the
 first step with a retrieval head for good as a share of the run's last scoring, censored where none came;
@@ -28,10 +29,11 @@ DEFAULT_EFFECT = 1.5  # seed standard deviations
 Models = Callable[[str, list[str], np.ndarray | None], tuple[str, pw.Simulate]]
 
 
-def model_key(arch: str) -> str:
-    """An architecture by its model keys only: pilot runs and grid cells may differ in data, tokenizer (the
-    vocabulary size) and budget."""
-    return json.dumps({k: v for k, v in json.loads(arch).items() if k.startswith("model.") and k != "model.vocab_size"},
+def model_key(arch: str, train: bool = False) -> str:
+    """An architecture by its model keys only (with ``train``, its training keys too): pilot runs and grid
+    cells may differ in data, tokenizer (the vocabulary size) and budget."""
+    kept = ("model.", "train.") if train else ("model.",)
+    return json.dumps({k: v for k, v in json.loads(arch).items() if k.startswith(kept) and k != "model.vocab_size"},
                       sort_keys=True, default=str)
 
 
@@ -73,11 +75,10 @@ def default_models(test: str, labels: list[str], steps: np.ndarray | None) -> tu
 
 def pilot_models(pilot: Runs, configs: pd.DataFrame) -> Models:
     """Models from ``pilot`` for the arms of ``configs`` (the grid's planned configs); the default elsewhere."""
-    keys = {label: model_key(arch) for label, arch in configs.drop_duplicates("label")[["label", "arch"]].itertuples(index=False)}
-    runs_of = pilot.configs.assign(key=pilot.configs["arch"].map(model_key)).groupby("key")["run"].agg(list)
+    arms = dict(configs.drop_duplicates("label")[["label", "arch"]].itertuples(index=False))
 
     def models(test: str, labels: list[str], steps: np.ndarray | None) -> tuple[str, pw.Simulate]:
-        runs = [runs_of.get(keys[label], []) for label in labels]
+        runs = [pilot_runs(pilot.configs, arms[label]) for label in labels]
         samples = _samples(pilot, test, runs) if all(len(r) >= 2 for r in runs) else None
         if samples is None:
             text, simulate = default_models(test, labels, steps)
@@ -90,6 +91,16 @@ def pilot_models(pilot: Runs, configs: pd.DataFrame) -> Models:
         return model.text, simulator(test, model.draw, len(labels))
 
     return models
+
+
+def pilot_runs(configs: pd.DataFrame, arch: str) -> list[str]:
+    """The pilot runs (``configs``: theirs, with ``run`` and ``arch``) that stand for the grid's arm ``arch``:
+    those of its model and training keys where two or more, else those of its model."""
+    for train in (True, False):
+        key = model_key(arch, train)
+        runs = sorted(configs.loc[configs["arch"].map(lambda a: model_key(a, train) == key), "run"])
+        if len(runs) >= 2 or not train:
+            return runs
 
 
 def _samples(pilot: Runs, test: str, runs: list[list[str]]) -> list | None:

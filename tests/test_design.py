@@ -6,6 +6,7 @@ on the CPU replica's grid with its packed runs as the pilot."""
 import json
 import math
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -114,6 +115,22 @@ def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):
     beyond, cost = table["beyond: pos.full=rope"], table["cost: pos.full=rope"]
     assert beyond["effect"].startswith("pilot: 4, 4 runs") and beyond["power"] == 1.0 and beyond["seeds"] == "5/5"
     assert cost["power"] < 0.2 and "from the 8 pilot runs" in effects
+
+
+def test_a_pilot_arm_is_the_same_model_trained_the_same_way_where_the_pilot_has_it():
+    from hybrid_lightning.analysis.pilot import pilot_runs
+
+    def arch(mixer, steps, files):
+        return json.dumps({"model.mixer": mixer, "model.pattern": "EEEF", "train.max_steps": steps, "data.files": files})
+
+    runs = [("a0", "lightning", 4000), ("a1", "lightning", 4000), ("a2", "lightning", 4000),
+            ("b0", "lightning", 6000), ("b1", "lightning", 6000), ("c0", "swa", 6000), ("d0", "mamba2", 2000)]
+    configs = pd.DataFrame([(r, arch(m, n, "x")) for r, m, n in runs], columns=["run", "arch"])
+    assert pilot_runs(configs, arch("lightning", 4000, "y")) == ["a0", "a1", "a2"]  # its budget; data may differ
+    assert pilot_runs(configs, arch("lightning", 6000, "y")) == ["b0", "b1"]
+    assert pilot_runs(configs, arch("lightning", 8000, "y")) == ["a0", "a1", "a2", "b0", "b1"]  # no run of that budget
+    assert pilot_runs(configs, arch("swa", 4000, "y")) == ["c0"]  # one run: too few, the test keeps the default
+    assert pilot_runs(configs, arch("mamba2", 2000, "y")) == ["d0"] and pilot_runs(configs, arch("gdn", 2000, "y")) == []
 
 
 def test_a_pilot_folder_without_runs_is_refused(tmp_path, capsys):
