@@ -3,11 +3,12 @@ pilot runs (``grid plan --verdicts --pilot RUNS``), each arm's per-run values re
 
 A grid's arm is matched to the pilot runs of the same model trained the same way (``model_key`` with the
 training keys: the budget and schedule) where the pilot has two or more, else to those of the same model
-(``model_key``: the model keys of the architecture; data, tokenizer and budget may differ). The values resampled are those the verdicts read, in the
-pilot's own units: speed, each run's restricted time to emergence as a share of the pilot's tau; convergence,
-the scores at the pilot's declared mid and end evaluations (each step resampled on its own); laziness, the
-first step with a retrieval head for good as a share of the run's last scoring, censored where none came;
-NoPE, beyond - within and ``val/text_loss`` at each run's last evaluation. A test whose arms the pilot lacks
+(``model_key``: the model keys of the architecture; data, tokenizer and budget may differ). The values
+resampled are those the verdicts read, in the pilot's own units: speed, each run's restricted time to
+emergence as a share of the pilot's tau; convergence, the scores at the pilot's declared mid and end
+evaluations (each step resampled on its own); laziness, the first step with a retrieval head for good as a
+share of the run's last scoring, censored where none came; NoPE, beyond - within and ``val/text_loss`` at
+each run's last evaluation. A test whose arms the pilot lacks
 (or has one run of) keeps the default effect, and its effect column says so.
 """
 
@@ -96,11 +97,12 @@ def pilot_models(pilot: Runs, configs: pd.DataFrame) -> Models:
 def pilot_runs(configs: pd.DataFrame, arch: str) -> list[str]:
     """The pilot runs (``configs``: theirs, with ``run`` and ``arch``) that stand for the grid's arm ``arch``:
     those of its model and training keys where two or more, else those of its model."""
-    for train in (True, False):
+    def matching(train: bool) -> list[str]:
         key = model_key(arch, train)
-        runs = sorted(configs.loc[configs["arch"].map(lambda a: model_key(a, train) == key), "run"])
-        if len(runs) >= 2 or not train:
-            return runs
+        return sorted(configs.loc[configs["arch"].map(lambda a: model_key(a, train) == key), "run"])
+
+    same_training = matching(True)
+    return same_training if len(same_training) >= 2 else matching(False)
 
 
 def _samples(pilot: Runs, test: str, runs: list[list[str]]) -> list | None:
