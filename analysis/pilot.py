@@ -76,10 +76,11 @@ def default_models(test: str, labels: list[str], steps: np.ndarray | None) -> tu
 
 def pilot_models(pilot: Runs, configs: pd.DataFrame) -> Models:
     """Models from ``pilot`` for the arms of ``configs`` (the grid's planned configs); the default elsewhere."""
-    arms = dict(configs.drop_duplicates("label")[["label", "arch"]].itertuples(index=False))
+    runs_of = {label: pilot_runs(pilot.configs, arch)
+               for label, arch in configs.drop_duplicates("label")[["label", "arch"]].itertuples(index=False)}
 
     def models(test: str, labels: list[str], steps: np.ndarray | None) -> tuple[str, pw.Simulate]:
-        runs = [pilot_runs(pilot.configs, arms[label]) for label in labels]
+        runs = [runs_of[label] for label in labels]
         samples = _samples(pilot, test, runs) if all(len(r) >= 2 for r in runs) else None
         if samples is None:
             text, simulate = default_models(test, labels, steps)

@@ -52,7 +52,7 @@ def test_long_labels_keep_architectures_apart(tmp_path):
     assert a != b and len(a) <= LABEL_MAX + 6 and a.startswith("note_a=aaaaaaaaaaaaaaa… note_b=") and a[:-6] == b[:-6]
 
 
-def test_labels_cut_alike_are_told_apart_by_what_differs_between_them(tmp_path):
+def test_labels_cut_alike_are_told_apart_by_what_differs_between_them():
     from hybrid_lightning.analysis.load import _labels
 
     def arm(mixer, steps, pos="rope", window=None, match=None, pattern="EEEF"):
