@@ -38,10 +38,15 @@ import math
 import numpy as np
 import pandas as pd
 
+from hybrid_lightning.analysis import power as pw
 from hybrid_lightning.analysis import stats
-from hybrid_lightning.analysis.arms import Family, families, named
+from hybrid_lightning.analysis.arms import Family, families
+from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.metrics import SCORE, SCORE_SE
 from hybrid_lightning.analysis.stats import ALPHA, MIN_SEEDS, Comparison, Decided, Test
 from hybrid_lightning.analysis.survival import km_median
+from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, arms_floor, at_least
+from hybrid_lightning.records import Tag
 from hybrid_lightning.units import si
 
 SIGNAL_Z = 3.0  # null standard errors above chance that count as a signal
@@ -51,29 +56,45 @@ NOT_TESTABLE = "not testable at this budget"
 F = "1. emergence speed"
 
 
-def emergence(metrics: pd.DataFrame, configs: pd.DataFrame, score: str, se: str) -> list[Test]:
-    """The speed and convergence tests of the probe score ``score`` (null errors ``se``), per family."""
-    fams = families(configs)
+def speed_tests(runs: Runs) -> list[Test]:
+    """The speed test of the probe score per family; not tested where there is no family or no score."""
+    return _per_family(runs, SPEED, lambda name, fam, values, tokens, level, _: _speed(name, fam, values, tokens, level),
+                       missing=True)
+
+
+def convergence_tests(runs: Runs) -> list[Test]:
+    """The convergence test of the probe score per family whose runs logged it."""
+    return _per_family(runs, CONVERGENCE, lambda name, fam, values, _, __, errors: _convergence(name, fam, values, errors),
+                       missing=False)
+
+
+def _per_family(runs: Runs, verdict: Verdict, judge, missing: bool) -> list[Test]:
+    """``judge(name, family, values, tokens, level, errors)`` per family with a run above its noise level (the
+    run x step scores and tokens, each run's level, the runs' null standard errors); ``no signal`` for a
+    family without one; with ``missing``, ``not tested`` where there is no family or no score."""
+    fams, metrics = families(runs.configs), runs.metrics
     if not fams:
         why = "no two architectures are hybrids that differ only in their efficient layers (window or efficient mixer)"
-        return [Test(F, "speed", verdict="not tested", evidence=why)]
-    errors = metrics[metrics["metric"] == se].sort_values("step").groupby("run")["value"].last()
+        return [Test(F, verdict.name, verdict="not tested", evidence=why)] if missing else []
+    errors = metrics[metrics["metric"] == SCORE_SE].sort_values("step").groupby("run")["value"].last()
     errors = errors.where(errors > 0)  # no error estimate (or none above 0): the run never counts as above noise
-    return [t for fam in fams for t in _family(metrics[metrics["metric"] == score], fam, errors, len(fams))]
-
-
-def _family(d: pd.DataFrame, fam: Family, errors: pd.Series, count: int) -> list[Test]:
-    speed, convergence = named("speed (probes)", fam, count), named("convergence (probes)", fam, count)
-    d = d[d["run"].isin([r for runs in fam.runs.values() for r in runs])]
-    if d.empty:
-        return [Test(F, speed, verdict="not tested", evidence=f"no run of {', '.join(fam.labels)} has logged the score")]
-    values = d.pivot_table(index="run", columns="step", values="value")  # run x step
-    tokens = d.pivot_table(index="run", columns="step", values="tokens")
-    level = SIGNAL_Z * errors.reindex(values.index)  # per run; NaN compares as never reached
-    if not values.ge(level, axis=0).any(axis=None):
-        text = f"no run of {', '.join(fam.labels)} reaches {SIGNAL_Z:g} null standard errors (level up to {level.max():.3f})"
-        return [Test(F, speed, verdict="no signal", evidence=text), Test(F, convergence, verdict="no signal", evidence=text)]
-    return [_speed(speed, fam, values, tokens, level), _convergence(convergence, fam, values, errors)]
+    scores, out = metrics[metrics["metric"] == SCORE], []
+    for fam in fams:
+        name = verdict.named(fam.name if len(fams) > 1 else "")
+        d = scores[scores["run"].isin([r for runs in fam.runs.values() for r in runs])]
+        if d.empty:
+            out += [Test(F, name, verdict="not tested", evidence=f"no run of {', '.join(fam.labels)} has logged the "
+                         "score")] if missing else []
+            continue
+        values = d.pivot_table(index="run", columns="step", values="value")  # run x step
+        tokens = d.pivot_table(index="run", columns="step", values="tokens")
+        level = SIGNAL_Z * errors.reindex(values.index)  # per run; NaN compares as never reached
+        if not values.ge(level, axis=0).any(axis=None):
+            text = f"no run of {', '.join(fam.labels)} reaches {SIGNAL_Z:g} null standard errors (level up to {level.max():.3f})"
+            out.append(Test(F, name, verdict="no signal", evidence=text))
+            continue
+        out.append(judge(name, fam, values, tokens, level, errors))
+    return out
 
 
 def event_times(values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) -> tuple[pd.Series, pd.Series, float]:
@@ -185,3 +206,101 @@ def _convergence_verdict(decided: list[Decided]) -> Decided:
     if gap_v != "reproduced":
         return gap, "inconclusive", f"no gap shown at the declared step to close ({gap_r})"
     return equivalent, "inconclusive", equivalent_r
+
+
+def _retrieval_acc(runs: Runs) -> list[Test]:
+    """``val/retrieval_acc`` has no null with known sampling error (its answer tokens are not counted in the
+    run's records), so no level tells its rise from noise: stated where runs log it, never tested."""
+    if not runs.metrics["metric"].eq(Tag.RETRIEVAL_ACC).any():
+        return []
+    return [Test(F, RETRIEVAL_ACC.name, verdict="not tested",
+                 reason="no null with known sampling error: the runs do not record how many answer tokens it is over",
+                 evidence="its curves are in the report; emergence is judged on the probe score, whose null standard "
+                          "error is binomial")]
+
+
+def _plan_speed(d: Design, models: Models) -> list[Planned]:
+    out, fams = [], families(d.configs)
+    for fam in fams:
+        labels = list(fam.labels)
+        effect, simulate = models(SPEED, labels, d.steps(labels[0], "eval"))
+        out.append(Planned(F, SPEED.named(fam.name if len(fams) > 1 else ""), f"{len(labels)} arms: " + ", ".join(labels),
+                           labels, d.seeds(labels), lambda s: at_least(s, [arms_floor(s)]), simulate, effect))
+    return out
+
+
+def _plan_convergence(d: Design, models: Models) -> list[Planned]:
+    out, fams = [], families(d.configs)
+    for fam in fams:
+        labels = list(fam.labels)
+        steps = d.steps(labels[0], "eval")
+        ok = bool(declared_steps(list(steps)))
+        effect, simulate = models(CONVERGENCE, labels, steps)
+        out.append(Planned(F, CONVERGENCE.named(fam.name if len(fams) > 1 else ""), "gap at the declared mid "
+                           f"evaluation, equivalence within ±{EQUIVALENCE_MARGIN:g} at the end, apart at the end", labels,
+                           d.seeds(labels), lambda s, ok=ok: at_least(s, [arms_floor(s), 0.0, arms_floor(s)] if ok else
+                                                                      [math.nan] * 3),
+                           simulate, effect, needs="first two",
+                           why="" if ok else "fewer than three evaluations at the declared shares 0.5, 0.75, 1 of the budget"))
+    return out
+
+
+def _speed_default(labels: list[str], steps: np.ndarray) -> pw.Model:
+    """The last arm ``DEFAULT_EFFECT`` seed SDs later than the others (censored times)."""
+    return pw.censored([0.0] * (len(labels) - 1) + [pw.DEFAULT_EFFECT], steps)
+
+
+def _convergence_default(labels: list[str], _) -> pw.Model:
+    """A gap of ``DEFAULT_EFFECT`` seed SDs at mid; the arms equal at the end, seeds spread by half the margin."""
+    k, spread = len(labels), EQUIVALENCE_MARGIN / 2
+    gap, end = pw.normal([0.0] * (k - 1) + [pw.DEFAULT_EFFECT]), pw.normal([0.0] * k)
+    return pw.Model(f"gap {pw.DEFAULT_EFFECT:g} seed SDs at mid; arms equal at the end, seeds SD {spread:g}",
+                    lambda rng, s: (gap.draw(rng, s), [a * spread for a in end.draw(rng, s)]))
+
+
+def _convergence_passes(arms: tuple, alpha: float) -> np.ndarray:
+    """A gap at mid and every pair equivalent at the end."""
+    mid, end = arms
+    equal = np.all([pw.equivalent(a, b, EQUIVALENCE_MARGIN, alpha) for i, a in enumerate(end) for b in end[i + 1:]], axis=0)
+    return pw.passes_means(mid, alpha, 0) & equal
+
+
+def _pilot_scores(pilot: Runs, runs: list[list[str]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The pilot's probe scores of ``runs`` (rows) and their metrics."""
+    m = pilot.metrics
+    d = m[(m["metric"] == SCORE) & m["run"].isin(sum(runs, []))]
+    return d, d.pivot_table(index="run", columns="step", values="value")
+
+
+def _speed_samples(pilot: Runs, runs: list[list[str]]) -> list | None:
+    """Per arm, each run's restricted time to emergence as a share of the pilot's tau."""
+    d, values = _pilot_scores(pilot, runs)
+    m = pilot.metrics
+    errors = m[m["metric"] == SCORE_SE].sort_values("step").groupby("run")["value"].last()
+    level = SIGNAL_Z * errors.where(errors > 0).reindex(values.index)
+    time, _, tau = event_times(values, d.pivot_table(index="run", columns="step", values="tokens"), level)
+    times = [(time.reindex(r) / tau).to_numpy() for r in runs]
+    return None if any(np.isnan(t).any() for t in times) else times
+
+
+def _convergence_samples(pilot: Runs, runs: list[list[str]]) -> list | None:
+    """Per arm, the scores at the pilot's declared mid and end evaluations."""
+    common = _pilot_scores(pilot, runs)[1].dropna(axis=1)
+    steps = declared_steps(list(common.columns)) if common.shape[1] else None
+    if steps is None:
+        return None
+    return [(common.loc[r, steps[0]].to_numpy(), common.loc[r, steps[2]].to_numpy()) for r in runs]
+
+
+def _convergence_resample(samples: list, text: str) -> pw.Model:
+    """The mid and the end values resampled each on its own."""
+    mid, end = (pw.resampled([s[i] for s in samples], "") for i in (0, 1))
+    return pw.Model(text, lambda rng, s: (mid.draw(rng, s), end.draw(rng, s)))
+
+
+SPEED = Verdict(F, "speed (probes)", speed_tests, _plan_speed, _speed_default,
+                lambda arms, alpha: pw.passes_means([a[0] if isinstance(a, tuple) else a for a in arms], alpha, 0),
+                _speed_samples)
+CONVERGENCE = Verdict(F, "convergence (probes)", convergence_tests, _plan_convergence, _convergence_default,
+                      _convergence_passes, _convergence_samples, _convergence_resample)
+RETRIEVAL_ACC = Verdict(F, "speed (val/retrieval_acc rise)", _retrieval_acc)

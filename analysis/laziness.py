@@ -11,12 +11,15 @@ import math
 import numpy as np
 import pandas as pd
 
+from hybrid_lightning.analysis import power as pw
 from hybrid_lightning.analysis import stats, tables
 from hybrid_lightning.analysis.arms import swa_hybrids
 from hybrid_lightning.analysis.emergence import NOT_TESTABLE
 from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.mechanism import F
 from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.analysis.survival import km_median, logrank
+from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, at_least, two_arms
 
 
 def window_families(c: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
@@ -33,24 +36,24 @@ def laziness_tests(runs: Runs) -> list[Test]:
     family tested the test is ``laziness``, with several ``laziness: <first run's label>``."""
     rope, families = window_families(runs.configs)
     if len(families) <= 1:
-        return [_laziness(runs, families[0] if families else rope, "laziness")]
-    return [_laziness(runs, g, f"laziness: {g['label'].iloc[0]}") for g in families]
+        return [_laziness(runs, families[0] if families else rope, LAZINESS.name)]
+    return [_laziness(runs, g, LAZINESS.named(g["label"].iloc[0])) for g in families]
 
 
 def _laziness(runs: Runs, rope: pd.DataFrame, name: str) -> Test:
-    f, c = "2. retrieval heads", runs.configs
+    c = runs.configs
     first = tables.first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
     if first["window"].nunique() < 2:
-        return Test(f, name, verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
+        return Test(F, name, verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
     first = first.assign(event=first["first_step"].notna(), time=first["first_step"].fillna(first["scored_until"]))
     by_window = {int(w): g for w, g in first.groupby("window")}
     evidence = ("first step with a retrieval head for good, per window (seeds; never (S): none by the last scoring "
                 "at step S, a censored time): " + "; ".join(f"W={w}: {_first_steps(g)}" for w, g in by_window.items()))
     if not first["event"].any():
-        return Test(f, name, verdict="no signal", evidence=evidence)
+        return Test(F, name, verdict="no signal", evidence=evidence)
     windows = sorted(by_window)
     pairs = [_window_pair(by_window[a], by_window[b], a, b) for a, b in zip(windows, windows[1:])]
-    return Test(f, name, pairs, evidence, decide=_pair_verdict, combine=_monotone)
+    return Test(F, name, pairs, evidence, decide=_pair_verdict, combine=_monotone)
 
 
 def _first_steps(g: pd.DataFrame) -> str:
@@ -101,3 +104,41 @@ def _monotone(decided: list[Decided]) -> Decided:
 def _pair_name(c: Comparison) -> str:
     """``W=64 - W=32`` of a window pair's comparison."""
     return c.what.split(" restricted")[0]
+
+
+def _plan(d: Design, models: Models) -> list[Planned]:
+    _, fams = window_families(d.configs)
+    out = []
+    for g in fams:
+        labels = sorted(g["label"].unique(), key=lambda label: d.plan(label).window)
+        windows = [d.plan(label).window for label in labels]
+        effect, simulate = models(LAZINESS, labels, d.steps(labels[0], "eval.heads"))
+        out.append(Planned(F, LAZINESS.named(g["label"].iloc[0] if len(fams) > 1 else ""), "log-rank of adjacent "
+                           "windows " + ", ".join(f"W={b} vs W={a}" for a, b in zip(windows, windows[1:])), labels,
+                           d.seeds(labels), lambda s: at_least(s, [two_arms(a, b) for a, b in zip(s, s[1:])]), simulate,
+                           effect, needs="any"))
+    return out
+
+
+def _default(labels: list[str], steps: np.ndarray) -> pw.Model:
+    """Each larger window ``DEFAULT_EFFECT`` seed SDs later than the one before (censored times)."""
+    return pw.censored([i * pw.DEFAULT_EFFECT for i in range(len(labels))], steps)
+
+
+def _passes(arms: list, alpha: float) -> np.ndarray:
+    """Every adjacent pair later for the larger window, one of them significant (``_monotone``)."""
+    pairs = [pw.logrank_passes(a, b, alpha) for a, b in zip(arms, arms[1:])]
+    return np.all([later for _, later in pairs], axis=0) & np.any([p for p, _ in pairs], axis=0)
+
+
+def _samples(pilot: Runs, runs: list[list[str]]) -> list | None:
+    """Per arm, each run's first step with a retrieval head for good as a share of its last scoring, censored
+    where none came: (times, events)."""
+    first = tables.first_heads(pilot.metrics[pilot.metrics["run"].isin(sum(runs, []))], pilot.configs).set_index("run")
+    if any(not set(r) <= set(first.index) for r in runs):
+        return None
+    return [((first.loc[r, "first_step"].fillna(first.loc[r, "scored_until"]) / first.loc[r, "scored_until"]).to_numpy(),
+             first.loc[r, "first_step"].notna().to_numpy()) for r in runs]
+
+
+LAZINESS = Verdict(F, "laziness", laziness_tests, _plan, _default, _passes, _samples)

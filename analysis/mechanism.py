@@ -33,7 +33,8 @@ from scipy import stats as st
 from hybrid_lightning.analysis import stats, tables
 from hybrid_lightning.analysis.arms import swa_hybrids
 from hybrid_lightning.analysis.load import Runs
-from hybrid_lightning.analysis.stats import Comparison, Decided, Test
+from hybrid_lightning.analysis.stats import MIN_SEEDS, Comparison, Decided, Test
+from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, at_least, complete, stratified_floor
 from hybrid_lightning.kinds import FULL
 
 F = "2. retrieval heads"
@@ -44,7 +45,7 @@ def where(runs: Runs) -> Test:
     c = runs.configs
     h = runs.heads[runs.heads["run"].isin(c[swa_hybrids(c)]["run"])]
     if h.empty:
-        return Test(F, "where", verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
+        return Test(F, WHERE.name, verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
     last = h[h["step"] == h.groupby("run")["step"].transform("max")]
     reach = "reach_steps" in last and last["reach_steps"].notna().all()
     if reach:
@@ -59,7 +60,7 @@ def where(runs: Runs) -> Test:
     evidence = (f"{n} retrieval heads at the last scoring of {len(per_run)} SWA hybrids {among}, {k} in "
                 f"full-attention layers, in {len(with_heads)} runs")
     if with_heads.empty:
-        return Test(F, "where", verdict="no signal", evidence=evidence)
+        return Test(F, WHERE.name, verdict="no signal", evidence=evidence)
     ci = st.binomtest(k, n).proportion_ci(stats.LEVEL, method="exact")
     mine = last[last["run"].isin(with_heads.index)]
     mixed = with_heads[(with_heads["heads"] > 0) & (with_heads["heads"] < 1)]  # runs whose reachable heads are of both kinds
@@ -72,7 +73,7 @@ def where(runs: Runs) -> Test:
             f"{len(with_heads) - len(mixed)} of these runs have reachable heads of one kind only; full layers at "
             f"{placements}; per run: " + ", ".join(f"{run}: {r['retrieval_full']:.0f}/{r['retrieval']:.0f} vs "
                                                    f"{r['heads']:.2f}" for run, r in with_heads.iterrows()))
-    return Test(F, "where", [heads, depth], evidence + text, combine=_where_verdict)
+    return Test(F, WHERE.name, [heads, depth], evidence + text, combine=_where_verdict)
 
 
 def _where_at_depth(last: pd.DataFrame) -> tuple[Comparison, str]:
@@ -154,7 +155,7 @@ def _experiment(top: set, draws: pd.DataFrame, per_layer: Counter, retrieval: se
 def ablation(runs: Runs) -> Test:
     a = tables.ablation(runs.ablations, runs.configs)
     if a.empty or "top" not in set(a["selection"]):
-        return Test(F, "ablation", verdict="not tested", evidence="no run has a top-K head ablation")
+        return Test(F, ABLATION.name, verdict="not tested", evidence="no run has a top-K head ablation")
     a = a[a["within"]]  # within the training length, where retrieval can have formed
     draws = a.groupby(["run", "label", "step", "k", "selection", "seed", "draw", "heads"], dropna=False)["token_drop"].mean().reset_index()
     marks, used = _retrieval_marks(runs)
@@ -190,7 +191,60 @@ def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
     evidence = (f"retrieval heads by {used}; controls: same-layer non-retrieval heads outside the top-K. "
                 + "; ".join(lines + [f"not testable: {u}" for u in untestable]))
     if comparisons:
-        return Test(F, "ablation", comparisons, evidence)
+        return Test(F, ABLATION.name, comparisons, evidence)
     if all(w == "no retrieval head in the top-K" for whys in reasons.values() for w in whys):
-        return Test(F, "ablation", verdict="no signal", evidence=evidence)
-    return Test(F, "ablation", verdict=NOT_TESTABLE, reason="; ".join(untestable), evidence=evidence)
+        return Test(F, ABLATION.name, verdict="no signal", evidence=evidence)
+    return Test(F, ABLATION.name, verdict=NOT_TESTABLE, reason="; ".join(untestable), evidence=evidence)
+
+
+def _plan_where(d: Design, _: Models) -> list[Planned]:
+    """Where: the head-level claim over runs whose reachable heads are of both kinds, the layer-level claim over
+    (window, layer index) strata with a full layer that can copy and a reachable windowed layer."""
+    labels = sorted(d.configs.loc[swa_hybrids(d.configs), "label"].unique())
+    if not labels:
+        return []
+    heads = {label: int(d.value(label, "model.n_heads")) for label in labels}
+    full = {label: d.plan(label).full_layers for label in labels}
+    attention = {label: len(d.plan(label).layers) for label in labels}  # every layer of a windowed hybrid is attention
+    mixed = [label for label in labels if d.reaches(label)]
+    strata = {}  # (window, layer) -> (labels with the layer full, labels with it windowed)
+    for label in mixed:
+        for layer in range(attention[label]):
+            key = (d.plan(label).window, layer)
+            strata.setdefault(key, ([], []))[0 if layer in full[label] else 1].append(label)
+    strata = {k: v for k, v in strata.items() if v[0] and v[1] and k[1] > 0}
+
+    def floor(s: list[int]) -> list[float]:
+        n = dict(zip(labels, s))
+        runs = [(attention[label] * heads[label], len(full[label]) * heads[label]) for label in mixed for _ in range(n[label])]
+        head = stratified_floor([math.comb(h, m) for h, m in runs]) if sum(n[label] for label in mixed) >= MIN_SEEDS else math.nan
+        layer = [math.comb(sum(n[x] for x in a + b), sum(n[x] for x in a)) for a, b in strata.values()]
+        return [head, stratified_floor(layer) if layer and sum(n[x] for a, _ in strata.values() for x in a) >= MIN_SEEDS else math.nan]
+
+    why = "" if strata else ("attention type confounded with depth: no window has a full layer that can copy (layer "
+                             "> 0) and, at the same index in another placement, a windowed layer that reaches a copy source")
+    return [Planned(F, WHERE.name, "head level and layer level (full vs windowed layers of one depth and "
+                    "window)", labels, d.seeds(labels), floor, complete(floor), "complete separation", why=why)]
+
+
+def _plan_ablation(d: Design, _: Models) -> list[Planned]:
+    """Ablation per architecture with full-attention heads: the top-K against ``d.controls`` same-layer draws."""
+    out, k, controls = [], d.top_k, d.controls
+    for label in d.arms:
+        if not d.plan(label).full_layers:
+            continue
+        heads = int(d.value(label, "model.n_heads"))
+
+        def floor(s: list[int], ok: bool = k < heads) -> list[float]:
+            return at_least(s, [stratified_floor([controls + 1] * s[0]) if ok else math.nan])
+
+        why = "" if k < heads else (f"the top-K (K={k}) fills a layer of {heads} heads wherever it lies in one: no "
+                                    "same-layer control; testable only where it spans layers")
+        out.append(Planned(F, ABLATION.named(label), f"top-{k} heads vs {controls} same-layer "
+                           "non-retrieval draws", [label], d.seeds([label]), floor, complete(floor), "complete separation",
+                           why=why))
+    return out
+
+
+WHERE = Verdict(F, "where", lambda runs: [where(runs)], _plan_where)
+ABLATION = Verdict(F, "ablation", lambda runs: [ablation(runs)], _plan_ablation)

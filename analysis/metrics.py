@@ -13,6 +13,9 @@ METRICS = {
     "retrieval_acc": Tag.RETRIEVAL_ACC,
 }
 
+SCORE = METRICS["token_acc"]  # the probe score the findings' verdicts judge (analysis/emergence.py, nope.py)
+SCORE_SE = f"{SCORE}_se"  # its null standard error (analysis/scores.py)
+SCORE_BEYOND = f"{SCORE}_beyond"  # the score beyond the training length
 RECORD_SCORES = ("token_acc", "loss_gain", "exact")  # the scores computed from evaluation records
 # What each score is, for the report's text.
 METRIC_TEXT = {

@@ -3,10 +3,11 @@ simulated experiments in which a test passes its verdict rule at a level, for a 
 arm, and the fewest seeds per arm that reach ``TARGET`` power.
 
 Each simulation draws ``REPLICATIONS`` experiments from an effect model and runs the test's own statistic
-against its permutation distribution (every relabelling where there are at most ``ENUMERATE``, else
-``PERMUTATIONS`` random ones counted with the observed): two arms, the difference of means (two-sided p, and
-Welch's 95% interval on the predicted side of 0, as ``stats.Comparison.verdict`` asks); more arms, their
-``stats.spread``; censored times, the log-rank z (``survival.logrank_z``); equivalence, ``stats.tost``.
+against its permutation distribution with the verdicts' own permutation test (analysis/permutation.py: the
+same relabellings, so a simulated experiment gets the p its runs would get): two arms, the difference of means
+(two-sided p, and Welch's 95% interval on the predicted side of 0, as ``stats.Comparison.verdict`` asks);
+more arms, their ``permutation.spread``; censored times, the log-rank z (``survival.logrank_statistic``);
+equivalence, ``stats.tost``.
 
 Effect models (``Model``): ``normal`` (arm means ``shift`` seed standard deviations apart), ``censored``
 (first-event times normal in units of the budget, observed at the evaluation steps and censored at the end),
@@ -16,8 +17,6 @@ pilot showed). Every draw comes from ``np.random.default_rng(SEED)``: the same d
 
 from __future__ import annotations
 
-import itertools
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,14 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as st
 
-from hybrid_lightning.analysis.stats import SEED, tost
-from hybrid_lightning.analysis.survival import logrank_z
+from hybrid_lightning.analysis.permutation import SEED, permutation_p, permutation_test, spread
+from hybrid_lightning.analysis.stats import tost
+from hybrid_lightning.analysis.survival import logrank_statistic
 
 REPLICATIONS = 400  # simulated experiments per power estimate: its standard error at 0.8 is 0.02
-PERMUTATIONS = 1000  # random relabellings per experiment where the relabellings are more than ENUMERATE
-ENUMERATE = 5000
 TARGET = 0.8
 MAX_SEEDS = 30  # the search for the seeds that reach TARGET stops here
+DEFAULT_EFFECT = 1.5  # seed standard deviations: the default effect of every test with a model (analysis/design.py)
 START, SPREAD = 0.4, 0.15  # censored model: the earliest arm's mean event time and the seeds' SD, shares of the budget
 
 # draw(rng, sizes) -> one (REPLICATIONS, n) array per arm (for censored times: a (times, events) pair of them)
@@ -83,48 +82,6 @@ def resampled(samples: list, text: str) -> Model:
     return Model(text, draw)
 
 
-def _labellings(sizes: list[int], rng: np.random.Generator) -> np.ndarray:
-    """Arrangements (B, N) of the runs' group codes, the observed one first: every one where there are at most
-    ``ENUMERATE``, else the observed and ``PERMUTATIONS`` random ones (a p is then the share of rows at or
-    beyond the observed, which counts it among the draws)."""
-    base = np.repeat(np.arange(len(sizes)), sizes)
-    total = math.factorial(sum(sizes)) // math.prod(math.factorial(s) for s in sizes)
-    if total > ENUMERATE:
-        return np.vstack([base, rng.permuted(np.tile(base, (PERMUTATIONS, 1)), axis=1)])
-    rows = [np.full(len(base), -1)]
-    for g, n in enumerate(sizes):
-        rows = [np.where(np.isin(np.arange(len(base)), free[list(c)]), g, row)
-                for row in rows for free in [np.flatnonzero(row < 0)] for c in itertools.combinations(range(len(free)), n)]
-    observed = [i for i, row in enumerate(rows) if (row == base).all()]
-    return np.array([rows[observed[0]]] + [row for i, row in enumerate(rows) if i != observed[0]])
-
-
-def _tails(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Shares of each replication's arrangements (R, B) at or above / at or below the observed (column 0)."""
-    observed, tol = values[:, :1], 1e-12 * np.maximum(1.0, np.abs(values[:, :1]))
-    return (values >= observed - tol).mean(axis=1), (values <= observed + tol).mean(axis=1)
-
-
-def _group_means(x: np.ndarray, codes: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
-    """Per group g, (R, B): the mean of x (R, N) over the runs arrangement b puts in g."""
-    return [x @ (codes == g).T.astype(float) / n for g, n in enumerate(sizes)]
-
-
-def permutation_p(arms: list[np.ndarray], rng: np.random.Generator, spread: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(p, effect) per replication for arms of shape (R, n_i): two arms, the difference of means (arm 1 minus
-    arm 0) two-sided; ``spread``: the between-arm sum of squares, upper tail."""
-    sizes = [a.shape[1] for a in arms]
-    x = np.concatenate(arms, axis=1)
-    codes = _labellings(sizes, rng)
-    means = _group_means(x, codes, sizes)
-    if spread:
-        grand = x.mean(axis=1, keepdims=True)
-        return _tails(sum(n * (m - grand) ** 2 for m, n in zip(means, sizes)))[0], np.zeros(len(x))
-    values = means[1] - means[0]
-    above, below = _tails(values)
-    return np.minimum(1.0, 2 * np.minimum(above, below)), values[:, 0]
-
-
 def welch_excludes_zero(a: np.ndarray, b: np.ndarray, sign: int) -> np.ndarray:
     """Per replication, whether Welch's 95% interval of mean(b) - mean(a) lies on the ``sign`` side of 0
     (either side for 0); seeds that do not vary give the point."""
@@ -137,29 +94,23 @@ def welch_excludes_zero(a: np.ndarray, b: np.ndarray, sign: int) -> np.ndarray:
     return {1: low > 0, -1: high < 0, 0: (low > 0) | (high < 0)}[sign]
 
 
-def passes_means(arms: list[np.ndarray], rng: np.random.Generator, alpha: float, sign: int) -> np.ndarray:
+def passes_means(arms: list[np.ndarray], alpha: float, sign: int) -> np.ndarray:
     """Per replication, whether the arms differ as the verdict rule asks (two arms: p < alpha, the expected
-    sign and the interval excluding 0; more: the spread's p < alpha)."""
-    p, effect = permutation_p(arms, rng, spread=len(arms) > 2)
+    sign and the interval excluding 0; more: the spread's p < alpha); p as the verdicts compute it
+    (``permutation.permutation_p``, the replications at once)."""
     if len(arms) > 2:
-        return p < alpha
+        return permutation_p(arms, spread, upper=True) < alpha
+    p, effect = permutation_p(arms), arms[1].mean(axis=1) - arms[0].mean(axis=1)
     return (p < alpha) & ((np.sign(effect) == sign) | (sign == 0)) & welch_excludes_zero(arms[0], arms[1], sign)
 
 
-def logrank_passes(a: tuple, b: tuple, rng: np.random.Generator, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per replication, (the log-rank permutation p < alpha with b later than a, b's restricted mean - a's > 0)."""
-    first = _labellings([a[0].shape[1], b[0].shape[1]], rng) == 0
-    passed, later = np.zeros(REPLICATIONS, bool), np.zeros(REPLICATIONS, bool)
-    for r in range(REPLICATIONS):
-        t, e = np.r_[a[0][r], b[0][r]], np.r_[a[1][r], b[1][r]]
-        later[r] = b[0][r].mean() > a[0][r].mean()
-        if not e.any():
-            continue
-        z = logrank_z(t, e, first)[None]
-        above, below = _tails(z)
-        p = min(1.0, 2 * min(above[0], below[0]))
-        passed[r] = p < alpha and z[0, 0] > 0 and later[r] and welch_excludes_zero(a[0][r:r + 1], b[0][r:r + 1], 1)[0]
-    return passed, later
+def logrank_passes(a: tuple, b: tuple, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per replication, (the log-rank permutation p < alpha with b later than a, b's restricted mean - a's > 0);
+    the p of ``survival.logrank``."""
+    z, p = permutation_test([np.stack(a, axis=1), np.stack(b, axis=1)], logrank_statistic)  # arms (R, 2, n)
+    events = a[1].any(axis=1) | b[1].any(axis=1)  # no event at all: no p (the verdict's NaN)
+    later = b[0].mean(axis=1) > a[0].mean(axis=1)
+    return events & (p < alpha) & (z > 0) & later & welch_excludes_zero(a[0], b[0], 1), later
 
 
 def equivalent(a: np.ndarray, b: np.ndarray, margin: float, alpha: float) -> np.ndarray:

@@ -31,51 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats as st
 
-SEED = 0  # of every random draw here, so that reports are reproducible
-PERMUTATIONS = 20_000  # Monte-Carlo relabellings where the exact enumeration would be longer than EXACT_LIMIT
-EXACT_LIMIT = 50_000
+from hybrid_lightning.analysis import permutation
+from hybrid_lightning.analysis.permutation import EXACT_LIMIT, PERMUTATIONS, SEED, Statistic, mean_difference, spread
+
 ALPHA = 0.05
 LEVEL = 0.95  # of every interval
 MIN_SEEDS = 3  # per compared arm, for a verdict other than inconclusive
-
-# statistic(x, groups): x (B, N, ...) B arrangements of the N runs' rows, groups (N,) the fixed group code of
-# each position (0, 1, ...; sorted) -> (B,)
-Statistic = Callable[[np.ndarray, np.ndarray], np.ndarray]
-
-
-def mean_difference(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Mean of group 0 minus mean of group 1, of 1-d rows: (B, N) -> (B,)."""
-    return x[:, groups == 0].mean(axis=1) - x[:, groups == 1].mean(axis=1)
-
-
-def spread(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Between-arm sum of squares of the arms' means (the one-way ANOVA numerator): (B, N) -> (B,); large for
-    any difference among the arms."""
-    grand = x.mean(axis=1)
-    return sum((groups == g).sum() * (x[:, groups == g].mean(axis=1) - grand) ** 2 for g in np.unique(groups))
-
-
-def _arrange(arms: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of every arm stacked (N, ...) and their group codes (N,)."""
-    x = np.concatenate([np.asarray(a, dtype=float) for a in arms])
-    groups = np.repeat(np.arange(len(arms)), [len(a) for a in arms])
-    return x, groups
-
-
-def _scipy_statistic(statistic: Statistic, row_dims: int):
-    """``statistic`` as scipy's resampling functions call it: (*samples, axis), each sample (*row, *batch,
-    seeds) once scipy has moved the seeds' axis last (fewer seeds in a jackknife): the axes of a seed's row
-    first, then any batch axes. ``row_dims``: the dimensions of one seed's row (0 for one value per seed)."""
-
-    def call(*samples, axis=-1):
-        samples = [np.moveaxis(s, axis, -1) for s in samples]
-        groups = np.repeat(np.arange(len(samples)), [s.shape[-1] for s in samples])
-        x = np.concatenate(samples, axis=-1)  # (*row, *batch, N)
-        x = np.moveaxis(x, list(range(row_dims)), list(range(x.ndim - row_dims, x.ndim)))  # (*batch, N, *row)
-        batch = x.shape[: x.ndim - 1 - row_dims]
-        return statistic(x.reshape(-1, *x.shape[len(batch):]), groups).reshape(batch)
-
-    return call
 
 
 def interval(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -108,25 +69,16 @@ def mean_ci(values: np.ndarray) -> tuple[float, float]:
 
 
 def permutation_p(arms: list[np.ndarray], statistic: Statistic = mean_difference, upper: bool = False) -> float:
-    """Permutation p of ``statistic`` under the null that the arms are exchangeable
-    (``scipy.stats.permutation_test``, runs relabelled among the arms, sizes kept): two-sided (twice the
-    smaller tail, capped at 1, which suits null distributions that are not symmetric), or with ``upper``
-    the share at or above the observed value (for a statistic large for any difference, e.g. a spread).
-    Exact up to ``EXACT_LIMIT`` relabellings, else ``PERMUTATIONS`` random ones counted with the observed
-    one, (1 + hits) / (1 + draws) (Phipson & Smyth 2010, https://arxiv.org/abs/1603.05766).
+    """The permutation p of ``statistic`` over the arms' seeds (``permutation.permutation_p``: scipy's
+    ``permutation_test`` over runs relabelled among the arms, exact up to ``EXACT_LIMIT`` relabellings, the
+    planner's too): two-sided, or with ``upper`` the upper tail.
 
-    Returns: p in (0, 1]; NaN where the observed statistic is undefined or an arm has one seed (scipy
-    needs two; no verdict rests on such an arm).
+    Returns: p in (0, 1]; NaN where the observed statistic is undefined or an arm has one seed (no verdict
+    rests on such an arm).
     """
-    arms = [np.asarray(a, dtype=float) for a in arms]
-    x, groups = _arrange(arms)
-    if min(len(a) for a in arms) < 2 or np.isnan(statistic(x[None], groups)[0]):
+    if min(len(a) for a in arms) < 2:
         return math.nan
-    exact = _relabellings([len(a) for a in arms]) <= EXACT_LIMIT
-    result = st.permutation_test(arms, _scipy_statistic(statistic, arms[0].ndim - 1), permutation_type="independent",
-                                 vectorized=True, n_resamples=np.inf if exact else PERMUTATIONS, axis=0,
-                                 alternative="greater" if upper else "two-sided", rng=np.random.default_rng(SEED))
-    return float(result.pvalue)
+    return permutation.permutation_p(arms, statistic, upper)
 
 
 def stratified_p(strata: list[tuple[np.ndarray, np.ndarray]]) -> float:
@@ -168,11 +120,6 @@ def two_sided(values: np.ndarray, observed: float, extra: int) -> float:
     above = (np.sum(values >= observed - tolerance) + extra) / (len(values) + extra)
     below = (np.sum(values <= observed + tolerance) + extra) / (len(values) + extra)
     return float(min(1.0, 2 * min(above, below)))
-
-
-def _relabellings(sizes: list[int]) -> int:
-    """Distinct assignments of sum(sizes) runs to arms of these sizes (a multinomial coefficient)."""
-    return math.factorial(sum(sizes)) // math.prod(math.factorial(s) for s in sizes)
 
 
 def min_p(n: int, m: int) -> float:

@@ -4,15 +4,12 @@ happened by the run's last observation; it is never dropped and never counted as
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 from scipy import stats as st
 
-from hybrid_lightning.analysis.stats import EXACT_LIMIT, SEED, two_sided
-
-LOGRANK_PERMUTATIONS = 20_000  # random relabellings where the exact enumeration would be longer than EXACT_LIMIT
+from hybrid_lightning.analysis.permutation import permutation_test
 
 
 def censored(times: np.ndarray, events: np.ndarray) -> st.CensoredData:
@@ -25,39 +22,43 @@ def logrank_z(times: np.ndarray, events: np.ndarray, first: np.ndarray) -> np.nd
     """The log-rank z of ``scipy.stats.logrank`` (> 0: the first arm has its events earlier than expected)
     for many arrangements at once: ``first`` (A, N) bool marks the runs of the first arm in each arrangement
     of the N runs' (``times``, ``events``). (O - E) / sqrt(V) summed over the distinct event times; 0 where V
-    is 0 (no event at which both arms were at risk)."""
-    t, e = np.asarray(times, dtype=float), np.asarray(events, dtype=bool)
-    at = np.unique(t[e])
-    risk = (t[:, None] >= at[None]).astype(float)  # (N, J)
-    died = ((t[:, None] == at[None]) & e[:, None]).astype(float)
-    n, d = risk.sum(axis=0), died.sum(axis=0)  # (J,)
-    g = np.asarray(first, dtype=float)
-    n1, d1 = g @ risk, g @ died  # (A, J)
-    observed_minus_expected = (d1 - n1 * d / n).sum(axis=1)
+    is 0 (no event at which both arms were at risk). The runs sorted by time, the first arm's runs at risk and
+    its events at each event time are cumulative sums: O(A N)."""
+    order = np.argsort(np.asarray(times, dtype=float), kind="stable")
+    t, e = np.asarray(times, dtype=float)[order], np.asarray(events, dtype=bool)[order]
+    at = np.unique(t[e])  # (J,) the distinct event times
+    low, high = np.searchsorted(t, at, "left"), np.searchsorted(t, at, "right")  # runs [low, high) end at each
+    ended = np.r_[0, np.cumsum(e)]
+    n, d = (len(t) - low).astype(float)[:, None], (ended[high] - ended[low]).astype(float)[:, None]  # (J, 1)
+    g = np.asarray(first, dtype=float).T[order]  # (N, A): runs sorted by time, down the rows
+    n1 = np.cumsum(g[::-1], axis=0)[::-1][low]  # (J, A): first-arm runs with time >= each event time
+    died = np.cumsum(np.vstack([np.zeros((1, g.shape[1])), g * e[:, None]]), axis=0)  # (N + 1, A)
+    d1 = died[high] - died[low]
+    observed_minus_expected = (d1 - n1 * d / n).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        v = np.where(n > 1, n1 * (n - n1) * d * (n - d) / (n**2 * (n - 1)), 0.0).sum(axis=1)
+        v = np.where(n > 1, n1 * (n - n1) * d * (n - d) / (n**2 * (n - 1)), 0.0).sum(axis=0)
         return np.where(v > 0, observed_minus_expected / np.sqrt(np.where(v > 0, v, 1.0)), 0.0)
+
+
+def logrank_statistic(x: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """``logrank_z`` as a statistic of ``permutation.permutation_test``: x (..., 2, N) each run's (time,
+    event), codes (B, N) -> (..., B), arm 0 the first."""
+    out = np.empty(x.shape[:-2] + (len(codes),))
+    for i in np.ndindex(x.shape[:-2]):  # the experiments one by one: their event times differ
+        out[i] = logrank_z(x[i][0], x[i][1].astype(bool), codes == 0)
+    return out
 
 
 def logrank(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
     """(z, p) of the log-rank test of two arms of censored times, each (times, events): z as
     ``scipy.stats.logrank`` gives it (> 0: arm ``a`` has its events earlier), p two-sided from the
-    permutation distribution of z over relabellings of the runs between the arms (exact up to
-    ``EXACT_LIMIT``, else ``LOGRANK_PERMUTATIONS`` draws counted with the observed one): the asymptotic p
-    rejects 6-7% of true nulls at 3 and 5 seeds per arm. NaN where neither arm has an event."""
-    t, e = np.r_[a[0], b[0]].astype(float), np.r_[a[1], b[1]].astype(bool)
-    if not e.any():
+    permutation distribution of z over relabellings of the runs between the arms
+    (``permutation.permutation_test``, exact up to ``EXACT_LIMIT``): the asymptotic p rejects 6-7% of true
+    nulls at 3 and 5 seeds per arm. NaN where neither arm has an event."""
+    if not (np.asarray(a[1], dtype=bool).any() or np.asarray(b[1], dtype=bool).any()):
         return math.nan, math.nan
-    n, total = len(a[0]), len(t)
-    observed = float(logrank_z(t, e, (np.arange(total) < n)[None])[0])
-    if math.comb(total, n) <= EXACT_LIMIT:
-        first, extra = np.zeros((math.comb(total, n), total), bool), 0
-        for row, chosen in enumerate(itertools.combinations(range(total), n)):
-            first[row, list(chosen)] = True
-    else:
-        rng = np.random.default_rng(SEED)
-        first, extra = rng.permuted(np.tile(np.arange(total) < n, (LOGRANK_PERMUTATIONS, 1)), axis=1), 1
-    return observed, two_sided(logrank_z(t, e, first), observed, extra)
+    z, p = permutation_test([np.array(a, dtype=float), np.array(b, dtype=float)], logrank_statistic)
+    return float(z), float(p)
 
 
 def km_median(times: np.ndarray, events: np.ndarray) -> float:

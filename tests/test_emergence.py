@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 
-from hybrid_lightning.analysis.emergence import EQUIVALENCE_MARGIN, declared_steps
+from hybrid_lightning.analysis.emergence import CONVERGENCE, EQUIVALENCE_MARGIN, SPEED, declared_steps
 from hybrid_lightning.analysis.findings import verdicts as both
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.cli import main
@@ -147,10 +147,13 @@ def test_level_follows_the_sampling_error_and_retrieval_acc_is_not_tested(tmp_pa
 
 
 def test_no_family_no_speed_test(tmp_path):
-    """Full attention against one hybrid: no two hybrids differ only in their efficient layers."""
+    """Full attention against one hybrid: no two hybrids differ only in their efficient layers: the speed test
+    is not tested (and no convergence test is listed)."""
     arm(tmp_path, "w16", 3, window=16, token_acc=fast)
     arm(tmp_path, "full", 3, pattern="F", token_acc=slow)
-    assert_verdict(verdicts(tmp_path).loc["speed"], "not tested")
+    v = verdicts(tmp_path)
+    assert_verdict(v.loc[SPEED.name], "not tested")
+    assert CONVERGENCE.name not in v.index
 
 
 def test_recurrent_and_windowed_hybrids_form_one_family(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from hybrid_lightning.analysis import stats, survival
+from hybrid_lightning.analysis import permutation, stats, survival
 from hybrid_lightning.analysis.findings import findings
 from hybrid_lightning.analysis.findings import verdicts as both
 from hybrid_lightning.analysis.load import find_runs, load_runs
@@ -86,8 +86,8 @@ def test_logrank_z_of_every_arrangement_is_scipys():
 def test_monte_carlo_p_is_seeded_and_close_to_exact(monkeypatch):
     a, b = np.array([0.1, 0.5, 0.2, 0.9, 0.4, 0.3]), np.array([0.6, 0.8, 1.0, 0.7, 1.1, 0.35])
     exact = stats.permutation_p([a, b])
-    monkeypatch.setattr(stats, "EXACT_LIMIT", 10)
-    monkeypatch.setattr(stats, "PERMUTATIONS", 500)  # fewer than the 924 relabellings, or scipy enumerates them
+    monkeypatch.setattr(permutation, "EXACT_LIMIT", 10)
+    monkeypatch.setattr(permutation, "PERMUTATIONS", 500)  # fewer than the 924 relabellings
     mc = stats.permutation_p([a, b])
     assert mc == stats.permutation_p([a, b]) and mc == pytest.approx(exact, abs=0.02) and mc != exact
 

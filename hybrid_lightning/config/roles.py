@@ -50,6 +50,9 @@ def _roles() -> tuple[dict[str, str], dict[str, str]]:
 
 
 ROLES, SECTION_ROLES = _roles()  # flattened key -> role; tagged section -> role
+PARTS = tuple(name for name, f in RunConfig.model_fields.items()  # the run config's sections: model, data, train, eval
+              if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel))
+SET_BY_DATA = frozenset({"model.vocab_size"})  # model keys the data decides (null: the tokenizer's vocabulary)
 RESUMABLE_CHANGES = frozenset(k for k, r in ROLES.items() if r in (RESUMABLE, BOOKKEEPING))
 NOT_IDENTITY = frozenset(k for k, r in ROLES.items() if r in (BOOKKEEPING, LABEL))
 
@@ -61,6 +64,18 @@ def role_of(key: str) -> str:
         return ROLES[key]
     sections = [s for s in SECTION_ROLES if key.startswith(s + ".")]
     return SECTION_ROLES[max(sections, key=len)] if sections else IDENTITY
+
+
+def part_of(key: str) -> str:
+    """The section of the run config (``PARTS``) a flattened key lies in: ``model`` for the model built,
+    ``train`` for how it is trained, ...; "" for a key at the top (``seed``, ``name``)."""
+    section = key.split(".")[0]
+    return section if section in PARTS and "." in key else ""
+
+
+def set_by_data(key: str) -> bool:
+    """Whether ``key`` is decided by the data rather than chosen (``model.vocab_size``: the tokenizer's)."""
+    return key in SET_BY_DATA
 
 
 def may_change_on_resume(key: str) -> bool:

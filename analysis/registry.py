@@ -1,0 +1,30 @@
+"""The verdicts of ``analyze --findings`` (analysis/findings.py) and of the design check (``grid plan
+--verdicts``, analysis/design.py), one registration line each, in the order of ``findings.csv`` and of the
+check's table; the claims of the verdicts of one finding form its Holm family. A verdict is defined in one module
+(``verdict.Verdict``: docs/extending.md, "Adding a verdict") and registered here, or at run time by
+``register``."""
+
+from __future__ import annotations
+
+from hybrid_lightning.analysis import emergence, laziness, mechanism, nope
+from hybrid_lightning.analysis.verdict import Verdict
+
+VERDICTS: list[Verdict] = []
+
+
+def register(verdict: Verdict) -> Verdict:
+    """Adds ``verdict`` after those registered; a ``ValueError`` for a second one of the same finding and name."""
+    if any((v.finding, v.name) == (verdict.finding, verdict.name) for v in VERDICTS):
+        raise ValueError(f"verdict {verdict.name!r} of finding {verdict.finding!r} is registered already")
+    VERDICTS.append(verdict)
+    return verdict
+
+
+register(emergence.SPEED)
+register(emergence.CONVERGENCE)
+register(emergence.RETRIEVAL_ACC)
+register(mechanism.WHERE)
+register(mechanism.ABLATION)
+register(laziness.LAZINESS)
+register(nope.BEYOND)
+register(nope.COST)
