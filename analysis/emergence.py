@@ -58,14 +58,16 @@ F = "1. emergence speed"
 
 def speed_tests(runs: Runs) -> list[Test]:
     """The speed test of the probe score per family; not tested where there is no family or no score."""
-    return _per_family(runs, SPEED, lambda name, fam, values, tokens, level, _: _speed(name, fam, values, tokens, level),
-                       missing=True)
+    def judge(name, fam, values, tokens, level, _):
+        return _speed(name, fam, values, tokens, level)
+    return _per_family(runs, SPEED, judge, missing=True)
 
 
 def convergence_tests(runs: Runs) -> list[Test]:
     """The convergence test of the probe score per family whose runs logged it."""
-    return _per_family(runs, CONVERGENCE, lambda name, fam, values, _, __, errors: _convergence(name, fam, values, errors),
-                       missing=False)
+    def judge(name, fam, values, _, __, errors):
+        return _convergence(name, fam, values, errors)
+    return _per_family(runs, CONVERGENCE, judge, missing=False)
 
 
 def _per_family(runs: Runs, verdict: Verdict, judge, missing: bool) -> list[Test]:
@@ -90,7 +92,8 @@ def _per_family(runs: Runs, verdict: Verdict, judge, missing: bool) -> list[Test
         tokens = d.pivot_table(index="run", columns="step", values="tokens")
         level = SIGNAL_Z * errors.reindex(values.index)  # per run; NaN compares as never reached
         if not values.ge(level, axis=0).any(axis=None):
-            text = f"no run of {', '.join(fam.labels)} reaches {SIGNAL_Z:g} null standard errors (level up to {level.max():.3f})"
+            text = (f"no run of {', '.join(fam.labels)} reaches {SIGNAL_Z:g} null standard errors (level up to "
+                    f"{level.max():.3f})")
             out.append(Test(F, name, verdict="no signal", evidence=text))
             continue
         out.append(judge(name, fam, values, tokens, level, errors))
@@ -224,8 +227,9 @@ def _plan_speed(d: Design, models: Models) -> list[Planned]:
     for fam in fams:
         labels = list(fam.labels)
         effect, simulate = models(SPEED, labels, d.steps(labels[0], "eval"))
-        out.append(Planned(F, SPEED.named(fam.name if len(fams) > 1 else ""), f"{len(labels)} arms: " + ", ".join(labels),
-                           labels, d.seeds(labels), lambda s: at_least(s, [arms_floor(s)]), simulate, effect))
+        out.append(Planned(F, SPEED.named(fam.name if len(fams) > 1 else ""), f"{len(labels)} arms: "
+                           + ", ".join(labels), labels, d.seeds(labels), lambda s: at_least(s, [arms_floor(s)]),
+                           simulate, effect))
     return out
 
 
@@ -236,12 +240,12 @@ def _plan_convergence(d: Design, models: Models) -> list[Planned]:
         steps = d.steps(labels[0], "eval")
         ok = bool(declared_steps(list(steps)))
         effect, simulate = models(CONVERGENCE, labels, steps)
+        floors = (lambda s: [arms_floor(s), 0.0, arms_floor(s)]) if ok else (lambda s: [math.nan] * 3)
         out.append(Planned(F, CONVERGENCE.named(fam.name if len(fams) > 1 else ""), "gap at the declared mid "
-                           f"evaluation, equivalence within ±{EQUIVALENCE_MARGIN:g} at the end, apart at the end", labels,
-                           d.seeds(labels), lambda s, ok=ok: at_least(s, [arms_floor(s), 0.0, arms_floor(s)] if ok else
-                                                                      [math.nan] * 3),
-                           simulate, effect, needs="first two",
-                           why="" if ok else "fewer than three evaluations at the declared shares 0.5, 0.75, 1 of the budget"))
+                           f"evaluation, equivalence within ±{EQUIVALENCE_MARGIN:g} at the end, apart at the end",
+                           labels, d.seeds(labels), lambda s, floors=floors: at_least(s, floors(s)), simulate, effect,
+                           needs="first two", why="" if ok else ("fewer than three evaluations at the declared shares "
+                                                                 "0.5, 0.75, 1 of the budget")))
     return out
 
 
@@ -261,7 +265,8 @@ def _convergence_default(labels: list[str], _) -> pw.Model:
 def _convergence_passes(arms: tuple, alpha: float) -> np.ndarray:
     """A gap at mid and every pair equivalent at the end."""
     mid, end = arms
-    equal = np.all([pw.equivalent(a, b, EQUIVALENCE_MARGIN, alpha) for i, a in enumerate(end) for b in end[i + 1:]], axis=0)
+    equal = np.all([pw.equivalent(a, b, EQUIVALENCE_MARGIN, alpha) for i, a in enumerate(end) for b in end[i + 1:]],
+                   axis=0)
     return pw.passes_means(mid, alpha, 0) & equal
 
 

@@ -26,11 +26,11 @@ order there; the claims of the tests of one finding form its Holm family. The bu
    architecture, the top-K heads against same-layer non-retrieval heads of the held-out selection report;
    *laziness*, per family of SWA hybrids alike but for the window, log-rank tests of the first step with a
    retrieval head for good, adjacent windows, monotone.
-3. NoPE (analysis/nope.py). For each pair of architectures differing only in ``model.pos.full``: *beyond*, the score beyond the
-   training length conditioned on the score within it (per run beyond - within), NoPE minus RoPE (> 0), the
-   raw beyond score as context; *cost* on held-out natural text (``val/text_loss``, never probe-format or
-   synthetic documents), NoPE minus RoPE minus ``LOSS_COST`` (< 0: the cost is below ``LOSS_COST`` nats per
-   token).
+3. NoPE (analysis/nope.py). For each pair of architectures differing only in ``model.pos.full``: *beyond*, the
+   score beyond the training length conditioned on the score within it (per run beyond - within), NoPE minus
+   RoPE (> 0), the raw beyond score as context; *cost* on held-out natural text (``val/text_loss``, never
+   probe-format or synthetic documents), NoPE minus RoPE minus ``LOSS_COST`` (< 0: the cost is below
+   ``LOSS_COST`` nats per token).
 """
 
 from __future__ import annotations

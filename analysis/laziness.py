@@ -137,8 +137,9 @@ def _samples(pilot: Runs, runs: list[list[str]]) -> list | None:
     first = tables.first_heads(pilot.metrics[pilot.metrics["run"].isin(sum(runs, []))], pilot.configs).set_index("run")
     if any(not set(r) <= set(first.index) for r in runs):
         return None
-    return [((first.loc[r, "first_step"].fillna(first.loc[r, "scored_until"]) / first.loc[r, "scored_until"]).to_numpy(),
-             first.loc[r, "first_step"].notna().to_numpy()) for r in runs]
+    step, until = first["first_step"], first["scored_until"]
+    return [((step.loc[r].fillna(until.loc[r]) / until.loc[r]).to_numpy(), step.loc[r].notna().to_numpy())
+            for r in runs]
 
 
 LAZINESS = Verdict(F, "laziness", laziness_tests, _plan, _default, _passes, _samples)

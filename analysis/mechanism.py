@@ -216,13 +216,17 @@ def _plan_where(d: Design, _: Models) -> list[Planned]:
 
     def floor(s: list[int]) -> list[float]:
         n = dict(zip(labels, s))
-        runs = [(attention[label] * heads[label], len(full[label]) * heads[label]) for label in mixed for _ in range(n[label])]
-        head = stratified_floor([math.comb(h, m) for h, m in runs]) if sum(n[label] for label in mixed) >= MIN_SEEDS else math.nan
+        runs = [(attention[label] * heads[label], len(full[label]) * heads[label])
+                for label in mixed for _ in range(n[label])]
+        enough = sum(n[label] for label in mixed) >= MIN_SEEDS
+        head = stratified_floor([math.comb(h, m) for h, m in runs]) if enough else math.nan
         layer = [math.comb(sum(n[x] for x in a + b), sum(n[x] for x in a)) for a, b in strata.values()]
-        return [head, stratified_floor(layer) if layer and sum(n[x] for a, _ in strata.values() for x in a) >= MIN_SEEDS else math.nan]
+        enough = bool(layer) and sum(n[x] for a, _ in strata.values() for x in a) >= MIN_SEEDS
+        return [head, stratified_floor(layer) if enough else math.nan]
 
-    why = "" if strata else ("attention type confounded with depth: no window has a full layer that can copy (layer "
-                             "> 0) and, at the same index in another placement, a windowed layer that reaches a copy source")
+    why = "" if strata else ("attention type confounded with depth: no window has a full layer that can copy "
+                             "(layer > 0) and, at the same index in another placement, a windowed layer that reaches "
+                             "a copy source")
     return [Planned(F, WHERE.name, "head level and layer level (full vs windowed layers of one depth and "
                     "window)", labels, d.seeds(labels), floor, complete(floor), "complete separation", why=why)]
 
@@ -240,9 +244,8 @@ def _plan_ablation(d: Design, _: Models) -> list[Planned]:
 
         why = "" if k < heads else (f"the top-K (K={k}) fills a layer of {heads} heads wherever it lies in one: no "
                                     "same-layer control; testable only where it spans layers")
-        out.append(Planned(F, ABLATION.named(label), f"top-{k} heads vs {controls} same-layer "
-                           "non-retrieval draws", [label], d.seeds([label]), floor, complete(floor), "complete separation",
-                           why=why))
+        out.append(Planned(F, ABLATION.named(label), f"top-{k} heads vs {controls} same-layer non-retrieval draws",
+                           [label], d.seeds([label]), floor, complete(floor), "complete separation", why=why))
     return out
 
 

@@ -29,8 +29,10 @@ def _per_pair(runs: Runs, verdict: Verdict, test) -> list[Test]:
     c = runs.configs
     pairs = nope_pairs(c)
     if not pairs:
-        return [Test(F, verdict.name, verdict="not tested", evidence="no SWA hybrid pair differing only in model.pos.full")]
-    final = {tag: tables.final_values(runs.metrics, tag).set_index("run")["value"] for tag in (SCORE, SCORE_BEYOND, TEXT_LOSS)}
+        return [Test(F, verdict.name, verdict="not tested",
+                     evidence="no SWA hybrid pair differing only in model.pos.full")]
+    final = {tag: tables.final_values(runs.metrics, tag).set_index("run")["value"]
+             for tag in (SCORE, SCORE_BEYOND, TEXT_LOSS)}
     runs_of = c.groupby("label")["run"].agg(list)
     return [test(p, runs_of, final) for p in pairs]
 
@@ -40,23 +42,24 @@ def _beyond(pair: dict[str, str], runs_of: pd.Series, final: dict[str, pd.Series
     last evaluation), NoPE - RoPE: the claim; the raw beyond score beside it (context)."""
     name, text = BEYOND.named(pair["rope"]), f"{pair['nope']} vs {pair['rope']}"
     arms = {pos: pd.DataFrame({"within": final[SCORE].reindex(runs_of[pair[pos]]),
-                               "beyond": final[SCORE_BEYOND].reindex(runs_of[pair[pos]])}).dropna() for pos in ("nope", "rope")}
+                               "beyond": final[SCORE_BEYOND].reindex(runs_of[pair[pos]])}).dropna()
+            for pos in ("nope", "rope")}
     if any(a.empty for a in arms.values()):
         return Test(F, name, verdict="not tested", evidence=f"{text}: a run lacks {SCORE} or {SCORE_BEYOND}")
     nope, rope = arms["nope"], arms["rope"]
     conditioned = Comparison.of("NoPE - RoPE of (score beyond - score within)",
-                                [(nope["beyond"] - nope["within"]).to_numpy(), (rope["beyond"] - rope["within"]).to_numpy()], +1)
+                                [(a["beyond"] - a["within"]).to_numpy() for a in (nope, rope)], +1)
     raw = Comparison.of("NoPE - RoPE score beyond (raw)", [nope["beyond"].to_numpy(), rope["beyond"].to_numpy()], +1)
     raw.claim = False
-    return Test(F, name, [conditioned, raw], f"{text}: score within the training length NoPE {nope['within'].mean():.3f} vs "
-                f"RoPE {rope['within'].mean():.3f}, beyond it NoPE {nope['beyond'].mean():.3f} vs RoPE "
-                f"{rope['beyond'].mean():.3f}: extrapolation is judged on beyond - within, the raw beyond score shown beside it",
-                combine=lambda decided: decided[0])
+    return Test(F, name, [conditioned, raw], f"{text}: score within the training length NoPE "
+                f"{nope['within'].mean():.3f} vs RoPE {rope['within'].mean():.3f}, beyond it NoPE "
+                f"{nope['beyond'].mean():.3f} vs RoPE {rope['beyond'].mean():.3f}: extrapolation is judged on beyond - "
+                "within, the raw beyond score shown beside it", combine=lambda decided: decided[0])
 
 
 def _cost(pair: dict[str, str], runs_of: pd.Series, final: dict[str, pd.Series]) -> Test:
     name, text, loss = COST.named(pair["rope"]), f"{pair['nope']} vs {pair['rope']}", final[TEXT_LOSS]
-    nl, rl = loss.reindex(runs_of[pair["nope"]]).dropna().to_numpy(), loss.reindex(runs_of[pair["rope"]]).dropna().to_numpy()
+    nl, rl = (loss.reindex(runs_of[pair[pos]]).dropna().to_numpy() for pos in ("nope", "rope"))
     if not (len(nl) and len(rl)):
         return Test(F, name, verdict="not tested", evidence=f"{text}: a run lacks {TEXT_LOSS} (the loss on held-out "
                     "natural text; val/loss is on data.files, which may be probe documents)")
@@ -99,9 +102,9 @@ def _cost_samples(pilot: Runs, runs: list[list[str]]) -> list | None:
 
 BEYOND = Verdict(F, "beyond", lambda runs: _per_pair(runs, BEYOND, _beyond),
                  lambda d, models: _plans(BEYOND, "NoPE - RoPE of (score beyond - score within)", d, models),
-                 lambda labels, _: pw.normal([0.0, pw.DEFAULT_EFFECT]), lambda arms, alpha: pw.passes_means(arms, alpha, 1),
-                 _beyond_samples)
+                 lambda labels, _: pw.normal([0.0, pw.DEFAULT_EFFECT]),
+                 lambda arms, alpha: pw.passes_means(arms, alpha, 1), _beyond_samples)
 COST = Verdict(F, "cost", lambda runs: _per_pair(runs, COST, _cost),
                lambda d, models: _plans(COST, f"NoPE - RoPE {TEXT_LOSS} - {LOSS_COST:g} nats", d, models),
-               lambda labels, _: pw.normal([0.0, -pw.DEFAULT_EFFECT]), lambda arms, alpha: pw.passes_means(arms, alpha, -1),
-               _cost_samples)
+               lambda labels, _: pw.normal([0.0, -pw.DEFAULT_EFFECT]),
+               lambda arms, alpha: pw.passes_means(arms, alpha, -1), _cost_samples)

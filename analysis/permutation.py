@@ -65,7 +65,7 @@ def _relabellings(sizes: tuple[int, ...], limit: int, draws: int) -> tuple[np.nd
         codes, exact = np.full((1, len(base)), -1), True
         for g, n in enumerate(sizes):  # place each arm in turn: every choice of its runs among those still free
             free = np.nonzero(codes < 0)[1].reshape(len(codes), -1)  # (R, F), the same F in every row
-            choices = np.array(list(itertools.combinations(range(free.shape[1]), n)), dtype=int).reshape(-1, n)  # (C, n)
+            choices = np.array(list(itertools.combinations(range(free.shape[1]), n)), dtype=int).reshape(-1, n)  # (C,n)
             chosen = free[:, choices].reshape(-1, n)  # (R * C, n)
             codes = np.repeat(codes, len(choices), axis=0)
             codes[np.arange(len(codes))[:, None], chosen] = g

@@ -20,7 +20,7 @@ from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import EXACT_LIMIT, MIN_SEEDS, PERMUTATIONS, Test, min_p
 from hybrid_lightning.runplan import RunPlan
 
-TOP_K, CONTROLS = 2, 20  # the ablation the replica runs (heads --mask-top 2 --controls 20); a pilot's own K where it has one
+TOP_K, CONTROLS = 2, 20  # the replica's ablation (heads --mask-top 2 --controls 20); a pilot's own K where it has one
 MC_FLOOR = 2 / (PERMUTATIONS + 1)  # a two-sided Monte-Carlo p cannot fall below this
 
 Floor = Callable[[list[int]], list[float]]  # seeds per arm -> the smallest p of each claim (NaN: cannot be made)

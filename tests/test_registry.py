@@ -91,7 +91,8 @@ def test_the_permutation_test_gives_scipys_p(sizes, upper, monkeypatch):
 
     monkeypatch.setattr(permutation, "EXACT_LIMIT", limit)
     p = permutation.permutation_p(arms, statistic, upper)
-    scipy_p = st.permutation_test(arms, theirs, vectorized=True, n_resamples=np.inf if exact else permutation.PERMUTATIONS,
+    resamples = np.inf if exact else permutation.PERMUTATIONS
+    scipy_p = st.permutation_test(arms, theirs, vectorized=True, n_resamples=resamples,
                                   alternative="greater" if upper else "two-sided",
                                   rng=np.random.default_rng(permutation.SEED)).pvalue
     assert permutation.relabellings(sizes)[1] == exact and p == pytest.approx(scipy_p, rel=1e-12)
