@@ -74,8 +74,3 @@ def _shared(labels: tuple[str, ...]) -> str:
     """The words every label has (``EEEF pos.full=rope``), else ``hybrids``."""
     words = [w for w in labels[0].split() if all(w in label.split() for label in labels[1:])]
     return " ".join(words) or "hybrids"
-
-
-def named(test: str, family: Family, count: int) -> str:
-    """A test's name: ``test`` alone where there is one family, else ``test: <family name>``."""
-    return test if count == 1 else f"{test}: {family.name}"

@@ -39,7 +39,7 @@ from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.units import format_table
 
 
-def warnings(d: Design, k: int) -> list[str]:
+def warnings(d: Design) -> list[str]:
     """Controls that cannot do their job: a hybrid whose only full layers sit where no head can copy (layer 0:
     its keys hold no previous-token information), windows that no head-probe copy source lies inside, a top-K
     as large as a layer."""
@@ -53,8 +53,8 @@ def warnings(d: Design, k: int) -> list[str]:
             out.append(f"{label}: no windowed head can reach a copy source of the head probes (the nearest lies "
                        f"{d.nearest(label)} tokens back; a window needs {d.nearest(label) + 1} or more)")
         heads = int(d.value(label, "model.n_heads"))
-        if plan.full_layers and k >= heads:
-            out.append(f"{label}: top-K {k} >= {heads} heads per layer: a top-K inside one layer is the whole layer")
+        if plan.full_layers and d.top_k >= heads:
+            out.append(f"{label}: top-K {d.top_k} >= {heads} heads per layer: a top-K inside one layer is the whole layer")
     return list(dict.fromkeys(out))
 
 
@@ -115,5 +115,5 @@ def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | Non
         models, source = pilot_models(runs, configs), f"from the {len(runs.configs)} pilot runs in {pilot}; ablation K={k}"
     d = Design(configs, {name: plan for name, _, plan in cells}, k, CONTROLS)
     tests = [t for verdict in registry.VERDICTS if verdict.plan is not None for t in verdict.plan(d, models)]
-    rows, warned = [row(t) for t in plan_tests(tests)], warnings(d, k)
+    rows, warned = [row(t) for t in plan_tests(tests)], warnings(d)
     return json.dumps({"tests": rows, "warnings": warned, "effects": source}, indent=1) if as_json else report(rows, warned, source)

@@ -11,6 +11,8 @@ from scipy import stats as st
 
 from hybrid_lightning.analysis.permutation import permutation_test
 
+GROUP = 50_000  # experiments x relabellings whose log-rank sums are held in memory at once (x event times)
+
 
 def censored(times: np.ndarray, events: np.ndarray) -> st.CensoredData:
     """Event times (``events`` true) and right-censoring times (false) as scipy's ``CensoredData``."""
@@ -22,31 +24,39 @@ def logrank_z(times: np.ndarray, events: np.ndarray, first: np.ndarray) -> np.nd
     """The log-rank z of ``scipy.stats.logrank`` (> 0: the first arm has its events earlier than expected)
     for many arrangements at once: ``first`` (A, N) bool marks the runs of the first arm in each arrangement
     of the N runs' (``times``, ``events``). (O - E) / sqrt(V) summed over the distinct event times; 0 where V
-    is 0 (no event at which both arms were at risk). The runs sorted by time, the first arm's runs at risk and
-    its events at each event time are cumulative sums: O(A N)."""
-    order = np.argsort(np.asarray(times, dtype=float), kind="stable")
-    t, e = np.asarray(times, dtype=float)[order], np.asarray(events, dtype=bool)[order]
-    at = np.unique(t[e])  # (J,) the distinct event times
-    low, high = np.searchsorted(t, at, "left"), np.searchsorted(t, at, "right")  # runs [low, high) end at each
-    ended = np.r_[0, np.cumsum(e)]
-    n, d = (len(t) - low).astype(float)[:, None], (ended[high] - ended[low]).astype(float)[:, None]  # (J, 1)
-    g = np.asarray(first, dtype=float).T[order]  # (N, A): runs sorted by time, down the rows
-    n1 = np.cumsum(g[::-1], axis=0)[::-1][low]  # (J, A): first-arm runs with time >= each event time
-    died = np.cumsum(np.vstack([np.zeros((1, g.shape[1])), g * e[:, None]]), axis=0)  # (N + 1, A)
-    d1 = died[high] - died[low]
-    observed_minus_expected = (d1 - n1 * d / n).sum(axis=0)
+    is 0 (no event at which both arms were at risk)."""
+    return _z(np.asarray(times, dtype=float)[None], np.asarray(events, dtype=bool)[None], np.asarray(first))[0]
+
+
+def _z(t: np.ndarray, e: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """``logrank_z`` of R experiments at once: t, e (R, N), first (A, N) -> (R, A). Each experiment's
+    distinct event times (R, J), padded with inf where it has fewer; the first arm's runs at risk and events
+    at each are one matrix product over the runs."""
+    ends = np.sort(np.where(e, t, np.inf), axis=1)
+    ends[:, 1:][ends[:, 1:] == ends[:, :-1]] = np.inf  # each distinct event time once
+    at = np.sort(ends, axis=1)[:, :max(1, int(np.isfinite(ends).sum(axis=1).max()))]  # (R, J)
+    risk = (t[:, :, None] >= at[:, None, :]).astype(float)  # (R, N, J)
+    n = risk.sum(axis=1)  # (R, J) at risk, and ended with an event, at each event time
+    d = (e[:, :, None] & (t[:, :, None] == at[:, None, :])).sum(axis=1).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        v = np.where(n > 1, n1 * (n - n1) * d * (n - d) / (n**2 * (n - 1)), 0.0).sum(axis=0)
-        return np.where(v > 0, observed_minus_expected / np.sqrt(np.where(v > 0, v, 1.0)), 0.0)
+        expected = np.where(n > 0, d / n, 0.0)  # O - E = the first arm's events - sum_j n1 d / n
+        c = np.where(n > 1, d * (n - d) / (n**2 * (n - 1)), 0.0)  # V = sum_j n1 (n - n1) c
+    g = first.astype(float)  # (A, N)
+    n1 = np.einsum("an,rnj->raj", g, risk, optimize=True)  # (R, A, J) first-arm runs at risk
+    observed_minus_expected = (e.astype(float) @ g.T) - np.einsum("raj,rj->ra", n1, expected)
+    v = np.einsum("raj,rj->ra", n1, n * c) - np.einsum("raj,rj->ra", n1**2, c)
+    v = np.where(v > 1e-12 * np.einsum("raj,rj->ra", n1, n * c), v, 0.0)  # 0 up to rounding: no comparison
+    return np.where(v > 0, observed_minus_expected / np.sqrt(np.where(v > 0, v, 1.0)), 0.0)
 
 
 def logrank_statistic(x: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """``logrank_z`` as a statistic of ``permutation.permutation_test``: x (..., 2, N) each run's (time,
-    event), codes (B, N) -> (..., B), arm 0 the first."""
-    out = np.empty(x.shape[:-2] + (len(codes),))
-    for i in np.ndindex(x.shape[:-2]):  # the experiments one by one: their event times differ
-        out[i] = logrank_z(x[i][0], x[i][1].astype(bool), codes == 0)
-    return out
+    event), codes (B, N) -> (..., B), arm 0 the first; the experiments in groups of at most ``GROUP``
+    experiment-relabelling pairs."""
+    t, e = x[..., 0, :].reshape(-1, x.shape[-1]), x[..., 1, :].reshape(-1, x.shape[-1]).astype(bool)
+    step = max(1, GROUP // len(codes))
+    z = np.concatenate([_z(t[i:i + step], e[i:i + step], codes == 0) for i in range(0, len(t), step)])
+    return z.reshape(x.shape[:-2] + (len(codes),))
 
 
 def logrank(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:

@@ -17,7 +17,8 @@ import pandas as pd
 
 from hybrid_lightning.analysis import power as pw
 from hybrid_lightning.analysis.load import Runs
-from hybrid_lightning.analysis.stats import EXACT_LIMIT, MIN_SEEDS, PERMUTATIONS, Test, min_p
+from hybrid_lightning.analysis.permutation import EXACT_LIMIT, PERMUTATIONS
+from hybrid_lightning.analysis.stats import MIN_SEEDS, Test, min_p
 from hybrid_lightning.runplan import RunPlan
 
 TOP_K, CONTROLS = 2, 20  # the replica's ablation (heads --mask-top 2 --controls 20); a pilot's own K where it has one
@@ -116,6 +117,7 @@ class Design:
         """Whether the arm's windowed heads can reach a copy source of the head probes."""
         window, nearest = self.plan(label).window, self.nearest(label)
         return window is None or nearest is None or window - 1 >= nearest
+
 
 # (verdict, its arms' labels, evaluation steps as shares of the budget or None) -> (the effect in words, power)
 Models = Callable[["Verdict", list[str], "np.ndarray | None"], tuple[str, pw.Simulate]]
