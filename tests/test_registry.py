@@ -112,10 +112,13 @@ def test_the_planner_and_the_verdicts_give_one_p():
         c.p_adj = c.p
     assert (power.passes_means(two, 0.05, +1) == [c.verdict()[0] == "reproduced" for c in comparisons]).all()
 
-    six = [a[:5] for a in power.normal([0.0, 0.0, 0.0, 0.0, 0.0, 2.0]).draw(rng, [4] * 6)]
+    six = [a[:40] for a in power.normal([0.0, 0.0, 0.0, 0.0, 0.0, 1.5]).draw(rng, [4] * 6)]
     planner = permutation.permutation_p(six, permutation.spread, upper=True)
-    verdicts = [Comparison.among("arms", {str(i): a[r] for i, a in enumerate(six)}).p for r in range(5)]
+    verdicts = np.array([Comparison.among("arms", {str(i): a[r] for i, a in enumerate(six)}).p for r in range(40)])
     assert planner == pytest.approx(verdicts, rel=1e-12)
+    for alpha in (0.001, 0.005, 0.02, 0.05, 0.2):  # the planner's rule passes where the verdict's p is below alpha
+        assert (power.passes_means(six, alpha, 0) == (verdicts < alpha)).all()
+    assert 0 < (verdicts < 0.05).sum() < 40
 
     a, b = power.censored([0.0, 2.0], np.linspace(0.1, 1.0, 10)).draw(rng, [4, 5])
     z, p = permutation.permutation_test([np.stack(a, axis=1)[:8], np.stack(b, axis=1)[:8]], survival.logrank_statistic)
