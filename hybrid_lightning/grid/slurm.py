@@ -280,7 +280,8 @@ def submit_slurm(grid: Grid, cells: list[Cell], profile: dict, say: Callable[[st
         executor = _executor(folder, profile, resources, grid.name)
         try:
             with executor.batch():
-                jobs = [executor.submit(CellJob(c.name, str(c.run_dir), config_to_dict(c.config), grace_s)) for c in group]
+                jobs = [executor.submit(CellJob(c.name, str(c.run_dir), config_to_dict(c.config), grace_s,
+                                                c.plan and c.plan.as_dict())) for c in group]
         except FailedJobError as e:  # sbatch's own message, e.g. an invalid partition or account
             raise ValueError(f"sbatch refused the jobs of {len(group)} cell(s): {str(e).strip()}") from None
         add_records(grid, {

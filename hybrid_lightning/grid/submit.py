@@ -9,7 +9,7 @@ from pathlib import Path
 from hybrid_lightning.grid.executor import executor_class
 from hybrid_lightning.grid.slurm import SlurmExecutor
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, write_jobs
+from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, record_plan, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.training.cluster import check_cpu_devices
 from hybrid_lightning.training.resume import check_same_run
@@ -54,6 +54,8 @@ def submit_grid(
         summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         say(f"grid {grid.name}: {len(rows)} cells ({summary}); {len(todo)} to submit; run directories in {grid.root}")
         if todo:
+            for cell in todo:  # each job checks the plan it makes against this one
+                record_plan(grid, cell)
             runner.submit(grid, todo, say)
         write_hparams(grid)
     return runner.run(grid, todo, say) if todo else 0
