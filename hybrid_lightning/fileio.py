@@ -250,7 +250,8 @@ class RunLock:
     def acquire(self) -> None:
         self._created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid()), **owner_identity()}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid()),
+              **owner_identity()}
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:

@@ -143,8 +143,8 @@ def test_piecewise_evaluation_equals_one_forward():
     cfg = eval_config(tasks=["passkey", "niah_single_2"], lengths=[700], depths=[0.0, 1.0], samples=1,
                       position_sequences=1, position_length=300)
     one = LongContextEval(cfg, TOK, HELD_OUT, window=32).run(model, step=3, tokens=10)
-    pieces = LongContextEval(cfg.model_copy(update={"chunk_tokens": 97, "batch_size": 3}), TOK, HELD_OUT, window=32).run(
-        model, step=3, tokens=10)
+    pieces_cfg = cfg.model_copy(update={"chunk_tokens": 97, "batch_size": 3})
+    pieces = LongContextEval(pieces_cfg, TOK, HELD_OUT, window=32).run(model, step=3, tokens=10)
     assert_reports_close(one, pieces, rel=1e-6)  # logits are cast to float32 for the loss
 
 

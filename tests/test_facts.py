@@ -96,9 +96,10 @@ def test_an_older_run_takes_its_processes_from_its_config_not_its_records(tmp_pa
     assert plan.rebuilt and plan.budget.world_size == 2
 
 
-@pytest.mark.parametrize("fraction, text, sets", [(0.0, False, [VAL_HELD_OUT]), (0.1, False, [VAL_HELD_OUT, VAL_SYNTHETIC]),
-                                                  (0.0, True, [VAL_HELD_OUT, VAL_TEXT]),
-                                                  (0.1, True, [VAL_HELD_OUT, VAL_SYNTHETIC, VAL_TEXT])])
+@pytest.mark.parametrize("fraction, text, sets", [
+    (0.0, False, [VAL_HELD_OUT]), (0.1, False, [VAL_HELD_OUT, VAL_SYNTHETIC]), (0.0, True, [VAL_HELD_OUT, VAL_TEXT]),
+    (0.1, True, [VAL_HELD_OUT, VAL_SYNTHETIC, VAL_TEXT]),
+])
 def test_the_data_module_names_its_validation_sets_in_the_loaders_order(tmp_path, fraction, text, sets):
     doc = tmp_path / "val.txt"
     doc.write_text("plain text for the natural validation set. " * 200)
@@ -133,3 +134,22 @@ def test_a_job_takes_over_the_lock_of_its_earlier_start_by_the_identity_its_exec
         set_job_identity({})
         earlier.release()
     assert owner_identity() == {}
+
+
+def test_the_set_routing_and_the_plan_check_are_asked_of_the_executor(tmp_path):
+    """``--set`` items outside the run config are the parameters of an executor that takes a profile; one that
+    takes none refuses them; ``grid plan`` without ``--executor`` picks by whether a profile is given."""
+    from hybrid_lightning.grid.executor import executor_for
+    from hybrid_lightning.grid.slurm import SlurmExecutor
+
+    items = ["train.max_steps=5", "seed=1", "timeout_min=60"]
+    assert SlurmExecutor.split_set(items) == (["train.max_steps=5", "seed=1"], ["timeout_min=60"])
+    with pytest.raises(ValueError, match="--set timeout_min=60: not a key of the run config .* executor local takes no"):
+        LocalExecutor.split_set(items)
+    assert executor_for(None, None, items[:2]) is LocalExecutor
+    assert executor_for(None, None, items) is executor_for(None, tmp_path / "p.yaml") is SlurmExecutor
+    assert executor_for("local", tmp_path / "p.yaml") is LocalExecutor
+    base = {**TINY_BASE, "train": {**TINY_BASE["train"], "accelerator": "cpu", "devices": 64}}
+    grid = load_grid(write_grid(tmp_path, base=base, axes={"seed": [0]}), resolve=False)
+    with pytest.raises(ValueError, match="cell seed=0: train.devices=64 on CPU"):
+        LocalExecutor().check_plan(grid.cells)

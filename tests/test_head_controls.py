@@ -123,8 +123,8 @@ def test_top_k_against_layer_matched_draws_gives_the_known_p():
     model = copier(s.distance())
     scored = RetrievalHeads(cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)
     cfg = cfg.model_copy(update={"heads": cfg.heads.model_copy(update={"selection_seed": cfg.seed})})
-    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, controls=20, seed=3, step=0, tokens=0, run_key=5,
-                   window=WINDOW)
+    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, controls=20, seed=3, step=0, tokens=0,
+                    run_key=5, window=WINDOW)
     test, nonretrieval = out["ablation_tests"]
     draws = layer_matched_draws(scored, [(2, COPY_HEAD)], 20, seed=[3, 5, 0])  # seeded by the seed, the run and the step
     assert all(layer == 2 and head != COPY_HEAD for d in draws for layer, head in d) and len({tuple(d) for d in draws}) > 1

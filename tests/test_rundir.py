@@ -1,5 +1,5 @@
-"""The run directory's evaluation records (hybrid_lightning/rundir.py): paths, listing and the one writer
-that the evaluation callbacks and the offline commands share."""
+"""The run directory's evaluation records (hybrid_lightning/rundir/__init__.py, rundir/evals.py): paths, listing
+and the one writer that the evaluation callbacks and the offline commands share."""
 
 import json
 

@@ -62,7 +62,8 @@ def test_console_files_tensorboard_status_and_analysis_count_the_same_steps(tmp_
 def test_older_plans_number_steps_by_index(tmp_path):
     _, plan = plan_run(load_config(None, TINY[1::2]))
     assert plan.step_numbering == STEPS_COMPLETED and plan.tokens_at_recorded(10) == 10 * 8 * 128
-    older = plan_of_record({k: v for k, v in plan.as_dict().items() if k != "step_numbering"} | {"version": 1}, "plan.json")
+    version_1 = {k: v for k, v in plan.as_dict().items() if k != "step_numbering"} | {"version": 1}
+    older = plan_of_record(version_1, "plan.json")
     assert older.step_numbering == STEPS_INDEXED and older.tokens_at_recorded(9) == 10 * 8 * 128
     # a run written before plan.json (a config.yaml alone): rebuilt, by index, its tokens as analysis always read them
     run = tmp_path / "run"

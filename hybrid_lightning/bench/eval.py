@@ -46,11 +46,13 @@ def run(quick: bool) -> dict:
     train_step()  # warm-up
     step = _median_seconds(train_step, 5 if quick else 20)
     e, h = cfg.eval, cfg.eval.heads
-    probes = LongContextEval(e.model_copy(update={"position_sequences": 0}), data.tokenizer, data.val_tokens, window=plan.window)
+    probes = LongContextEval(e.model_copy(update={"position_sequences": 0}), data.tokenizer, data.val_tokens,
+                             window=plan.window)
     calls = {  # measure -> one call
         f"eval call at the defaults without generation ({len(e.tasks)} tasks x lengths {list(e.lengths)} x "
         f"{len(e.depths)} depths, {e.position_sequences} held-out sequences of {e.position_len})":
-            functools.partial(LongContextEval(e, data.tokenizer, data.val_tokens, window=plan.window).run, generate=False),
+            functools.partial(LongContextEval(e, data.tokenizer, data.val_tokens, window=plan.window).run,
+                              generate=False),
         "  probes only": functools.partial(probes.run, generate=False),
         "  per-position loss and LongPPL only": LongContextEval(e.model_copy(update={"tasks": ()}), data.tokenizer,
                                                                data.val_tokens, window=plan.window).run,

@@ -24,7 +24,9 @@ from hybrid_lightning.config import dump_config
 from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.grid.state import CELLS_DIR, add_records, cell_plan_path, cell_states, lock, now, read_jobs, write_jobs
+from hybrid_lightning.grid.state import (
+    CELLS_DIR, add_records, cell_plan_path, cell_states, lock, now, read_jobs, write_jobs,
+)
 from hybrid_lightning.grid.tensorboard import write_seed_runs
 from hybrid_lightning.training.cluster import check_cpu_devices, trains_on_cpu_here
 from hybrid_lightning.training.threads import share
@@ -58,6 +60,16 @@ class LocalExecutor(Executor):
                 check_cpu_devices(train, trains_on_cpu_here(train))
             except ValueError as e:
                 raise ValueError(f"cell {cell.name}: {e}") from None
+
+    def check_plan(self, cells: list[Cell]) -> str | None:
+        """On this machine's cores, for cells with ``train.accelerator: cpu`` (``auto`` means the GPUs of wherever
+        it runs)."""
+        for cell in cells:
+            try:
+                check_cpu_devices(cell.config.train)
+            except ValueError as e:
+                raise ValueError(f"cell {cell.name}: {e}") from None
+        return None
 
     def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
         """Claims ``cells`` for this process and writes their config files."""

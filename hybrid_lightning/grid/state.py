@@ -125,7 +125,9 @@ def planned_steps(grid: Grid, cell: Cell) -> int | None:
         return cell.config.train.max_steps
     recorded = cell_plan_path(grid, cell)
     try:
-        plan = plan_from_dict(json.loads(recorded.read_text()), str(recorded)) if recorded.is_file() else read_plan(cell.run_dir)
+        if recorded.is_file():
+            return plan_from_dict(json.loads(recorded.read_text()), str(recorded)).budget.max_steps
+        plan = read_plan(cell.run_dir)
     except ValueError:  # neither submitted nor trained yet
         return None
     return plan.budget.max_steps

@@ -120,10 +120,12 @@ def check_planned(cfg: RunConfig, plan: RunPlan, planned: Mapping) -> None:
     differing = {k: v for k, v in plan_differences(plan.as_dict(), planned).items()
                  if not (machine and k.startswith(machine))}
     if differing:
-        shown = "; ".join(f"{k}: {then!r} when submitted, {here!r} here" for k, (here, then) in list(differing.items())[:6])
+        shown = "; ".join(f"{k}: {then!r} when submitted, {here!r} here"
+                          for k, (here, then) in list(differing.items())[:6])
         more = f" and {len(differing) - 6} more" if len(differing) > 6 else ""
-        raise ValueError(f"the run plan made here differs from the one made when the run was submitted ({shown}{more}); "
-                         f"is another hybrid-lightning version ({__version__} here) or tokenizer installed where it runs?")
+        raise ValueError(f"the run plan made here differs from the one made when the run was submitted "
+                         f"({shown}{more}); is another hybrid-lightning version ({__version__} here) or tokenizer "
+                         "installed where it runs?")
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -169,8 +171,8 @@ def param_table(plan: RunPlan) -> str:
 
 def read_run(run_dir: Path) -> tuple[RunConfig, RunPlan]:
     """A run directory's config and plan, to build its model from: for a run written before plans were recorded
-    (``rundir.legacy.rebuilt_plan`` rebuilds only its layout), the plan made from its config here, numbering steps as the
-    run did."""
+    (``rundir.legacy.rebuilt_plan`` rebuilds only its layout), the plan made from its config here, numbering steps
+    as the run did."""
     from hybrid_lightning.rundir.files import read_plan, read_run_config
 
     cfg, plan = read_run_config(run_dir), read_plan(run_dir)

@@ -47,7 +47,8 @@ def given_checkpoint(path: str | Path) -> Path:
     if not path.is_file():
         raise ValueError(f"--ckpt: {'file not found' if not path.exists() else 'not a regular file'}: {path}")
     if not checkpoint_is_valid(path):
-        raise ValueError(f"--ckpt: {path} is not a whole checkpoint (not a torch zip archive, empty, truncated or damaged)")
+        raise ValueError(f"--ckpt: {path} is not a whole checkpoint (not a torch zip archive, empty, truncated or "
+                         "damaged)")
     return path
 
 

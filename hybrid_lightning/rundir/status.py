@@ -24,7 +24,8 @@ def read_status(run_dir: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        return {"state": "damaged", "error": f"{path} does not read as a run status ({e}); training the run rewrites it"}
+        error = f"{path} does not read as a run status ({e}); training the run rewrites it"
+        return {"state": "damaged", "error": error}
     pid, host = int(status.get("pid") or 0), status.get("host")
     if status.get("state") == "running" and host == socket.gethostname() and not pid_alive(pid, status.get("started")):
         status.update(state="interrupted", error=f"killed: its process (pid {pid} on {host}) ended without a word")

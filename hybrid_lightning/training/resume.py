@@ -20,7 +20,8 @@ from hybrid_lightning.rundir.legacy import check_resumable
 
 @dataclass(frozen=True)
 class Resume:
-    """The checkpoint a rerun resumes from: its path and step, and what it stored (``rundir.checkpoints.read_checkpoint_meta``)."""
+    """The checkpoint a rerun resumes from: its path and step, and what it stored
+    (``rundir.checkpoints.read_checkpoint_meta``)."""
 
     path: Path
     step: int
