@@ -1,6 +1,6 @@
 """Run directories into tidy tables. Reads only the run-directory contract (docs/run-directory.md;
 its paths and readers are ``hybrid_lightning.rundir``'s): ``config.yaml`` with its provenance, the run
-plan (``plan.json``: the layers, parameter counts and tokens; ``rundir.read_plan``), ``status.json``, the
+plan (``plan.json``: the layers, parameter counts and tokens; ``rundir.files.read_plan``), ``status.json``, the
 TensorBoard scalars and ``eval/*.json``. An architecture is what the plan says, not how the config spelled
 it: ``SSSF`` and ``EEEF`` with ``model.mixer: swa`` are one.
 
@@ -28,18 +28,11 @@ from hybrid_lightning.config.roles import is_identity
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.records import Tag, columns
 from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
-from hybrid_lightning.rundir import (
-    CONFIG_FILE,
-    DATA_KEY,
-    SCALARS_FILE,
-    eval_files,
-    find_runs,
-    read_config_dict,
-    read_eval_record,
-    read_events,
-    read_plan,
-    read_status,
-)
+from hybrid_lightning.rundir import CONFIG_FILE, DATA_KEY, SCALARS_FILE, eval_files, find_runs
+from hybrid_lightning.rundir.evals import read_eval_record
+from hybrid_lightning.rundir.events import read_events
+from hybrid_lightning.rundir.files import read_config_dict, read_plan
+from hybrid_lightning.rundir.status import read_status
 
 # TensorBoard scalars read by default; the others are skipped while reading.
 TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC)

@@ -18,8 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybrid_lightning.fileio import overlap, write_atomic
-from hybrid_lightning.rundir import (CONFIG_FILE, EVAL_DIR, PLAN_FILE, SCALARS_FILE, STATUS_FILE, eval_files, find_runs, read_status,
-                                    runs_under)
+from hybrid_lightning.rundir import (
+    CONFIG_FILE,
+    EVAL_DIR,
+    PLAN_FILE,
+    SCALARS_FILE,
+    STATUS_FILE,
+    eval_files,
+    find_runs,
+    runs_under,
+)
+from hybrid_lightning.rundir.status import read_status
 
 PACKED = (CONFIG_FILE, PLAN_FILE, STATUS_FILE, SCALARS_FILE)  # with eval/<record>.json: every file a packed run holds
 

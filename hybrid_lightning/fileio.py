@@ -12,7 +12,7 @@ import json
 import os
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -186,21 +186,44 @@ def pid_alive(pid: int | None, started: str | None = None) -> bool:
     return now is not None and (started is None or now == started)
 
 
+# The identity of this process's scheduler job (e.g. ``{"slurm_job_id": "12"}``), set by the executor that started it
+# (``set_job_identity``); empty outside a scheduler's job. Recorded in the lock and the run's status.
+_JOB_IDENTITY: dict[str, str] = {}
+
+
+def set_job_identity(identity: Mapping[str, str]) -> None:
+    """Records the scheduler job this process runs in (the executor's fields and values, e.g. its job id): a lock
+    held under the same identity is an earlier start of this job, which the scheduler has ended (``RunLock``)."""
+    _JOB_IDENTITY.clear()
+    _JOB_IDENTITY.update(identity)
+
+
+def owner_identity() -> dict[str, str]:
+    """The scheduler job this process runs in (``set_job_identity``), ``{}`` outside one."""
+    return dict(_JOB_IDENTITY)
+
+
+def _same_job(holder: Mapping, me: Mapping) -> bool:
+    """Whether the lock's recorded ``holder`` ran in this process's scheduler job."""
+    job = {k: v for k, v in me.items() if k in _JOB_IDENTITY}
+    return bool(job) and all(holder.get(k) == v for k, v in job.items())
+
+
 def _describe_holder(holder: dict) -> str:
-    job = f", SLURM job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
+    job = "".join(f", {k} {v}" for k, v in holder.items() if v and k not in ("host", "pid", "started", "since"))
     return f"pid {holder.get('pid')} on {holder.get('host')}{job}, since {holder.get('since')}"
 
 
 class RunLock:
     """One writer per run directory: an exclusive ``flock`` on ``<run_dir>/.lock`` held for the
-    whole run, the file naming its holder (host, pid, SLURM job id).
+    whole run, the file naming its holder (host, pid, its scheduler job: ``owner_identity``).
 
     A second command on a locked directory is refused with a ``ValueError`` naming the holder. A
     holder that is gone is taken over with a message: the OS releases the lock of a dead process, so
     a lock found free is stale whatever its record says; a lock still held by an earlier run of this
-    same SLURM job (a requeue whose old node has not released it yet) is taken over too. On a
+    same scheduler job (a requeue whose old node has not released it yet) is taken over too. On a
     filesystem without locks the record alone decides: a dead pid on this host or this
-    SLURM job id is stale, anything else refuses. ``acquire`` creates the directory; ``release``
+    scheduler job is stale, anything else refuses. ``acquire`` creates the directory; ``release``
     removes the directory again when it holds nothing but the lock (a run that failed to start).
     """
 
@@ -228,7 +251,7 @@ class RunLock:
         self._created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid()),
-              "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+              **owner_identity()}
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -273,8 +296,8 @@ class RunLock:
     @staticmethod
     def _stale(holder: dict, me: dict, held: bool | None) -> bool:
         """Whether the recorded holder is gone (``held`` as from ``_try_lock``)."""
-        if me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]:
-            return True  # an earlier start of this job: SLURM has ended it
+        if _same_job(holder, me):
+            return True  # an earlier start of this job: its scheduler has ended it
         if held is not None:
             return held
         return not holder or (holder.get("host") == me["host"]

@@ -9,7 +9,7 @@ analysis read it; none of them works a fact out again.
     plan.flops_per_token, plan.precision, plan.memory, plan.match, plan.probes
 
 Plain data (neither torch nor pydantic), so that analysis reads it without the model. A run written before
-plans were recorded gets its plan rebuilt from its config.yaml on read (``rundir.read_plan``, ``rebuilt``
+plans were recorded gets its plan rebuilt from its config.yaml on read (``rundir.legacy``, ``rebuilt``
 true): layers, parameters and budget only.
 """
 
@@ -152,7 +152,7 @@ class RunPlan:
     probes: Mapping | None = None
     rebuilt: bool = False
     version: int = PLAN_VERSION
-    step_numbering: str = STEPS_COMPLETED  # STEPS_INDEXED for a run written before version 2 (plan_from_dict)
+    step_numbering: str = STEPS_COMPLETED  # STEPS_INDEXED for a run written before version 2 (rundir.legacy)
 
     @property
     def step_offset(self) -> int:
@@ -225,10 +225,31 @@ def plan_from_dict(data: Mapping, source: str = "plan.json") -> RunPlan:
     if not isinstance(version, int) or version > PLAN_VERSION:
         raise ValueError(f"{source}: plan version {version!r}; this package reads versions up to {PLAN_VERSION} "
                          "(a newer hybrid-lightning wrote it)")
-    if version < 2:  # recorded before steps counted the optimizer steps completed
-        data = {**data, "step_numbering": STEPS_INDEXED}
     try:
         layers = tuple(LayerPlan(**layer) for layer in data["layers"])
         return RunPlan(**{**data, "layers": layers, "budget": Budget(**data["budget"])})
     except (KeyError, TypeError) as e:
         raise ValueError(f"{source}: not a run plan of version {version} ({e}); the file is damaged") from None
+
+
+def plan_differences(made: Mapping, recorded: Mapping) -> dict[str, tuple]:
+    """Dotted key (``budget.max_steps``, ``layers.3.params.total``) -> (value in ``made``, value in ``recorded``),
+    sorted, for every leaf where two plans as plain data (``RunPlan.as_dict``) differ; a missing leaf is None."""
+    a, b = dict(_leaves(made)), dict(_leaves(recorded))
+    return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k, _MISSING) != b.get(k, _MISSING)}
+
+
+_MISSING = object()
+
+
+def _leaves(data, prefix: str = ""):
+    """(dotted key, value) of every leaf of nested mappings and lists; tuples read as lists (JSON has no tuples)."""
+    if isinstance(data, Mapping):
+        items = data.items()
+    elif isinstance(data, (list, tuple)):
+        items = enumerate(data)
+    else:
+        yield prefix, data
+        return
+    for key, value in items:
+        yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))

@@ -19,7 +19,6 @@ from hybrid_lightning.records import pool
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.eval.scoring import STATS, ruler_output, score_samples, string_match_all, string_match_part
 from hybrid_lightning.probes.tasks import GenContext, make_sample
-from hybrid_lightning.kinds import LayerSpec, MixerOptions
 
 TOK = ByteTokenizer()
 HELD_OUT = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())
@@ -44,7 +43,6 @@ class CopyOracle(nn.Module):
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the evaluator a device
         self.samples, self.window, self.vocab = samples, window, vocab
-        self.plan = [LayerSpec(0, "swa", window, "rope", mlp_hidden=0, options=MixerOptions(d_model=0, norm_eps=0.0))] if window else []
         alphabet = sorted({int(t) for s in samples for t in s.answer})
         self.guess = torch.full((vocab,), -30.0)
         self.guess[alphabet] = 0.0
@@ -90,7 +88,7 @@ def samples_of(ev):
 
 
 def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window():
-    ev = LongContextEval(eval_config(position_sequences=0), TOK, HELD_OUT)
+    ev = LongContextEval(eval_config(position_sequences=0), TOK, HELD_OUT, window=None)
     samples = samples_of(ev)
     report = ev.run(CopyOracle(samples), step=0, tokens=0)
     assert {r["task"] for r in report["records"]} == set(TASKS)
@@ -103,7 +101,7 @@ def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window
                                                                         for t in TASKS) / len(TASKS))
     # window 300: needles at depth 1.0 lie inside it, those at 0.0 and 0.5 (> 400 tokens back) do not
     window = 300
-    report = ev.run(CopyOracle(samples, window), step=0, tokens=0)
+    report = LongContextEval(ev.cfg, TOK, HELD_OUT, window=window).run(CopyOracle(samples, window), step=0, tokens=0)
     inside = [r for r in report["records"] if r["in_window"]]
     outside = [r for r in report["records"] if not r["in_window"]]
     assert {r["depth"] for r in outside} >= {0.0, 0.5} and all(r["depth"] == 1.0 for r in inside)
@@ -126,7 +124,7 @@ def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window
 def test_untrained_and_short_window_models_score_about_chance(pattern, window):
     torch.manual_seed(0)
     model = build_model({"n_layers": 2, "d_model": 64, "n_heads": 2, "pattern": pattern, "window": window})
-    ev = LongContextEval(eval_config(depths=[0.0, 1.0], samples=1), TOK, HELD_OUT)
+    ev = LongContextEval(eval_config(depths=[0.0, 1.0], samples=1), TOK, HELD_OUT, window=window)
     ev.keys = KeyTokens("itself", select_key_tokens(model, ev.sequences, ev.cfg, None))
     report = ev.run(model, step=0, tokens=0)
     for task in TASKS:
@@ -144,8 +142,9 @@ def test_piecewise_evaluation_equals_one_forward():
     model = build_model({"n_layers": 4, "d_model": 64, "n_heads": 2, "pattern": "EEEF", "window": 32}).double()
     cfg = eval_config(tasks=["passkey", "niah_single_2"], lengths=[700], depths=[0.0, 1.0], samples=1,
                       position_sequences=1, position_length=300)
-    one = LongContextEval(cfg, TOK, HELD_OUT).run(model, step=3, tokens=10)
-    pieces = LongContextEval(cfg.model_copy(update={"chunk_tokens": 97, "batch_size": 3}), TOK, HELD_OUT).run(model, step=3, tokens=10)
+    one = LongContextEval(cfg, TOK, HELD_OUT, window=32).run(model, step=3, tokens=10)
+    pieces_cfg = cfg.model_copy(update={"chunk_tokens": 97, "batch_size": 3})
+    pieces = LongContextEval(pieces_cfg, TOK, HELD_OUT, window=32).run(model, step=3, tokens=10)
     assert_reports_close(one, pieces, rel=1e-6)  # logits are cast to float32 for the loss
 
 
@@ -153,7 +152,7 @@ def _ddp_eval(rank: int = 0, world: int = 1) -> dict:
     torch.manual_seed(0)
     model = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 16}).double()
     cfg = eval_config(tasks=["passkey", "niah_single_1"], lengths=[600, 800], depths=[0.0, 1.0], samples=3, position_sequences=3)
-    return LongContextEval(cfg, TOK, HELD_OUT).run(model, step=1, tokens=2, rank=rank, world=world)
+    return LongContextEval(cfg, TOK, HELD_OUT, window=16).run(model, step=1, tokens=2, rank=rank, world=world)
 
 
 @pytest.mark.slow
@@ -172,8 +171,8 @@ def test_gpu_bf16_evaluation_matches_cpu_fp32():
     model = build_model({"n_layers": 4, "d_model": 64, "n_heads": 2, "pattern": "EEEF", "window": 32})
     cfg = eval_config(tasks=["passkey", "niah_single_2"], lengths=[2000], depths=[0.0, 1.0], samples=2,
                       position_sequences=2, position_length=1500, chunk_tokens=512)
-    cpu = LongContextEval(cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)
-    gpu = LongContextEval(cfg, TOK, HELD_OUT).run(model.cuda(), step=0, tokens=0, dtype=torch.bfloat16)
+    cpu = LongContextEval(cfg, TOK, HELD_OUT, window=32).run(model, step=0, tokens=0)
+    gpu = LongContextEval(cfg, TOK, HELD_OUT, window=32).run(model.cuda(), step=0, tokens=0, dtype=torch.bfloat16)
     for a, b in zip(cpu["records"], gpu["records"], strict=True):
         assert a["answer_loss"] == pytest.approx(b["answer_loss"], rel=0.03)
     for a, b in zip(cpu["position_loss"], gpu["position_loss"], strict=True):
@@ -223,5 +222,5 @@ def test_generation_exact_match_equals_teacher_forced_exact_match():
     assert s["match_all"][1::3] == [1.0] * len(probes)
     # the same from the evaluation: records hold both, equal on every single-value cell
     cfg = eval_config(tasks=["passkey", "niah_single_1", "niah_single_3"], lengths=[500], depths=[0.0, 1.0], samples=3)
-    for r in LongContextEval(cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)["records"]:
+    for r in LongContextEval(cfg, TOK, HELD_OUT, window=16).run(model, step=0, tokens=0)["records"]:
         assert r["generated_exact"] == r["accuracy"] and r["generated"] == r["n"]

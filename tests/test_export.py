@@ -20,7 +20,7 @@ from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E
 from hybrid_lightning.probes.files import read_probes  # noqa: E402
 from hybrid_lightning.export.folder import load_native, write_folder  # noqa: E402
 from hybrid_lightning.plan import build_model  # noqa: E402
-from hybrid_lightning.plan.resolve import run_plan  # noqa: E402
+from hybrid_lightning.plan.resolve import read_run  # noqa: E402
 
 PROMPT, NEW = 40, 12
 SMALL = {"d_model": 64, "n_heads": 4, "mamba2": {"head_dim": 16, "d_state": 16}, "recurrent_chunk": 16}
@@ -192,7 +192,7 @@ def test_cli_export_and_lm_eval_score_equal_the_package_score(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     probes = tmp_path / "probes.jsonl"
     assert run_cli("probes", "passkey", "niah_single_1", "--out", str(probes), "--lengths", "512", "--samples", "3").returncode == 0
-    model, tok = load_native(*run_plan(run), run / "checkpoints" / "last.ckpt")
+    model, tok = load_native(*read_run(run), run / "checkpoints" / "last.ckpt")
     rows = read_probes(probes)
     for row, record in zip(rows[::2], score_probes(model, tok, rows[::2])):
         assert tok.decode(tok.encode(record["generated"])) == record["generated"]  # re-encodes to itself

@@ -17,7 +17,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hybrid_lightning.fileio import LOCK_FILE
-from hybrid_lightning.rundir import checkpoint_is_valid, read_status
+from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
+from hybrid_lightning.rundir.status import read_status
 
 from conftest import TINY, run_cli
 

@@ -21,7 +21,8 @@ from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.geometry import cell_resources
 from hybrid_lightning.grid.slurm import load_profile
 from hybrid_lightning.grid.spec import MAX_NAME, cell_name_for
-from hybrid_lightning.rundir import checkpoint_is_valid, read_status
+from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
+from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.checkpoints import StopOnRequest
 from hybrid_lightning.training.run import train
 

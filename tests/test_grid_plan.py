@@ -11,8 +11,8 @@ from hybrid_lightning.config import validate_config
 from hybrid_lightning.grid.capacity import DEFAULT_GPU, plan_gpu, profile_gpu
 from hybrid_lightning.grid.report import plan_rows, plan_table
 from hybrid_lightning.grid.spec import load_grid
-from hybrid_lightning.plan.memory import estimate_memory, fitting_setting
-from hybrid_lightning.plan.resolve import budget, plan_run
+from hybrid_lightning.plan.memory import fitting_setting
+from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.units import figure
 
 from conftest import REPO
@@ -52,19 +52,19 @@ def test_a_smoke_run_of_one_cell_of_a_real_grid_previews_with_the_command_line(t
 
 
 def test_the_fitting_setting_keeps_the_tokens_of_a_step():
-    cfg, plan = plan_run(validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], "batch_size": 8}}))
+    _, plan = plan_run(validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], "batch_size": 8}}))
     estimate = plan.memory_estimate
-    assert fitting_setting(cfg, plan.budget, estimate, estimate.peak()) == {}
+    assert fitting_setting(plan, estimate.peak()) == {}
     between = (estimate.peak() + estimate.peak(True)) // 2
-    assert fitting_setting(cfg, plan.budget, estimate, between) == {"train.activation_checkpointing": True}
-    setting = fitting_setting(cfg, plan.budget, estimate, estimate.peak(True) - 1)
+    assert fitting_setting(plan, between) == {"train.activation_checkpointing": True}
+    setting = fitting_setting(plan, estimate.peak(True) - 1)
     batch, accumulate = setting["train.batch_size"], setting["train.accumulate_grad_batches"]
     assert batch < 8 and batch * accumulate == 8  # the same sequences per step
     smaller = validate_config({**TINY_BASE, "model": {**TINY_BASE["model"], "vocab_size": 257},
                                "train": {**TINY_BASE["train"], "batch_size": batch, "accumulate_grad_batches": accumulate}})
-    at = estimate_memory(smaller, budget(smaller.train))
+    at = plan_run(smaller)[1].memory_estimate
     assert at.peak(setting.get("train.activation_checkpointing", False)) <= estimate.peak(True) - 1
-    assert fitting_setting(cfg, plan.budget, estimate, estimate.weights) is None  # not even the weights fit
+    assert fitting_setting(plan, estimate.weights) is None  # not even the weights fit
 
 
 def test_grid_plan_states_the_gpu_its_hours_and_the_cells_that_do_not_fit(tmp_path, capsys):

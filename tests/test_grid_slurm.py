@@ -28,7 +28,8 @@ from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.slurm import squeue_jobs
 from hybrid_lightning.grid.spec import format_value
 from hybrid_lightning.grid.state import read_jobs
-from hybrid_lightning.rundir import checkpoint_is_valid, read_status
+from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
+from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.hparams import STUDY_KEYS
 
 from conftest import REPO, run_cli

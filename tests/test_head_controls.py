@@ -77,7 +77,7 @@ def test_heads_are_chosen_on_the_held_out_probes_and_tested_on_the_evaluation_pr
     held_out = RetrievalHeads(held_out_cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)
     assert head(scored, 2, COPY_HEAD)["score"] == 0.0 and head(held_out, 2, COPY_HEAD)["score"] == 1.0
 
-    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, each=True, step=0, tokens=0)
+    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, each=True, step=0, tokens=0, window=WINDOW)
     assert out["selection"] == {"seed": 1, "heads": [{"layer": r["layer"], "head": r["head"], "score": r["score"]}
                                                      for r in held_out["heads"]]}
     (top,) = [r for r in out["ablation"] if r["selection"] == "top"]
@@ -90,7 +90,7 @@ def test_heads_are_chosen_on_the_held_out_probes_and_tested_on_the_evaluation_pr
     # there, so no top 1 exists and the ablation is refused rather than masking an arbitrary head
     same = cfg.model_copy(update={"heads": cfg.heads.model_copy(update={"selection_seed": cfg.seed})})
     with pytest.raises(ValueError, match="tie at score 0"):
-        ablations(model, same, TOK, HELD_OUT, scored, selection="top", k=1, step=0, tokens=0)
+        ablations(model, same, TOK, HELD_OUT, scored, selection="top", k=1, step=0, tokens=0, window=WINDOW)
 
 
 def test_permutation_p_counts_draws_at_least_as_harmful_and_the_observation():
@@ -123,7 +123,8 @@ def test_top_k_against_layer_matched_draws_gives_the_known_p():
     model = copier(s.distance())
     scored = RetrievalHeads(cfg, TOK, HELD_OUT).run(model, step=0, tokens=0)
     cfg = cfg.model_copy(update={"heads": cfg.heads.model_copy(update={"selection_seed": cfg.seed})})
-    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, controls=20, seed=3, step=0, tokens=0, run_key=5)
+    out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, controls=20, seed=3, step=0, tokens=0,
+                    run_key=5, window=WINDOW)
     test, nonretrieval = out["ablation_tests"]
     draws = layer_matched_draws(scored, [(2, COPY_HEAD)], 20, seed=[3, 5, 0])  # seeded by the seed, the run and the step
     assert all(layer == 2 and head != COPY_HEAD for d in draws for layer, head in d) and len({tuple(d) for d in draws}) > 1

@@ -237,7 +237,7 @@ def test_ablation_masking_the_copy_head_removes_retrieval_and_a_random_head_does
     cfg = eval_config()
     model = copier(probe_sample(cfg).distance())
     report = RetrievalHeads(cfg, TOK, HELD_OUT).run(model, step=3, tokens=4)
-    ev = LongContextEval(cfg, TOK, HELD_OUT)  # the eval probe is the heads probe: same task, seed and value length
+    ev = LongContextEval(cfg, TOK, HELD_OUT, window=32)  # the heads probe: same task, seed and value length
     top = choose_heads(report, "top", 1)
     assert top == [(2, COPY_HEAD)]
     rows = ablate(model, ev, top, selection="top", k=1, seed=None, step=3, tokens=4)

@@ -12,7 +12,8 @@ import pytest
 
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import plan_run
-from hybrid_lightning.rundir import write_plan, write_status
+from hybrid_lightning.rundir.files import write_plan
+from hybrid_lightning.rundir.status import write_status
 
 from conftest import REPO
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid_lightning.rundir import read_status
+from hybrid_lightning.rundir.status import read_status
 
 from test_faults import QUIET, loss_steps, one_line_error, start, train
 from conftest import TINY

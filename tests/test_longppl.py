@@ -19,7 +19,8 @@ from hybrid_lightning.eval.longppl import evaluator_key_tokens, select_key_token
 from hybrid_lightning.eval.report import scalars, table
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.eval.scoring import short_context_nll, token_nll
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, LAST_CKPT, write_status
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, LAST_CKPT
+from hybrid_lightning.rundir.status import write_status
 
 TOK = ByteTokenizer()
 HELD_OUT = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())
@@ -54,7 +55,7 @@ def save_run(run_dir, m, done: bool = True):
 
 
 def evaluate(cfg, m):
-    ev = LongContextEval(cfg.eval, TOK, HELD_OUT)
+    ev = LongContextEval(cfg.eval, TOK, HELD_OUT, window=16)
     ev.keys = evaluator_key_tokens(cfg, ev.sequences, torch.device("cpu"))
     return ev, ev.run(m, step=0, tokens=0)
 

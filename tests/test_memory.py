@@ -43,11 +43,10 @@ def test_the_training_system_switches_checkpointing_on():
 def test_the_estimate_is_within_a_quarter_of_the_measured_peak(name):
     """The estimate against one measured CPU training step, activation checkpointing off and on."""
     from hybrid_lightning.bench.memory import MODELS, config, measured_peak
-    from hybrid_lightning.plan.memory import estimate_memory
-    from hybrid_lightning.plan.resolve import budget
+    from hybrid_lightning.plan.resolve import make_plan
 
     cfg = config(MODELS[name], 8, 256)
-    estimate = estimate_memory(cfg, budget(cfg.train))
+    estimate = make_plan(cfg).memory_estimate
     for on in (False, True):
         measured = measured_peak(cfg, on)
         assert 0.75 <= estimate.peak(on) / measured <= 1.25, (on, estimate.peak(on), measured)
@@ -92,14 +91,18 @@ def test_grid_plan_of_a_huge_model_answers_fast(tmp_path):
 def test_the_estimate_of_a_long_sequence_follows_the_counted_line():
     """Beyond MEASURED_LENGTH the activations come from two counted lengths: the bytes of counting at the
     length itself, and a billion tokens answer at once."""
+    import dataclasses
+
     from hybrid_lightning.config import validate_config
     from hybrid_lightning.plan import memory
-    from hybrid_lightning.plan.resolve import budget
+    from hybrid_lightning.plan.resolve import make_plan
 
     def estimate(T: int, mixer: str):
         cfg = validate_config({"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "mixer": mixer,
-                                         "vocab_size": 257}, "train": {"batch_size": 1, "seq_len": T}})
-        return memory.estimate_memory(cfg, budget(cfg.train))
+                                         "vocab_size": 257}, "train": {"batch_size": 1, "seq_len": 256}})
+        plan = make_plan(cfg)
+        longer = dataclasses.replace(plan, budget=dataclasses.replace(plan.budget, seq_len=T))
+        return memory.estimate_memory(longer, False)
 
     for mixer in ("swa", "gated_deltanet"):
         for T, tol in ((12_288, 0), (12_000, 0.025)):  # a length that is no multiple of the kernels' tiles: within 2.5%

@@ -25,7 +25,8 @@ from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.grid import load_grid
 from hybrid_lightning.grid.state import read_jobs
-from hybrid_lightning.rundir import find_resume_checkpoint, read_status
+from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
+from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.cluster import machine_cores
 from hybrid_lightning.training.run import train
 

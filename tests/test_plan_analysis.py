@@ -12,7 +12,7 @@ from hybrid_lightning.analysis.findings import verdicts
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.plan.resolve import make_plan, resolve_config
-from hybrid_lightning.rundir import read_plan, write_plan
+from hybrid_lightning.rundir.files import read_plan, write_plan
 
 from test_findings import arm
 

@@ -166,7 +166,7 @@ def test_an_unreadable_store_marker_is_refused_and_nothing_deleted(world, capsys
 
 
 def test_damaged_status_is_named_and_the_run_not_done(world, capsys):
-    from hybrid_lightning.rundir import read_status
+    from hybrid_lightning.rundir.status import read_status
 
     run = fabricated_run(world)
     for text in ("[]", "{not json", '{"step": 3}'):

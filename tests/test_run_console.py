@@ -6,7 +6,8 @@ import pytest
 
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.precision import peak_bf16_tflops
-from hybrid_lightning.rundir import read_events, read_plan
+from hybrid_lightning.rundir.events import read_events
+from hybrid_lightning.rundir.files import read_plan
 from hybrid_lightning.training.run import train
 
 from conftest import TINY, run_cli

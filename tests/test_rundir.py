@@ -1,9 +1,10 @@
-"""The run directory's evaluation records (hybrid_lightning/rundir.py): paths, listing and the one writer
-that the evaluation callbacks and the offline commands share."""
+"""The run directory's evaluation records (hybrid_lightning/rundir/__init__.py, rundir/evals.py): paths, listing
+and the one writer that the evaluation callbacks and the offline commands share."""
 
 import json
 
-from hybrid_lightning.rundir import eval_files, eval_path, read_eval_record, write_eval_record
+from hybrid_lightning.rundir import eval_files, eval_path
+from hybrid_lightning.rundir.evals import read_eval_record, write_eval_record
 
 
 def test_eval_records_merge_rows_by_key_and_derive_fields_from_the_merge(tmp_path):

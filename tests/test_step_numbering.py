@@ -13,8 +13,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from hybrid_lightning.analysis.load import load_runs
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import plan_run
-from hybrid_lightning.rundir import find_runs, read_plan, write_plan
-from hybrid_lightning.runplan import PLAN_VERSION, STEPS_COMPLETED, STEPS_INDEXED, plan_from_dict
+from hybrid_lightning.rundir import find_runs
+from hybrid_lightning.rundir.files import read_plan, write_plan
+from hybrid_lightning.rundir.legacy import plan_of_record
+from hybrid_lightning.runplan import PLAN_VERSION, STEPS_COMPLETED, STEPS_INDEXED
 from hybrid_lightning.training.resume import Resume, check_numbering
 
 from conftest import REPO, TINY, run_cli
@@ -60,7 +62,8 @@ def test_console_files_tensorboard_status_and_analysis_count_the_same_steps(tmp_
 def test_older_plans_number_steps_by_index(tmp_path):
     _, plan = plan_run(load_config(None, TINY[1::2]))
     assert plan.step_numbering == STEPS_COMPLETED and plan.tokens_at_recorded(10) == 10 * 8 * 128
-    older = plan_from_dict({k: v for k, v in plan.as_dict().items() if k != "step_numbering"} | {"version": 1})
+    version_1 = {k: v for k, v in plan.as_dict().items() if k != "step_numbering"} | {"version": 1}
+    older = plan_of_record(version_1, "plan.json")
     assert older.step_numbering == STEPS_INDEXED and older.tokens_at_recorded(9) == 10 * 8 * 128
     # a run written before plan.json (a config.yaml alone): rebuilt, by index, its tokens as analysis always read them
     run = tmp_path / "run"

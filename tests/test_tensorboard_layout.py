@@ -16,7 +16,7 @@ from hybrid_lightning.grid.tensorboard import SEEDS_DIR, write_seed_runs
 from hybrid_lightning.heads.report import heads_scalars, score_image, scored_layers
 from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_TAGS, Tag
-from hybrid_lightning.rundir import read_events
+from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.training.hparams import study_hparams
 from hybrid_lightning.training.layout import HEADLINE_PAGE, SEED_STATS, SEEDS_PAGE, run_layout, seeds_layout
 

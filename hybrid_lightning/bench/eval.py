@@ -16,7 +16,7 @@ from hybrid_lightning.data.datamodule import LMDataModule
 from hybrid_lightning.heads.retrieval import RetrievalHeads
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.plan import build_model
-from hybrid_lightning.plan.resolve import resolve_config
+from hybrid_lightning.plan.resolve import plan_run
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -29,11 +29,11 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 def run(quick: bool) -> dict:
-    cfg = resolve_config(validate_config({}))
+    cfg, plan = plan_run(validate_config({}))
     data = LMDataModule(cfg)
     data.setup()
     torch.manual_seed(0)
-    model = build_model(cfg.model)
+    model = build_model(plan)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     batch = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1))
 
@@ -46,13 +46,16 @@ def run(quick: bool) -> dict:
     train_step()  # warm-up
     step = _median_seconds(train_step, 5 if quick else 20)
     e, h = cfg.eval, cfg.eval.heads
-    probes = LongContextEval(e.model_copy(update={"position_sequences": 0}), data.tokenizer, data.val_tokens)
+    probes = LongContextEval(e.model_copy(update={"position_sequences": 0}), data.tokenizer, data.val_tokens,
+                             window=plan.window)
     calls = {  # measure -> one call
         f"eval call at the defaults without generation ({len(e.tasks)} tasks x lengths {list(e.lengths)} x "
         f"{len(e.depths)} depths, {e.position_sequences} held-out sequences of {e.position_len})":
-            functools.partial(LongContextEval(e, data.tokenizer, data.val_tokens).run, generate=False),
+            functools.partial(LongContextEval(e, data.tokenizer, data.val_tokens, window=plan.window).run,
+                              generate=False),
         "  probes only": functools.partial(probes.run, generate=False),
-        "  per-position loss and LongPPL only": LongContextEval(e.model_copy(update={"tasks": ()}), data.tokenizer, data.val_tokens).run,
+        "  per-position loss and LongPPL only": LongContextEval(e.model_copy(update={"tasks": ()}), data.tokenizer,
+                                                               data.val_tokens, window=plan.window).run,
         "probes with generation (greedy, RULER's new tokens per task)": probes.run,
         f"retrieval-heads call at the defaults ({len(h.tasks)} tasks x lengths {list(h.lengths)} x {len(h.depths)} "
         f"depths, answers >= {h.value_tokens} tokens)": RetrievalHeads(e, data.tokenizer, data.val_tokens).run,

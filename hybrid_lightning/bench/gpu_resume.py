@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from hybrid_lightning.records import Tag
-from hybrid_lightning.rundir import CKPT_DIR, checkpoint_is_valid, step_checkpoint_name
+from hybrid_lightning.rundir import CKPT_DIR, step_checkpoint_name
+from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 
 # killed just after the step-20 checkpoint (every 10 steps); 80 steps to spare, so that a fast device cannot finish first
 MAX_STEPS, KILL_AFTER = 100, 20

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from hybrid_lightning.bench.measure import peak_memory
 from hybrid_lightning.config import RunConfig, validate_config
 from hybrid_lightning.plan import build_model
-from hybrid_lightning.plan.memory import estimate_memory
-from hybrid_lightning.plan.resolve import budget
+from hybrid_lightning.plan.resolve import make_plan
 
 MODELS = {  # four kinds of hybrid at the sizes of the CPU replica
     "SWA-64 EEEF, d=128": {"n_layers": 4, "d_model": 128, "n_heads": 4, "pattern": "EEEF", "mixer": "swa", "window": 64},
@@ -51,7 +50,7 @@ def run(quick: bool) -> dict:
     rows = []
     for name, model in (list(MODELS.items())[:1] if quick else MODELS.items()):
         cfg = config(model, batch, seq_len)
-        estimate = estimate_memory(cfg, budget(cfg.train))
+        estimate = make_plan(cfg).memory_estimate
         for on in (False, True):
             peak = measured_peak(cfg, on)
             rows.append({"model": name, "checkpointing": "on" if on else "off", "measured MiB": peak / 2**20,

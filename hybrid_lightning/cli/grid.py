@@ -9,25 +9,28 @@ import json
 
 from hybrid_lightning.cli.args import add_set, command
 from hybrid_lightning.cli.run import add_preview_args
-from hybrid_lightning.config import RunConfig, dump_config
-
-CELL_KEYS = tuple(k for k in RunConfig.model_fields if k != "name")  # --set keys under these set every cell's config
+from hybrid_lightning.config import dump_config
 
 
-def _split_set(items: list[str]) -> tuple[list[str], list[str]]:
-    """``--set`` items: (those of the cells' configs, ``train.max_steps=20``; those of the SLURM profile,
-    ``timeout_min=60``), told apart by the key's first part."""
-    cell = [item for item in items if item.partition("=")[0].strip().split(".")[0] in CELL_KEYS]
-    return cell, [item for item in items if item not in cell]
+def _executor(args: argparse.Namespace):
+    """The executor class ``grid plan`` and ``grid submit`` ask (``executor.executor_for``)."""
+    from hybrid_lightning.grid.executor import executor_for
+
+    return executor_for(args.executor, args.profile, args.overrides)
 
 
-def _grid(args: argparse.Namespace, resolve: bool = True, profile_keys: bool = False):
+def _grid(args: argparse.Namespace, resolve: bool = True, executor=None):
+    """The grid of ``args``, its ``--set`` items of the run config applied; the others are ``executor``'s
+    parameters (``Executor.split_set``), refused where the command takes no executor."""
+    from hybrid_lightning.grid.executor import CELL_KEYS, is_config_item
     from hybrid_lightning.grid.spec import load_grid
 
-    cell, profile = _split_set(getattr(args, "overrides", []))
-    if profile and not profile_keys:
-        raise ValueError(f"--set {profile[0]}: not a key of the run config ({', '.join(CELL_KEYS)}), and grid "
-                         f"{args.grid_command} takes no SLURM profile parameters (grid plan and grid submit do)")
+    items = getattr(args, "overrides", [])
+    cell = executor.split_set(items)[0] if executor is not None else items
+    wrong = [item for item in cell if not is_config_item(item)]
+    if wrong:
+        raise ValueError(f"--set {wrong[0]}: not a key of the run config ({', '.join(CELL_KEYS)}), and grid "
+                         f"{args.grid_command} takes no executor parameters (grid plan and grid submit do)")
     return load_grid(args.grid, args.root, resolve, cell, getattr(args, "cells", ()) or ())
 
 
@@ -44,8 +47,10 @@ def cmd_grid_plan(args: argparse.Namespace) -> int:
         print(design_check(design_cells(_grid(args, resolve=False)), args.pilot, args.json))
         return 0
     gpu = plan_gpu(args.profile, args.tflops, args.throughput)  # a bad profile before any cell is planned
-    grid = _grid(args, profile_keys=True)
-    check_plan(grid, args.profile, _split_set(args.overrides)[1], say=lambda line: print(line, file=sys.stderr))
+    executor = _executor(args)
+    grid = _grid(args, executor=executor)
+    check_plan(grid, executor.name, args.profile, executor.split_set(args.overrides)[1],
+               say=lambda line: print(line, file=sys.stderr))
     rows = plan_rows(grid, gpu)
     print(json.dumps(rows, indent=1) if args.json else plan_table(grid, rows, gpu))
     return 0
@@ -56,7 +61,8 @@ def cmd_grid_submit(args: argparse.Namespace) -> int:
 
     if not (args.print_config or args.dry_run) and args.executor not in EXECUTORS:
         raise ValueError(f"--executor {args.executor or 'is missing'}: one of {list(EXECUTORS)}")
-    grid = _grid(args, profile_keys=True)
+    executor = _executor(args)
+    grid = _grid(args, executor=executor)
     if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
         from hybrid_lightning.grid.report import dry_run_table
 
@@ -65,7 +71,8 @@ def cmd_grid_submit(args: argparse.Namespace) -> int:
         return 0
     from hybrid_lightning.grid.submit import submit_grid
 
-    return submit_grid(grid, args.executor, args.profile, args.parallel, overrides=_split_set(args.overrides)[1])
+    overrides = executor.split_set(args.overrides)[1]
+    return submit_grid(grid, args.executor, args.profile, args.parallel, overrides=overrides)
 
 
 def cmd_grid_status(args: argparse.Namespace) -> int:
@@ -95,8 +102,8 @@ def cmd_grid_tensorboard(args: argparse.Namespace) -> int:
 
 def _add_selection(p: argparse.ArgumentParser, profile: bool = False) -> None:
     add_set(p, "set a config value in every cell (not one an axis sets)" + (
-        "; a key outside the run config sets a parameter of the SLURM profile, e.g. --set timeout_min=60" if profile else ""),
-        "train.max_steps=20")
+        "; a key outside the run config sets a parameter of the executor's profile, e.g. --set timeout_min=60"
+        if profile else ""), "train.max_steps=20")
     p.add_argument("--cells", action="append", metavar="PATTERN", help="only the cells whose names match this glob, "
                    "e.g. --cells 'arch=full,*' (repeatable; quote it for the shell)")
 
@@ -116,6 +123,8 @@ def add_parsers(sub) -> None:
                "fits the GPU", cmd_grid_plan)
     _add_selection(p, profile=True)
     p.add_argument("--json", action="store_true", help="the cells as a JSON list")
+    p.add_argument("--executor", metavar="NAME", help="the executor whose machines the cells are checked against "
+                   "(default: the one that takes a profile where --profile or a profile --set is given, else local)")
     p.add_argument("--profile", help="SLURM profile: each cell's nodes and tasks checked against it and, where SLURM "
                    "answers, its partition (without a profile or a profile --set: CPU cells against this machine's "
                    "cores); its gpu: section states the GPU (memory, TFLOP/s), default an H100 80GB at 400 TFLOP/s")

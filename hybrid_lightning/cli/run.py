@@ -6,12 +6,13 @@ on the meta device and estimate memory on fake tensors) but not Lightning."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from hybrid_lightning.cli.args import add_config_args, add_set, command, load
 from hybrid_lightning.config import dump_config
-from hybrid_lightning.rundir import read_status
+from hybrid_lightning.rundir.status import read_status
 
 
 def add_preview_args(p: argparse.ArgumentParser) -> None:
@@ -38,7 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hybrid_lightning.training.stop import Stopped
 
     try:
-        run_dir = train(load(args), args.run_dir)
+        run_dir = train(load(args), args.run_dir, planned=_planned(args.planned))
     except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (unless a second signal came)
         where = f" at step {e.step}" if e.step is not None else ""
         print(f"hybrid-lightning train: stopped by {e}{where}; run the same command again to resume", file=sys.stderr)
@@ -47,6 +48,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if status.get("state") == "interrupted":
         print(f"{run_dir}: stopped at step {status.get('step')}; run the same command again to resume")
     return 0
+
+
+def _planned(path: str | None) -> dict | None:
+    """``--planned``: the plan a grid recorded when it submitted the run (plan.json's layout)."""
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--planned {path}: not a readable run plan ({e})") from None
 
 
 def cmd_params(args: argparse.Namespace) -> int:
@@ -131,6 +142,8 @@ def add_parsers(sub) -> None:
     p = command(sub, "train", "train (or resume) one run", "training.md")
     add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: runs/<name>)")
+    p.add_argument("--planned", metavar="PLAN_JSON", help="the run plan made where the run was submitted (a grid "
+                   "cell's .grid/cells/<cell>.plan.json); a plan made here that differs is refused")
     add_preview_args(p)
     p.set_defaults(func=cmd_train)
 

@@ -19,6 +19,8 @@ from hybrid_lightning.data.synthetic import RetrievalSynth
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
 TRAIN_STREAM, VAL_STREAM = 0, 1  # RNG stream ids: train and validation samples never coincide
+# The validation sets (LMDataModule.val_sets): held-out real text, synthetic retrieval sequences, data.text_val_files
+VAL_HELD_OUT, VAL_SYNTHETIC, VAL_TEXT = "held_out", "synthetic", "text"
 
 
 MASK64 = (1 << 64) - 1
@@ -165,19 +167,25 @@ class LMDataModule(L.LightningDataModule):
         starts = np.linspace(0, n_windows - 1, min(n, n_windows)).astype(int) * T
         return torch.stack([torch.from_numpy(np.asarray(tokens[s : s + T + 1], dtype=np.int64)) for s in starts])
 
+    def val_sets(self) -> list[str]:
+        """What each loader of ``val_dataloader`` holds, in its order: held-out real text (``VAL_HELD_OUT``,
+        val/loss); when mixed in, synthetic retrieval sequences with the mask of their queried-value tokens
+        (``VAL_SYNTHETIC``); with ``data.text_val_files``, their natural text (``VAL_TEXT``, val/text_loss)."""
+        d = self.cfg.data
+        return [VAL_HELD_OUT] + [VAL_SYNTHETIC] * (d.synthetic.fraction > 0) + [VAL_TEXT] * bool(d.text_val_files)
+
     def val_dataloader(self) -> list[DataLoader]:
-        """Fixed sets: held-out real text (val/loss); when mixed in, synthetic retrieval sequences with the
-        mask of their queried-value tokens; with ``data.text_val_files``, their natural text (val/text_loss,
-        always the last loader)."""
+        """Fixed sets, one loader per ``val_sets`` entry."""
+        return [self._val_loader(name) for name in self.val_sets()]
+
+    def _val_loader(self, name: str) -> DataLoader:
         B, n, T = self.cfg.train.batch_size, self.cfg.train.val_batches * self.cfg.train.batch_size, self.cfg.train.seq_len
-        loaders = [DataLoader(self._windows(self.val_tokens), batch_size=B)]
-        syn = self.cfg.data.synthetic
-        if syn.fraction > 0:
-            synth = RetrievalSynth(self.tokenizer, self.val_tokens, syn)
-            samples = [synth.sample(np.random.default_rng([self.cfg.seed, VAL_STREAM, 1, i]), T + 1) for i in range(n)]
-            seqs = torch.stack([torch.from_numpy(ids) for ids, _ in samples])  # (n, T+1)
-            targets = torch.stack([torch.from_numpy(mask) for _, mask in samples])  # (n, T+1) queried values
-            loaders.append(DataLoader(torch.utils.data.TensorDataset(seqs, targets), batch_size=B))
-        if self.text_val_tokens is not None:
-            loaders.append(DataLoader(self._windows(self.text_val_tokens), batch_size=B))
-        return loaders
+        if name == VAL_HELD_OUT:
+            return DataLoader(self._windows(self.val_tokens), batch_size=B)
+        if name == VAL_TEXT:
+            return DataLoader(self._windows(self.text_val_tokens), batch_size=B)
+        synth = RetrievalSynth(self.tokenizer, self.val_tokens, self.cfg.data.synthetic)
+        samples = [synth.sample(np.random.default_rng([self.cfg.seed, VAL_STREAM, 1, i]), T + 1) for i in range(n)]
+        seqs = torch.stack([torch.from_numpy(ids) for ids, _ in samples])  # (n, T+1)
+        targets = torch.stack([torch.from_numpy(mask) for _, mask in samples])  # (n, T+1) queried values
+        return DataLoader(torch.utils.data.TensorDataset(seqs, targets), batch_size=B)

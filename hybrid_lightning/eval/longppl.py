@@ -26,7 +26,9 @@ import torch
 from hybrid_lightning.config import EvalConfig, RunConfig
 from hybrid_lightning.eval.scoring import evaluating, short_context_nll, token_nll
 from hybrid_lightning.fileio import write_atomic
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, find_resume_checkpoint, read_status
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE
+from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
+from hybrid_lightning.rundir.status import read_status
 
 NO_EVALUATOR = "no evaluator model (eval.longppl_evaluator is null): key tokens are chosen by one model for all"
 
@@ -88,9 +90,9 @@ def resolve_evaluator(spec: str) -> tuple[Path | None, str | None]:
 def load_model(ckpt: Path, device: torch.device) -> tuple[RunConfig, torch.nn.Module]:
     """The model of checkpoint ``ckpt`` (in ``<run>/checkpoints/``) with its run's config, in eval mode."""
     from hybrid_lightning.plan import load_trained
-    from hybrid_lightning.plan.resolve import run_plan
+    from hybrid_lightning.plan.resolve import read_run
 
-    cfg, plan = run_plan(ckpt.parent.parent)
+    cfg, plan = read_run(ckpt.parent.parent)
     model, _ = load_trained(plan, ckpt)
     return cfg, model.to(device).eval()
 

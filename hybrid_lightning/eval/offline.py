@@ -10,7 +10,8 @@ import torch
 
 from hybrid_lightning.config import RunConfig, apply_overrides, config_to_dict, validate_config
 from hybrid_lightning.plan.precision import autocast_dtype
-from hybrid_lightning.rundir import find_resume_checkpoint, given_checkpoint
+from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint, given_checkpoint
+from hybrid_lightning.runplan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Checkpoint:
     dtype of the run's precision."""
 
     cfg: RunConfig
+    plan: RunPlan
     model: torch.nn.Module
     data: object  # the run's set-up LMDataModule (tokenizer, held-out tokens)
     step: int
@@ -33,10 +35,10 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     callbacks' numbers for the same weights: same probes, same batches, same precision."""
     from hybrid_lightning.data.datamodule import LMDataModule
     from hybrid_lightning.plan import load_trained
-    from hybrid_lightning.plan.resolve import run_plan
+    from hybrid_lightning.plan.resolve import read_run
 
     run_dir = Path(run_dir)
-    cfg, plan = run_plan(run_dir)
+    cfg, plan = read_run(run_dir)
     outside = [o for o in overrides if not o.startswith("eval.")]
     if outside:
         raise ValueError(f"overrides may only change eval.* keys, got {outside}")
@@ -54,7 +56,7 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     data = LMDataModule(cfg)
     data.setup()
     step = int(state["global_step"]) - plan.step_offset
-    return Checkpoint(cfg, model, data, step, int(state["tokens_seen"]), autocast_dtype(plan.precision))
+    return Checkpoint(cfg, plan, model, data, step, int(state["tokens_seen"]), autocast_dtype(plan.precision))
 
 
 def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:
@@ -67,7 +69,8 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
 
     run = load_checkpoint(run_dir, ckpt, overrides)
     check_lengths(run.cfg.eval, run.data.tokenizer)  # the overrides' probes
-    ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens, seq_len=run.cfg.train.seq_len)
+    ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens, seq_len=run.cfg.train.seq_len,
+                         window=run.plan.window)
     if ev.sequences and run.cfg.eval.longppl_evaluator is not None:
         ev.keys = evaluator_key_tokens(run.cfg, ev.sequences, next(run.model.parameters()).device, run.dtype)
         if ev.keys.key is None:

@@ -9,7 +9,8 @@ import numpy as np
 
 from hybrid_lightning.records import LONGCTX_TAGS, TASKS_TAGS, Tag, pool
 from hybrid_lightning.records import headline as cells_headline
-from hybrid_lightning.rundir import eval_path, write_eval_record
+from hybrid_lightning.rundir import eval_path
+from hybrid_lightning.rundir.evals import write_eval_record
 
 CARD_PX = 340  # the width of an image card in TensorBoard's Images dashboard (2.21, seen in a browser), in pixels
 CARD_DPI = 100  # a figure's dots per inch there: 8-point labels are 11 pixels high

@@ -68,11 +68,6 @@ def probe_batches(specs: list[tuple], ctx: GenContext, batch_size: int, seed: in
             yield [spec for spec, _ in batch], samples, torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)
 
 
-def model_window(model) -> int | None:
-    """The largest sliding window of the model's layers (None if it has no windowed layer)."""
-    return max((s.window for s in model.plan if s.window is not None), default=None)
-
-
 class LongContextEval:
     """The probes and held-out sequences of an ``eval:`` config, evaluated by ``run``.
 
@@ -82,11 +77,14 @@ class LongContextEval:
         held_out: held-out token stream (the validation split): essay haystacks and the
             per-position loss / LongPPL sequences come from it.
         keys: LongPPL's key tokens of ``sequences`` (``longppl.evaluator_key_tokens``); None = not reported.
+        seq_len: the training length, recorded in each report: the headline score is within it.
+        window: the largest attention window of the evaluated model, its run plan's (``RunPlan.window``; None
+            without windowed layers): a needle within it is scored as in-window.
     """
 
     def __init__(self, cfg: EvalConfig, tokenizer, held_out: np.ndarray, keys: KeyTokens | None = None,
-                 seq_len: int | None = None):
-        self.seq_len = seq_len  # the training length, recorded in each report: the headline score is within it
+                 seq_len: int | None = None, *, window: int | None):
+        self.seq_len, self.window = seq_len, window
         self.cfg, self.ctx = cfg, GenContext(tokenizer, held_out, cfg.value_tokens, cfg.vt_example)
         self.specs = [(t, L, d, i) for L in cfg.lengths for t in cfg.tasks for d in cfg.depths for i in range(cfg.samples)]
         n, T = cfg.position_sequences, cfg.position_len + 1
@@ -112,8 +110,7 @@ class LongContextEval:
             rank, world: this process's rank and the number of processes; each scores its share.
             generate: also decode the probes and score the outputs by string match (scoring.py).
         """
-        device = next(model.parameters()).device
-        window = model_window(model)
+        device, window = next(model.parameters()).device, self.window
         with evaluating(model):
             tables = self._probes(model, dtype, window, rank, world, device, generate) + self._held_out(model, dtype, rank, world, device)
         # every rank reaches these computes (they all-reduce); a table nobody updated stays zero

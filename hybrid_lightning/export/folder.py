@@ -30,8 +30,9 @@ from hybrid_lightning.export.tokenizer import write_tokenizer
 from hybrid_lightning.kinds import LayerSpec
 from hybrid_lightning.model import HybridLM
 from hybrid_lightning.plan import load_trained
-from hybrid_lightning.plan.resolve import run_plan
-from hybrid_lightning.rundir import find_resume_checkpoint, given_checkpoint, read_run_config
+from hybrid_lightning.plan.resolve import read_run
+from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint, given_checkpoint
+from hybrid_lightning.rundir.files import read_run_config
 from hybrid_lightning.runplan import RunPlan
 
 LM_EVAL_DIR = "lm_eval"  # the probes' lm-evaluation-harness tasks (--probes)
@@ -64,7 +65,7 @@ def export_run(run_dir: str | Path, out: str | Path, ckpt: str | Path | None = N
     check_apart(out, [run_dir, ckpt, *tokenizer, *([Path(probes)] if probes is not None else [])])
     check_out(out, force)
     rows = read_probes(probes) if probes is not None else None
-    model, tok = load_native(*run_plan(run_dir), ckpt)
+    model, tok = load_native(*read_run(run_dir), ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -7,7 +7,9 @@ status`` and ``grid cancel`` ask that executor about the record. The built-in ex
 ``hybrid_lightning.grid`` package is imported.
 
 Adding an executor: a subclass with a ``name`` and a ``help`` line, decorated with ``@register``
-and imported by ``grid/__init__.py``. The command line's ``--executor`` choices follow.
+and imported by ``grid/__init__.py``. The command line's ``--executor`` choices follow. An executor that
+takes a profile (``takes_profile``) gets ``--profile`` and the ``--set`` items outside the run config
+(``split_set``); what it knows of its scheduler stays in its module.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
+
+from hybrid_lightning.config import RunConfig
 
 if TYPE_CHECKING:
     from hybrid_lightning.grid.spec import Cell, Grid
@@ -37,6 +41,7 @@ class Executor(ABC):
 
     name: ClassVar[str]  # --executor NAME, and the "executor" field of its job records
     help: ClassVar[str]  # one line for --executor's help
+    takes_profile: ClassVar[bool] = False  # --profile and --set PARAM=VALUE (a key outside the run config) set it up
 
     def __init__(self, profile: str | Path | None = None, parallel: int = 1, overrides: Sequence[str] = ()):
         self.profile, self.parallel, self.overrides = profile, parallel, tuple(overrides)
@@ -51,6 +56,23 @@ class Executor(ABC):
         executor cannot run (e.g. a world its machines cannot hold); a note on what could not be
         checked, or None. Default: every cell can run."""
         return None
+
+    def check_plan(self, cells: list[Cell]) -> str | None:
+        """``grid plan``'s check of where the cells would run, before anything exists to submit: a ``ValueError``
+        naming a cell that cannot run, a note on what could not be checked, or None. Default: ``check_cells``."""
+        return self.check_cells(cells)
+
+    @classmethod
+    def split_set(cls, items: Sequence[str]) -> tuple[list[str], list[str]]:
+        """``--set`` items: (those of the cells' configs, e.g. ``train.max_steps=20``; this executor's parameters,
+        e.g. ``timeout_min=60``), told apart by the key's first part; a ``ValueError`` for a parameter of an
+        executor that takes none."""
+        cell = [item for item in items if is_config_item(item)]
+        own = [item for item in items if item not in cell]
+        if own and not cls.takes_profile:
+            raise ValueError(f"--set {own[0]}: not a key of the run config ({', '.join(CELL_KEYS)}), and executor "
+                             f"{cls.name} takes no parameters")
+        return cell, own
 
     @abstractmethod
     def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
@@ -98,6 +120,12 @@ class Executor(ABC):
 
 
 EXECUTORS: dict[str, type[Executor]] = {}
+CELL_KEYS = tuple(k for k in RunConfig.model_fields if k != "name")  # --set keys under these set every cell's config
+
+
+def is_config_item(item: str) -> bool:
+    """Whether a ``--set KEY=VALUE`` item sets the cells' config (its key's first part a section of it)."""
+    return item.partition("=")[0].strip().split(".")[0] in CELL_KEYS
 
 
 def register(cls: type[Executor]) -> type[Executor]:
@@ -105,6 +133,15 @@ def register(cls: type[Executor]) -> type[Executor]:
     assert cls.name not in EXECUTORS, f"executor {cls.name!r} registered twice"
     EXECUTORS[cls.name] = cls
     return cls
+
+
+def executor_for(name: str | None, profile: str | Path | None = None, items: Sequence[str] = ()) -> type[Executor]:
+    """The executor ``--executor NAME`` names; without one (``grid plan``, a preview), the first registered that takes
+    a profile where a profile or a ``--set`` item outside the run config is given, else the first that takes none."""
+    if name is not None:
+        return executor_class(name)
+    wanted = profile is not None or not all(is_config_item(item) for item in items)
+    return next(cls for cls in EXECUTORS.values() if cls.takes_profile == wanted)
 
 
 def executor_class(name: str) -> type[Executor]:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import submitit
 
+from hybrid_lightning.fileio import set_job_identity
+
 # submitit asks SLURM for this signal `signal_delay_s` before the time limit (and on preemption).
 REQUEUE_SIGNAL = signal.SIGUSR2
 
@@ -28,20 +30,23 @@ class CellJob(submitit.helpers.Checkpointable):
         config: the cell's run config as plain data.
         grace_s: after the requeue signal, how long to wait for a step boundary before requeueing
             from the last periodic checkpoint anyway (a step or validation that hangs).
+        planned: the cell's plan made at submission (plain data; None for a cell submitted unplanned): the job
+            refuses a plan it makes that differs (``train(planned=...)``).
     """
 
-    def __init__(self, name: str, run_dir: str, config: dict, grace_s: float):
-        self.name, self.run_dir, self.config, self.grace_s = name, run_dir, config, grace_s
+    def __init__(self, name: str, run_dir: str, config: dict, grace_s: float, planned: dict | None = None):
+        self.name, self.run_dir, self.config, self.grace_s, self.planned = name, run_dir, config, grace_s, planned
 
     def __call__(self) -> str:
         from hybrid_lightning.config import validate_config
-        from hybrid_lightning.rundir import read_status
+        from hybrid_lightning.rundir.status import read_status
         from hybrid_lightning.training.checkpoints import SigtermStaysWithTheJob, StopOnRequest
         from hybrid_lightning.training.run import train
 
         import torch
 
         env = submitit.JobEnvironment()
+        set_job_identity({"slurm_job_id": os.environ["SLURM_JOB_ID"]})  # a requeue takes over its earlier start's lock
         if os.environ.get("SLURM_CPUS_PER_TASK"):  # torch would otherwise use every core of a shared node
             torch.set_num_threads(int(os.environ["SLURM_CPUS_PER_TASK"]))
         print(
@@ -54,7 +59,7 @@ class CellJob(submitit.helpers.Checkpointable):
         signals.install()
         run_dir = Path(self.run_dir)
         callbacks = [StopOnRequest(signals.stop), SigtermStaysWithTheJob(signals.on_term)]
-        train(validate_config(self.config), run_dir, callbacks)
+        train(validate_config(self.config), run_dir, callbacks, self.planned)
         signals.after_training(finished=(read_status(run_dir) or {}).get("state") == "done")
         return str(run_dir)
 

@@ -24,7 +24,9 @@ from hybrid_lightning.config import dump_config
 from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.grid.state import add_records, cell_states, lock, now, read_jobs, write_jobs
+from hybrid_lightning.grid.state import (
+    CELLS_DIR, add_records, cell_plan_path, cell_states, lock, now, read_jobs, write_jobs,
+)
 from hybrid_lightning.grid.tensorboard import write_seed_runs
 from hybrid_lightning.training.cluster import check_cpu_devices, trains_on_cpu_here
 from hybrid_lightning.training.threads import share
@@ -59,9 +61,19 @@ class LocalExecutor(Executor):
             except ValueError as e:
                 raise ValueError(f"cell {cell.name}: {e}") from None
 
+    def check_plan(self, cells: list[Cell]) -> str | None:
+        """On this machine's cores, for cells with ``train.accelerator: cpu`` (``auto`` means the GPUs of wherever
+        it runs)."""
+        for cell in cells:
+            try:
+                check_cpu_devices(cell.config.train)
+            except ValueError as e:
+                raise ValueError(f"cell {cell.name}: {e}") from None
+        return None
+
     def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
         """Claims ``cells`` for this process and writes their config files."""
-        configs = grid.state_dir / "cells"
+        configs = grid.state_dir / CELLS_DIR
         configs.mkdir(parents=True, exist_ok=True)
         records = {}
         for cell in cells:
@@ -72,6 +84,8 @@ class LocalExecutor(Executor):
                 "submitter_start": process_start(os.getpid()), "pid": None, "config": str(path),
                 "log": str(grid.state_dir / "logs" / f"{cell.name}.log"), "submitted": now(),
             }
+            if cell.plan is not None:  # recorded by submit_grid
+                records[cell.name]["plan"] = str(cell_plan_path(grid, cell))
         add_records(grid, records)
 
     def run(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> int:
@@ -181,7 +195,8 @@ def _start(grid: Grid, cell: Cell, threads: int) -> subprocess.Popen | None:
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             env.setdefault("OMP_NUM_THREADS", str(threads))
             proc = subprocess.Popen(
-                [sys.executable, "-m", "hybrid_lightning", "train", record["config"], "--run-dir", str(cell.run_dir)],
+                [sys.executable, "-m", "hybrid_lightning", "train", record["config"], "--run-dir", str(cell.run_dir),
+                 *(["--planned", record["plan"]] if record.get("plan") else [])],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 # a grid started in the background (nohup ... &) ignores SIGINT: its cells must not, for the stop below
                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

@@ -31,7 +31,7 @@ def plan_rows(grid: Grid, gpu: Gpu = DEFAULT_GPU) -> list[dict]:
             "memory": dict(plan.memory),
         }
         if cell.config.train.accelerator != "cpu":
-            setting = fitting_setting(cell.config, plan.budget, memory, gpu.memory)
+            setting = fitting_setting(plan, gpu.memory)
             row |= {"gpu_hours": tokens / gpu.tokens_per_s(plan.flops_per_token) / 3600, "fits": setting == {},
                     "fitting_setting": setting or None}
         rows.append(row)

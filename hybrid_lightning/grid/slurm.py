@@ -59,6 +59,7 @@ class SlurmExecutor(Executor):
 
     name = "slurm"
     help = "SLURM job arrays through submitit, with --profile"
+    takes_profile = True
 
     def check(self) -> None:
         self.load()
@@ -77,6 +78,11 @@ class SlurmExecutor(Executor):
             return "the cells were not checked against the partition: SLURM does not answer here"
         check_partition(cells, self.settings, *found)
         return None
+
+    def check_plan(self, cells: list[Cell]) -> str | None:
+        """As SLURM would run the cells: the profile's world and, where SLURM answers, the partition."""
+        self.load()
+        return self.check_cells(cells)
 
     def submit(self, grid: Grid, cells: list[Cell], say: Callable[[str], None]) -> None:
         submit_slurm(grid, cells, self.settings, say)
@@ -280,7 +286,8 @@ def submit_slurm(grid: Grid, cells: list[Cell], profile: dict, say: Callable[[st
         executor = _executor(folder, profile, resources, grid.name)
         try:
             with executor.batch():
-                jobs = [executor.submit(CellJob(c.name, str(c.run_dir), config_to_dict(c.config), grace_s)) for c in group]
+                jobs = [executor.submit(CellJob(c.name, str(c.run_dir), config_to_dict(c.config), grace_s,
+                                                c.plan and c.plan.as_dict())) for c in group]
         except FailedJobError as e:  # sbatch's own message, e.g. an invalid partition or account
             raise ValueError(f"sbatch refused the jobs of {len(group)} cell(s): {str(e).strip()}") from None
         add_records(grid, {

@@ -28,11 +28,14 @@ from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.records import Tag
 from hybrid_lightning.fileio import write_atomic
-from hybrid_lightning.plan.resolve import budget
-from hybrid_lightning.rundir import read_events, read_plan, read_status
-from hybrid_lightning.runplan import budget_steps
+from hybrid_lightning.rundir.events import read_events
+from hybrid_lightning.rundir.files import read_plan
+from hybrid_lightning.rundir.status import read_status
+from hybrid_lightning.runplan import plan_from_dict
 
 JOBS_FILE = "jobs.json"
+CELLS_DIR = "cells"  # under the grid's state folder: each submitted cell's config (local) and plan
+PLAN_SUFFIX = ".plan.json"
 
 
 @dataclass
@@ -80,6 +83,23 @@ def add_records(grid: Grid, records: dict[str, dict]) -> None:
     write_jobs(grid, jobs)
 
 
+def cell_plan_path(grid: Grid, cell: Cell) -> Path:
+    """Where the plan made when ``cell`` was submitted is recorded: ``.grid/cells/<cell>.plan.json``."""
+    return grid.state_dir / CELLS_DIR / f"{cell.name}{PLAN_SUFFIX}"
+
+
+def record_plan(grid: Grid, cell: Cell) -> Path | None:
+    """Records the cell's plan (a planned grid's) for its job to check (``train(planned=...)``); a cell read
+    without a plan drops the one an earlier submission recorded. Returns the file, None without a plan."""
+    path = cell_plan_path(grid, cell)
+    if cell.plan is None:
+        path.unlink(missing_ok=True)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(cell.plan.as_dict(), indent=1))
+    return path
+
+
 def now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
@@ -94,22 +114,23 @@ def _last_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, tuple[int, 
     return {t: (events[-1].step, events[-1].value) for t, events in series.items() if events}  # a resume may purge all
 
 
-def planned_steps(cell: Cell) -> int | None:
-    """The cell's ``train.max_steps``: its plan's (a resolved grid), else its config's where it states them. A
-    budget in ``train.tokens_per_param`` of a grid read without plans (``grid status``) gives its steps with the
-    parameters its run recorded (``plan.json``): counting them would load torch; None before the cell has a run."""
+def planned_steps(grid: Grid, cell: Cell) -> int | None:
+    """The cell's ``train.max_steps``, from its plan: the grid's (a resolved grid), else the config's where it
+    states them, else (a budget in ``train.tokens_per_param`` of a grid read without plans, ``grid status``:
+    counting parameters would load torch) the plan recorded when it was submitted, else its run's; None before
+    either exists."""
     if cell.plan is not None:
         return cell.plan.budget.max_steps
-    train = cell.config.train
-    if train.tokens_per_param is None:
-        return train.max_steps
+    if cell.config.train.tokens_per_param is None:
+        return cell.config.train.max_steps
+    recorded = cell_plan_path(grid, cell)
     try:
-        params = read_plan(cell.run_dir).params
-    except ValueError:  # no run directory yet
+        if recorded.is_file():
+            return plan_from_dict(json.loads(recorded.read_text()), str(recorded)).budget.max_steps
+        plan = read_plan(cell.run_dir)
+    except ValueError:  # neither submitted nor trained yet
         return None
-    if not params:
-        return None
-    return budget_steps(train.tokens_per_param, params["non_embedding"], budget(train).tokens_per_step)
+    return plan.budget.max_steps
 
 
 def cell_states(grid: Grid, cells: list[Cell] | None = None) -> list[CellState]:
@@ -131,7 +152,7 @@ def cell_states(grid: Grid, cells: list[Cell] | None = None) -> list[CellState]:
     rows = []
     for cell in cells:
         record = records.get(cell.name)
-        rows.append(_cell_state(cell, record, record and executors[record["executor"]], live.get(cell.name)))
+        rows.append(_cell_state(grid, cell, record, record and executors[record["executor"]], live.get(cell.name)))
     return rows
 
 
@@ -143,10 +164,10 @@ def _step_offset(run_dir: Path) -> int:
         return 0
 
 
-def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live: str | None) -> CellState:
+def _cell_state(grid: Grid, cell: Cell, record: dict | None, executor: Executor | None, live: str | None) -> CellState:
     """``record`` is the cell's newest job record, ``executor`` the one that wrote it, ``live`` its live state."""
     status = read_status(cell.run_dir) or {}
-    max_steps = planned_steps(cell)
+    max_steps = planned_steps(grid, cell)
     scalars = _last_scalars(cell.run_dir, (Tag.LOSS, Tag.SCORE, Tag.SCORE_BEYOND))
     step = status.get("step")
     if Tag.LOSS in scalars:  # the steps completed, whichever way the run numbered them (RunPlan.step_offset)

@@ -6,12 +6,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hybrid_lightning.grid.executor import executor_class
-from hybrid_lightning.grid.slurm import SlurmExecutor
+from hybrid_lightning.grid.executor import executor_class, executor_for
 from hybrid_lightning.grid.spec import Cell, Grid
-from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, write_jobs
+from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, record_plan, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
-from hybrid_lightning.training.cluster import check_cpu_devices
 from hybrid_lightning.training.resume import check_same_run
 
 
@@ -54,27 +52,20 @@ def submit_grid(
         summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         say(f"grid {grid.name}: {len(rows)} cells ({summary}); {len(todo)} to submit; run directories in {grid.root}")
         if todo:
+            for cell in todo:  # each job checks the plan it makes against this one
+                record_plan(grid, cell)
             runner.submit(grid, todo, say)
         write_hparams(grid)
     return runner.run(grid, todo, say) if todo else 0
 
 
-def check_plan(grid: Grid, profile: str | Path | None = None, overrides: Sequence[str] = (),
-               say: Callable[[str], None] = print) -> None:
-    """``grid plan``'s check of where the cells would run. With a profile or ``--set``: as SLURM would
-    run them (``SlurmExecutor.check_cells``: the profile's world and, where SLURM answers, the
-    partition). Without: on this machine's cores, for cells with ``train.accelerator: cpu`` (``auto``
-    means the GPUs of wherever it runs)."""
-    if profile is not None or overrides:
-        runner = SlurmExecutor(profile, overrides=overrides)
-        runner.load()
-        _checked(grid, runner.check_cells, say)
-        return
-    for cell in grid.cells:
-        try:
-            check_cpu_devices(cell.config.train)
-        except ValueError as e:
-            raise ValueError(f"grid {grid.name}: cell {cell.name}: {e}") from None
+def check_plan(grid: Grid, executor: str | None = None, profile: str | Path | None = None,
+               overrides: Sequence[str] = (), say: Callable[[str], None] = print) -> None:
+    """``grid plan``'s check of where the cells would run, asked of the executor (``executor.executor_for``: the
+    one named; else with a profile or ``--set`` parameters the one that takes a profile, e.g. SLURM's profile world
+    and partition; else this machine's cores for cells with ``train.accelerator: cpu``)."""
+    runner = executor_for(executor, profile, overrides)(profile, overrides=overrides)
+    _checked(grid, runner.check_plan, say)
 
 
 def _checked(grid: Grid, check: Callable[[list[Cell]], str | None], say: Callable[[str], None]) -> None:

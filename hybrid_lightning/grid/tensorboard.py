@@ -22,7 +22,7 @@ from statistics import mean
 from hybrid_lightning.grid.spec import Grid, format_value
 from hybrid_lightning.records import HEADLINE
 from hybrid_lightning.rundir import HPARAMS_SUFFIX as SUFFIX
-from hybrid_lightning.rundir import read_events
+from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.training.hparams import study_hparams, write_session
 from hybrid_lightning.training.layout import SEED_STATS, seeds_layout
 

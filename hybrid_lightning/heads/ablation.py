@@ -238,13 +238,13 @@ def control_test(model, ev: LongContextEval, report: dict, top: list[tuple[int, 
 def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: dict, *, selection: str | None,
               k: int | None = None, listed: list[tuple[int, int]] = (), seed: int = 0, controls: int = 0,
               each: bool = False, step: int, tokens: int, dtype: torch.dtype | None = None, mode: str = "zero",
-              run_key: int = 0) -> dict:
+              run_key: int = 0, window: int | None) -> dict:
     """Head ablations of ``model`` on the long-context probes of ``cfg`` (no held-out text): the
     ``selection`` (``choose_heads`` on ``selection_report``'s scores), with ``selection == "top"``
     its tests against ``controls`` draws of each kind (``control_test``, seeded by [seed, run_key, step]:
     fresh draws for every run and checkpoint), and with ``each`` every attention head alone; every masking
-    in ``mode``. Returns the keys to add to the heads report: ``ablation`` rows, ``ablation_tests``,
-    ``selection``."""
+    in ``mode``; ``window``: the model's run plan's (``LongContextEval``). Returns the keys to add to the heads
+    report: ``ablation`` rows, ``ablation_tests``, ``selection``."""
     check_lengths(cfg, tokenizer)
     out = {"ablation": [], "ablation_tests": []}
     if selection is not None:  # chosen first: a bad choice fails before any evaluation
@@ -254,7 +254,7 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
         if selection != "list":
             out["selection"] = {"seed": selection_seed(cfg), "heads": [
                 {"layer": r["layer"], "head": r["head"], "score": r["score"]} for r in chooser["heads"]]}
-    ev = LongContextEval(cfg.model_copy(update={"position_sequences": 0}), tokenizer, held_out)
+    ev = LongContextEval(cfg.model_copy(update={"position_sequences": 0}), tokenizer, held_out, window=window)
     base = ev.run(model, step=step, tokens=tokens, dtype=dtype, generate=False)["records"]
     if selection is not None:
         chosen = ablate(model, ev, heads, selection=selection, k=k, seed=seed if selection == "random" else None,

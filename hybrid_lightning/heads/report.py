@@ -10,7 +10,8 @@ import numpy as np
 
 from hybrid_lightning.eval.report import card_figure
 from hybrid_lightning.records import ABLATION_KEY, HEADS_TAGS
-from hybrid_lightning.rundir import eval_path, write_eval_record
+from hybrid_lightning.rundir import eval_path
+from hybrid_lightning.rundir.evals import write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
 # Fields that identify an ablation test (the rows' key is records.ABLATION_KEY); a newer one replaces an older one with the same key.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -34,59 +35,68 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hybrid_lightning.kinds import LayerSpec, ModelOptions
 from hybrid_lightning.model import Block
-from hybrid_lightning.plan.count import count, distinct
-from hybrid_lightning.plan.layers import model_options
-from hybrid_lightning.plan.matching import matched_plan
-from hybrid_lightning.plan.precision import autocast_dtype, resolve_precision
-from hybrid_lightning.runplan import Budget, MemoryEstimate, gib
+from hybrid_lightning.plan.precision import autocast_dtype
+from hybrid_lightning.runplan import MemoryEstimate, RunPlan, gib
 
 FP32 = 4
 MEASURED_LENGTH = 8192  # tokens up to which activations are counted at the run's own length
 
 
-def estimate_memory(cfg: Any, budget: Budget) -> MemoryEstimate:
-    """The estimate for the run config ``cfg`` (a ``RunConfig``, its vocabulary size resolved) training on
-    ``budget``, in time independent of ``model.n_layers``."""
-    m, t = cfg.model, cfg.train
-    assert m.vocab_size is not None, "resolve the config first (the vocabulary size)"
-    specs = matched_plan(m)
-    kinds = distinct(specs)
-    params = count(model_options(m), specs).total
-    dtype = autocast_dtype(resolve_precision(t, m))
-    opts = model_options(m)
-    blocks = {spec: _along_t(functools.partial(_block_activations, opts, spec), m.window, t.batch_size, t.seq_len, dtype)
+def estimate_memory(plan: RunPlan, checkpointing: bool) -> MemoryEstimate:
+    """The estimate for the run planned as ``plan`` (its layers, model options, parameters, precision and budget,
+    as ``resolve.make_plan`` made them; the memory estimate it may hold is not read) with activation checkpointing
+    on or off (``checkpointing``: the run's ``train.activation_checkpointing``), in time independent of the
+    number of layers."""
+    kinds, opts, b = _distinct_layers(plan), ModelOptions(**plan.model), plan.budget
+    params, dtype = plan.params["total"], autocast_dtype(plan.precision)
+    window = plan.window or 0
+    blocks = {spec: _along_t(functools.partial(_block_activations, opts, spec), window, b.batch_size, b.seq_len, dtype)
               for spec in kinds}
-    ends = _along_t(functools.partial(_ends_activations, opts), m.window, t.batch_size, t.seq_len, dtype)
-    tokens = budget.micro_batch_tokens  # one device's micro-batch: the tokens a forward holds
-    inputs = sum(kinds.values()) * tokens * m.d_model * FP32  # the residual stream, fp32
+    ends = _along_t(functools.partial(_ends_activations, opts), window, b.batch_size, b.seq_len, dtype)
+    tokens = b.micro_batch_tokens  # one device's micro-batch: the tokens a forward holds
+    inputs = sum(kinds.values()) * tokens * opts.d_model * FP32  # the residual stream, fp32
     return MemoryEstimate(
         weights=FP32 * params, gradients=FP32 * params, optimizer=2 * FP32 * params,
         activations=ends + sum(n * blocks[spec] for spec, n in kinds.items()),
         checkpointed=ends + inputs + max(blocks.values()),
-        transient=tokens * m.vocab_size * FP32, checkpointing=t.activation_checkpointing,
+        transient=tokens * opts.vocab_size * FP32, checkpointing=checkpointing,
     )
 
 
-def fitting_setting(cfg: Any, budget: Budget, estimate: MemoryEstimate, capacity: int) -> dict[str, Any] | None:
-    """The ``train`` settings under which the run ``cfg`` (resolved; its plan's ``budget`` and ``estimate``) peaks
-    within ``capacity`` bytes per device, its tokens per step kept: ``{}`` where it fits as it is; else activation
+def _distinct_layers(plan: RunPlan) -> Counter[LayerSpec]:
+    """The plan's layers, their index aside, with how many layers each stands for (as ``count.distinct``), each
+    distinct layer's spec built once: in time independent of the number of layers."""
+    found: Counter[LayerSpec] = Counter()
+    built: dict[tuple, LayerSpec] = {}
+    for layer in plan.layers:
+        key = (layer.mixer, layer.window, layer.pos, layer.mlp_hidden, repr(sorted(layer.options.items())))
+        if key not in built:
+            built[key] = dataclasses.replace(layer.spec(), index=0)
+        found[built[key]] += 1
+    return found
+
+
+def fitting_setting(plan: RunPlan, capacity: int) -> dict[str, Any] | None:
+    """The ``train`` settings under which the run planned as ``plan`` (its budget and memory estimate) peaks within
+    ``capacity`` bytes per device, its tokens per step kept: ``{}`` where it fits as it is; else activation
     checkpointing; else the largest micro-batch that fits (``train.batch_size`` a divisor of the run's,
     ``train.accumulate_grad_batches`` raised in proportion), without checkpointing and then with it; None where
     none of these fits."""
+    estimate = plan.memory_estimate
     if estimate.peak() <= capacity:
         return {}
     on = {"train.activation_checkpointing": True}
     if estimate.peak(True) <= capacity:
         return on
-    t = cfg.train
-    for batch in (b for b in range(t.batch_size - 1, 0, -1) if t.batch_size % b == 0):
-        accumulate = t.accumulate_grad_batches * t.batch_size // batch
-        smaller = cfg.model_copy(update={"train": t.model_copy(update={"batch_size": batch, "accumulate_grad_batches": accumulate})})
-        at = estimate_memory(smaller, dataclasses.replace(budget, batch_size=batch, accumulate=accumulate))
+    b = plan.budget
+    for batch in (n for n in range(b.batch_size - 1, 0, -1) if b.batch_size % n == 0):
+        accumulate = b.accumulate * b.batch_size // batch
+        smaller = dataclasses.replace(plan, budget=dataclasses.replace(b, batch_size=batch, accumulate=accumulate))
+        at = estimate_memory(smaller, estimate.checkpointing)
         setting = {"train.batch_size": batch, "train.accumulate_grad_batches": accumulate}
-        for checkpointing in dict.fromkeys((t.activation_checkpointing, True)):
+        for checkpointing in dict.fromkeys((estimate.checkpointing, True)):
             if at.peak(checkpointing) <= capacity:
-                return setting | (on if checkpointing and not t.activation_checkpointing else {})
+                return setting | (on if checkpointing and not estimate.checkpointing else {})
     return None
 
 

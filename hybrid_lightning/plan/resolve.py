@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import functools
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from hybrid_lightning import __version__
@@ -17,7 +18,7 @@ from hybrid_lightning.config import EvalConfig, RunConfig, TrainConfig, config_t
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning import runplan
-from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan
+from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan, plan_differences
 from hybrid_lightning.units import format_table
 
 # Counting parameters, estimating memory and checking probes build blocks and probes with torch and numpy: their
@@ -86,11 +87,12 @@ def make_plan(cfg: RunConfig) -> RunPlan:
     layers = tuple(LayerPlan(s.index, s.mixer, s.window, s.pos, s.mlp_hidden, dataclasses.asdict(s.options), c)
                    for s, c in zip(specs, counts.layers))
     match = param_report(m)
-    return RunPlan(layers, tokens, model=dataclasses.asdict(opts), params=counts.totals(),
+    plan = RunPlan(layers, tokens, model=dataclasses.asdict(opts), params=counts.totals(),
                    flops_per_token=counts.flops[t.seq_len], precision=resolve_precision(t, m),
-                   memory=dataclasses.asdict(estimate_memory(cfg, tokens)),
                    match={**dataclasses.asdict(match), "deviation": match.deviation, "applied": m.match_params is not None},
                    probes=_probes(cfg.eval, cfg.data.tokenizer, t.seq_len))
+    estimate = estimate_memory(plan, t.activation_checkpointing)  # from the plan's layers, parameters and precision
+    return dataclasses.replace(plan, memory=dataclasses.asdict(estimate))
 
 
 @functools.cache
@@ -105,6 +107,25 @@ def plan_run(cfg: RunConfig, sources: bool = True) -> tuple[RunConfig, RunPlan]:
     """The config resolved (``resolve_config``) and its plan."""
     cfg = resolve_config(cfg, sources)
     return cfg, make_plan(cfg)
+
+
+def check_planned(cfg: RunConfig, plan: RunPlan, planned: Mapping) -> None:
+    """A ``ValueError`` naming the keys where ``plan``, made here from ``cfg``, differs from ``planned``, the plan
+    made from the same config where the run was submitted (a grid's cell): another package version or a changed
+    tokenizer would train another run than the one planned. What the config leaves to the machine it runs on is
+    not compared: the precision and the memory estimate under ``train.precision: auto``, the processes under
+    ``train.devices: auto``."""
+    machine = (("precision", "memory.") if cfg.train.precision == "auto" else ()) + (
+        ("budget.world_size",) if cfg.train.devices == "auto" else ())
+    differing = {k: v for k, v in plan_differences(plan.as_dict(), planned).items()
+                 if not (machine and k.startswith(machine))}
+    if differing:
+        shown = "; ".join(f"{k}: {then!r} when submitted, {here!r} here"
+                          for k, (here, then) in list(differing.items())[:6])
+        more = f" and {len(differing) - 6} more" if len(differing) > 6 else ""
+        raise ValueError(f"the run plan made here differs from the one made when the run was submitted "
+                         f"({shown}{more}); is another hybrid-lightning version ({__version__} here) or tokenizer "
+                         "installed where it runs?")
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -148,11 +169,11 @@ def param_table(plan: RunPlan) -> str:
                       f"{match['matched']:,}  deviation {match['deviation']:+.2%}  {how}"])
 
 
-def run_plan(run_dir: Path) -> tuple[RunConfig, RunPlan]:
+def read_run(run_dir: Path) -> tuple[RunConfig, RunPlan]:
     """A run directory's config and plan, to build its model from: for a run written before plans were recorded
-    (``rundir.read_plan`` rebuilds only its layout), the plan made from its config here, numbering steps as the
-    run did."""
-    from hybrid_lightning.rundir import read_plan, read_run_config
+    (``rundir.legacy.rebuilt_plan`` rebuilds only its layout), the plan made from its config here, numbering steps
+    as the run did."""
+    from hybrid_lightning.rundir.files import read_plan, read_run_config
 
     cfg, plan = read_run_config(run_dir), read_plan(run_dir)
     if not plan.rebuilt:

@@ -19,7 +19,8 @@ from hybrid_lightning.config import RunConfig, dump_config
 from hybrid_lightning.eval.report import headline, report_path
 from hybrid_lightning.plan.precision import peak_bf16_tflops
 from hybrid_lightning.records import Tag
-from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR, process_status, write_status
+from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR
+from hybrid_lightning.rundir.status import process_status, write_status
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.hparams import study_hparams, write_session
 from hybrid_lightning.training.layout import run_layout

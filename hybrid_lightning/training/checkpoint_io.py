@@ -25,7 +25,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from hybrid_lightning.fileio import IOFailure, fsync_dir, temporary_beside
-from hybrid_lightning.rundir import checkpoint_is_complete
+from hybrid_lightning.rundir.checkpoints import checkpoint_is_complete
 
 
 class CheckpointWriteError(IOFailure):

@@ -16,7 +16,7 @@ import torch
 
 from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.plan.precision import autocast_dtype
-from hybrid_lightning.rundir import find_resume_checkpoint
+from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.threads import set_threads, thread_count
 

@@ -27,7 +27,8 @@ from hybrid_lightning.heads.report import heads_scalars, score_image, scored_lay
 from hybrid_lightning.heads.retrieval import RetrievalHeads
 from hybrid_lightning.plan.precision import autocast_dtype
 from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
-from hybrid_lightning.rundir import eval_files, read_eval_record
+from hybrid_lightning.rundir import eval_files
+from hybrid_lightning.rundir.evals import read_eval_record
 from hybrid_lightning.training.steps import OnOptimizerSteps, say
 
 class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
@@ -111,7 +112,7 @@ class LongContextEvaluation(PeriodicEvaluation):
     def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict | None:
         if self._eval is None:
             self._eval = LongContextEval(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens,
-                                         seq_len=self.cfg.train.seq_len)
+                                         seq_len=self.cfg.train.seq_len, window=pl_module.plan.window)
         if not self._eval.specs and not self._eval.sequences:
             return None
         every = self.cfg.eval.generate_every_n_steps

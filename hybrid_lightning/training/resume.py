@@ -12,13 +12,16 @@ from pathlib import Path
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, config_to_dict, flatten, validate_config
 from hybrid_lightning.config.roles import may_change_on_resume
 from hybrid_lightning.config.schedule import lr_factor
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, DATA_KEY, newest_checkpoint, read_config_dict, read_plan
-from hybrid_lightning.runplan import STEPS_INDEXED
+from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, DATA_KEY
+from hybrid_lightning.rundir.checkpoints import newest_checkpoint
+from hybrid_lightning.rundir.files import read_config_dict, read_plan
+from hybrid_lightning.rundir.legacy import check_resumable
 
 
 @dataclass(frozen=True)
 class Resume:
-    """The checkpoint a rerun resumes from: its path and step, and what it stored (``rundir.read_checkpoint_meta``)."""
+    """The checkpoint a rerun resumes from: its path and step, and what it stored
+    (``rundir.checkpoints.read_checkpoint_meta``)."""
 
     path: Path
     step: int
@@ -27,7 +30,7 @@ class Resume:
 
     @classmethod
     def of(cls, run_dir: Path) -> Resume | None:
-        """The run's newest valid checkpoint (``rundir.newest_checkpoint``), None for a new run."""
+        """The run's newest valid checkpoint (``rundir.checkpoints.newest_checkpoint``), None for a new run."""
         found = newest_checkpoint(run_dir)
         return None if found is None else cls(found[0], found[1]["step"], found[1]["config"], found[1]["data"])
 
@@ -66,15 +69,10 @@ def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
 
 
 def check_numbering(run_dir: Path, resume: Resume | None) -> None:
-    """A run written before steps counted the optimizer steps completed (``runplan.STEPS_INDEXED``: its plan.json
-    of version 1, or none) is not resumed: its records would mix two numberings. A ``ValueError`` says what to do."""
+    """A run written before steps counted the optimizer steps completed is not resumed (``legacy.check_resumable``)."""
     if resume is None:
         return
-    plan = read_plan(run_dir)
-    if plan.step_numbering == STEPS_INDEXED:
-        raise ValueError(f"{run_dir} was trained by an older hybrid-lightning, whose records number a step by the "
-                         f"index of its last batch (plan version {plan.version}{', rebuilt' if plan.rebuilt else ''}); "
-                         "finish it with that version, or train this config again in another --run-dir")
+    check_resumable(run_dir, read_plan(run_dir))
 
 
 def check_extension(cfg: RunConfig, resume: Resume | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,17 +14,11 @@ from hybrid_lightning.data.integrity import fingerprint
 from hybrid_lightning.data.store import ensure_store
 from hybrid_lightning.fileio import IOFailure, RunLock
 from hybrid_lightning.plan.memory import check_fits
-from hybrid_lightning.plan.resolve import default_run_dir, plan_run, provenance
-from hybrid_lightning.rundir import (
-    DATA_KEY,
-    find_resume_checkpoint,
-    process_status,
-    read_status,
-    remove_temporaries,
-    write_config,
-    write_plan,
-    write_status,
-)
+from hybrid_lightning.plan.resolve import check_planned, default_run_dir, plan_run, provenance
+from hybrid_lightning.rundir import DATA_KEY, remove_temporaries
+from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
+from hybrid_lightning.rundir.files import write_config, write_plan
+from hybrid_lightning.rundir.status import process_status, read_status, write_status
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
 from hybrid_lightning.training.stop import Stopped
@@ -52,7 +46,8 @@ def is_rank_zero() -> bool:
     return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK"))
 
 
-def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence[L.Callback] = ()) -> Path:
+def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence[L.Callback] = (),
+          planned: Mapping | None = None) -> Path:
     """Trains (or resumes) the run in ``run_dir``; returns the run directory.
 
     Everything that can be wrong with the config is checked before the directory is created. Rank 0
@@ -61,8 +56,12 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     ``callbacks`` are added to the Trainer's own; one that stops training before ``train.max_steps``
     leaves the run ``interrupted``, to be resumed. SIGTERM and SIGINT, where no one else handles
     them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
+    ``planned``: the plan made where the run was submitted (a grid's cell, as plain data); a plan made here that
+    differs is refused, naming the keys (``plan.resolve.check_planned``).
     """
     cfg, plan = plan_run(cfg)  # every derived fact, once; bad probes are refused here
+    if planned is not None:
+        check_planned(cfg, plan, planned)
     check_fits(cfg, plan.memory_estimate)  # a size beyond the machine's memory is refused before anything is allocated
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():

@@ -12,12 +12,12 @@ from torchmetrics import MeanMetric
 
 from hybrid_lightning.config import RunConfig, validate_config
 from hybrid_lightning.config.schedule import lr_factor
-from hybrid_lightning.data.datamodule import document_ids
+from hybrid_lightning.data.datamodule import VAL_HELD_OUT, VAL_TEXT, document_ids
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.plan.build import build_model
 from hybrid_lightning.records import Tag
-from hybrid_lightning.rundir import DATA_FINGERPRINT
-from hybrid_lightning.runplan import plan_from_dict
+from hybrid_lightning.rundir.checkpoints import DATA_FINGERPRINT
+from hybrid_lightning.rundir.legacy import plan_of_record
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -32,7 +32,7 @@ class LMSystem(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.cfg: RunConfig = validate_config(config)
-        self.plan = plan_from_dict(plan)
+        self.plan = plan_of_record(plan, "the run plan (hyper_parameters)")
         self.model = build_model(self.plan)
         self.model.activation_checkpointing = self.cfg.train.activation_checkpointing
         # data.doc_mask: documents end at this token; None = every sequence is one document
@@ -99,13 +99,14 @@ class LMSystem(L.LightningModule):
         return step % self.trainer.log_every_n_steps == 0 or step >= self.trainer.max_steps
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if dataloader_idx == 0:
+        held = self.trainer.datamodule.val_sets()[dataloader_idx]  # the data module owns the loaders' order
+        if held == VAL_HELD_OUT:
             loss = self._loss(batch)
             self.log(Tag.VAL_LOSS, loss, add_dataloader_idx=False, sync_dist=True)
             self.log(Tag.VAL_PPL, loss.exp(), add_dataloader_idx=False, sync_dist=True)
             return
-        if self.cfg.data.text_val_files and dataloader_idx == 1 + (self.cfg.data.synthetic.fraction > 0):
-            self.log(Tag.TEXT_LOSS, self._loss(batch), add_dataloader_idx=False, sync_dist=True)  # the last loader
+        if held == VAL_TEXT:
+            self.log(Tag.TEXT_LOSS, self._loss(batch), add_dataloader_idx=False, sync_dist=True)
             return
         tokens, targets = batch
         logits, y = self._logits(tokens)

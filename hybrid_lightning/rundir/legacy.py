@@ -1,0 +1,70 @@
+"""Runs an older version wrote, read here and nowhere else:
+
+- a run written before ``plan.json``: its plan rebuilt from its config.yaml (``rebuilt_plan``): the layers its
+  provenance recorded (else from ``model.pattern``), its parameter counts and its budget;
+- a ``plan.json`` of version 1, whose records number a step by the index of its last batch (``plan_of_record``);
+- such a run is not resumed (``check_resumable``): its records would mix two numberings.
+
+Every reader of a run directory goes through ``files.read_plan``, which sends these cases here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from hybrid_lightning.config import PROVENANCE_KEY, config_to_dict, flatten, validate_config
+from hybrid_lightning.kinds import expand, layer_traits
+from hybrid_lightning.rundir import CONFIG_FILE
+from hybrid_lightning.runplan import STEPS_INDEXED, Budget, LayerPlan, RunPlan, plan_from_dict
+
+# What runs written before plan.json recorded in config.yaml's provenance instead: the layers (one entry per
+# layer: layer, kind, letter, window, pos) and the parameter counts.
+LAYERS_KEY, PARAMS_KEY = "layers", "params"
+_DEFAULTS = flatten(config_to_dict(validate_config({})))  # every key's default, for configs written without it
+
+
+def plan_of_record(data: Mapping, source: str) -> RunPlan:
+    """The plan of a ``plan.json``'s data (``runplan.plan_from_dict``); one of version 1 numbers its steps by index."""
+    if isinstance(data, Mapping) and isinstance(data.get("version"), int) and data["version"] < 2:
+        data = {**data, "step_numbering": STEPS_INDEXED}  # recorded before steps counted the optimizer steps completed
+    return plan_from_dict(data, source)
+
+
+def rebuilt_plan(run_dir: Path, raw: dict) -> RunPlan:
+    """The plan of a run written before plan.json, from its config.yaml as read (``raw``): its layers as its
+    provenance recorded them (else from ``model.pattern``), its parameter counts, and its budget with the
+    processes its config states (``train.devices``, ``auto`` counted as one, times ``train.num_nodes``; a run
+    since records the processes it trained in, in its plan's budget). The config is read as written, a key it
+    lacks taking today's default, not validated: a run of another version (a mixer this process does not know)
+    is still read."""
+    provenance = raw.pop(PROVENANCE_KEY, None) or {}
+    written = flatten(raw)
+
+    def value(key: str):
+        return written.get(key, _DEFAULTS[key])
+
+    if provenance.get(LAYERS_KEY):
+        layers = [LayerPlan(r["layer"], r["kind"], r["window"], r["pos"]) for r in provenance[LAYERS_KEY]]
+    else:
+        try:
+            mixers = expand(str(value("model.pattern")), int(value("model.n_layers")), value("model.mixer"))
+            traits = (value("model.window"), value("model.pos.full"), value("model.pos.efficient"))
+            layers = [LayerPlan(i, m, *layer_traits(m, *traits)) for i, m in enumerate(mixers)]
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{Path(run_dir) / CONFIG_FILE}: its layers cannot be read ({e}); the file is damaged "
+                             "or of a version that recorded no layer plan") from None
+    devices = value("train.devices")
+    world = (1 if devices == "auto" else int(devices)) * int(value("train.num_nodes"))
+    sizes = (int(value(f"train.{k}")) for k in ("seq_len", "batch_size", "accumulate_grad_batches"))
+    budget = Budget(*sizes, world, int(value("train.max_steps")))
+    return RunPlan(tuple(layers), budget, params=provenance.get(PARAMS_KEY), rebuilt=True, step_numbering=STEPS_INDEXED)
+
+
+def check_resumable(run_dir: Path, plan: RunPlan) -> None:
+    """A ``ValueError`` for a run (its ``plan``) written before steps counted the optimizer steps completed
+    (``runplan.STEPS_INDEXED``: its plan.json of version 1, or none): resuming it would mix two numberings."""
+    if plan.step_numbering == STEPS_INDEXED:
+        raise ValueError(f"{run_dir} was trained by an older hybrid-lightning, whose records number a step by the "
+                         f"index of its last batch (plan version {plan.version}{', rebuilt' if plan.rebuilt else ''}); "
+                         "finish it with that version, or train this config again in another --run-dir")
