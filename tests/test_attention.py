@@ -3,12 +3,12 @@ import typing
 
 import pytest
 import torch
-from naive_attention import naive_attention, visible_keys
 from torch.nn.attention.flex_attention import flex_attention
 
 from hybrid_lightning.bench.gpu import CASES, TOLERANCE, backend_errors
 from hybrid_lightning.config import ModelConfig, validate_config
 from hybrid_lightning.model.attention import BACKENDS, HAS_FLASH_ATTN, attend, auto_backend
+from naive_attention import naive_attention, visible_keys
 
 # The backends that run on CPU with gradients; FlexAttention runs there forward-only (the tests under eager_flex).
 GRAD_BACKENDS = ["reference", "sdpa", "blocked"]
@@ -94,7 +94,9 @@ def test_unknown_backend_is_rejected():
         attend(q, k, v, window=None, backend="magic")
 
 
-@pytest.mark.parametrize("T, W, past", [(700, 300, 0), (700, 300, 299), (1000, 70, 5), (129, 64, 0), (130, 64, 63), (400, 2, 1)])
+@pytest.mark.parametrize(
+    "T, W, past", [(700, 300, 0), (700, 300, 299), (1000, 70, 5), (129, 64, 0), (130, 64, 63), (400, 2, 1)]
+)
 def test_blocked_over_many_blocks_matches_the_oracle(T, W, past):
     """Shapes with several query blocks, a last block cut short, and cached keys before the queries."""
     _check("blocked", T, W, past=past)
@@ -175,7 +177,9 @@ def test_compiled_flex_on_cpu_matches_the_oracle():
 CUDA_BACKENDS = ["sdpa", "flex", "flash"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 kernels of flash-attn, FlexAttention, SDPA)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 kernels of flash-attn, FlexAttention, SDPA)"
+)
 @pytest.mark.parametrize("backend", CUDA_BACKENDS)
 @pytest.mark.parametrize("case", CASES)
 def test_cuda_backends_match_reference_in_bf16(backend, case):

@@ -3,15 +3,15 @@ mixer and every backend that runs on CPU, outputs and gradients; without doc_ids
 
 import pytest
 import torch
-from naive_attention import naive_attention
 from torch.nn.attention.flex_attention import flex_attention
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import document_ids
-from hybrid_lightning.plan import build_model, resolve_model_config
 from hybrid_lightning.model.attention import attend
 from hybrid_lightning.model.documents import by_document, cu_seqlens, document_positions
 from hybrid_lightning.model.ops import ShortConv
+from hybrid_lightning.plan import build_model, resolve_model_config
+from naive_attention import naive_attention
 
 VOCAB = 40
 # Two rows of 300 tokens, documents of every kind of length: shorter than the window, longer than a

@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import run_cli
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES
 from hybrid_lightning.data.tokenizer import ByteTokenizer
 from hybrid_lightning.probes.haystack import NOISE, sentences
 from hybrid_lightning.probes.tasks import RULER_DEPTHS, TASKS, GenContext, make_sample
-
-from conftest import run_cli
 
 TOK = ByteTokenizer()
 # The haystack text: a standard-library module's source (long docstrings), there in every Python the package allows

@@ -5,11 +5,11 @@ import pytest
 
 from hybrid_lightning.analysis.load import _identity
 from hybrid_lightning.config import RunConfig, config_to_dict, flatten
-from hybrid_lightning.training.resume import _check_same
-from hybrid_lightning.config.roles import NOT_IDENTITY, RESUMABLE_CHANGES, ROLES, SECTION_ROLES, role_of, roles_table
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE
+from hybrid_lightning.config.roles import NOT_IDENTITY, RESUMABLE_CHANGES, ROLES, SECTION_ROLES, role_of, roles_table
 from hybrid_lightning.kinds import expand, layer_traits
 from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan
+from hybrid_lightning.training.resume import _check_same
 
 CFG = RunConfig.model_validate({"model": {"pattern": "EEEF", "mixer": "swa", "vocab_size": 256}})
 
