@@ -7,10 +7,11 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import document_ids
-from hybrid_lightning.plan import build_model, resolve_model_config
 from hybrid_lightning.model.attention import attend
 from hybrid_lightning.model.documents import by_document, cu_seqlens, document_positions
 from hybrid_lightning.model.ops import ShortConv
+from hybrid_lightning.plan import build_model, resolve_model_config
+from naive_attention import naive_attention
 
 VOCAB = 40
 # Two rows of 300 tokens, documents of every kind of length: shorter than the window, longer than a
@@ -78,7 +79,7 @@ def test_attention_of_a_packed_batch_is_each_document_alone(backend, window, eag
         alone = torch.zeros_like(packed)
         for b, s, e in documents(ids):
             one = [t[b : b + 1, :, s:e] for t in (q, k, v)]
-            alone[b : b + 1, :, s:e] = attend(*one, window=window, backend="reference")
+            alone[b : b + 1, :, s:e] = naive_attention(*one, window)  # the definition, one document
     tol = 1e-6 if backend == "flex" else 1e-12
     assert rel(packed, alone) <= tol
     if backend != "flex":
@@ -236,17 +237,16 @@ def _fake_flash_attn():
 @pytest.mark.parametrize("window", [None, 24])
 def test_the_flash_calls_follow_flash_attns_documented_interface(monkeypatch, window):
     """The ``flash`` paths' layouts, cu_seqlens, window and GQA, checked on CPU against a stand-in that
-    implements flash-attn's documented semantics (flash-attn itself needs CUDA): packed documents equal
-    the reference path's document mask, a plain batch its causal window."""
+    implements flash-attn's documented semantics (flash-attn itself needs CUDA): packed documents and a plain
+    batch equal the oracle written from the definition (naive_attention.py)."""
     import sys
 
-    from hybrid_lightning.model.attention import flash_attention, flash_varlen, reference_attention
+    from hybrid_lightning.model.attention import flash_attention, flash_varlen
 
     monkeypatch.setitem(sys.modules, "flash_attn", _fake_flash_attn())
     ids = packed_ids()
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 4, 300, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(2, 2, 300, 8, generator=g, dtype=torch.float64) for _ in range(2))
-    kk, vv = (t.repeat_interleave(2, dim=1) for t in (k, v))
-    assert rel(flash_varlen(q, k, v, window, ids), reference_attention(q, kk, vv, window, ids)) <= 1e-12
-    assert rel(flash_attention(q, k, v, window), reference_attention(q, kk, vv, window)) <= 1e-12
+    assert rel(flash_varlen(q, k, v, window, ids), naive_attention(q, k, v, window, ids)) <= 1e-12
+    assert rel(flash_attention(q, k, v, window), naive_attention(q, k, v, window)) <= 1e-12

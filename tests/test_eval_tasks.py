@@ -1,21 +1,24 @@
 """C1: the probe generators are exact in length, put the needle at the requested depth, keep the
 answer unique in the haystack, and are pure functions of their seed."""
 
+import argparse
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import run_cli
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES
 from hybrid_lightning.data.tokenizer import ByteTokenizer
 from hybrid_lightning.probes.haystack import NOISE, sentences
 from hybrid_lightning.probes.tasks import RULER_DEPTHS, TASKS, GenContext, make_sample
 
-from conftest import run_cli
-
 TOK = ByteTokenizer()
-ESSAY = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())
+# The haystack text: a standard-library module's source (long docstrings), there in every Python the package allows
+# (numpy's own files move between its versions: numeric.py is core/ in numpy 1 and _core/ in numpy 2).
+ESSAY = TOK.encode(Path(argparse.__file__).read_text())
 CTX = GenContext(TOK, ESSAY)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
-from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from tqdm import tqdm
 
 from hybrid_lightning.config import RunConfig, dump_config
 from hybrid_lightning.eval.report import headline, report_path
@@ -191,8 +191,8 @@ class StepProgressBar(AfterStepLogged, TQDMProgressBar):
     def train_description(self) -> str:
         return "train"
 
-    def init_validation_tqdm(self) -> Tqdm:
-        return Tqdm(disable=True)  # validation is part of a step here, not a bar of its own
+    def init_validation_tqdm(self) -> tqdm:
+        return tqdm(disable=True)  # validation is part of a step here, not a bar of its own
 
     def on_train_start(self, trainer: L.Trainer, *_) -> None:
         super().on_train_start(trainer)

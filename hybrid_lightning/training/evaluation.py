@@ -33,7 +33,8 @@ from hybrid_lightning.training.steps import OnOptimizerSteps, say
 
 class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
     """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
-    training ends; on rank 0 writes its report and logs it under ``tag``, with ``<tag>/seconds``,
+    training ends at ``max_steps`` (not when a stop ends it earlier); on rank 0 writes its report and logs it
+    under ``tag``, with ``<tag>/seconds``,
     and says on the console when an evaluation starts and how long it took.
 
     Records, their files and scalars carry the step evaluated: the optimizer steps completed
@@ -59,7 +60,7 @@ class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
             self.run(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.at_end and not trainer.interrupted and self._last_step != trainer.global_step:
+        if self.at_end and trainer.global_step >= trainer.max_steps and self._last_step != trainer.global_step:
             self.run(trainer, pl_module)
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict | None:

@@ -26,6 +26,8 @@ from hybrid_lightning.training.threads import set_threads
 # The step sampler makes data order a function of the step, so Lightning's warning that a plain
 # dataloader cannot resume mid-epoch does not apply; nor does its advice on dataloader workers.
 # Lightning's own use of a deprecated torch API and its product tips are noise in a run's log.
+# Lightning has no switch for these warnings or the banners below (only its loggers' levels, which would also
+# hide its other notices), so they are matched by text; tests/test_run_console.py fails when a text changes.
 for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.*command is available.*",
                  ".*isn't resumable.*", ".*Checkpoint directory .* exists and is not empty.*",
                  r".*isinstance\(treespec, LeafSpec\).*is deprecated.*"):
