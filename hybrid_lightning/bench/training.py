@@ -6,7 +6,7 @@
 2. One CPU thread at the CPU replica's size (d=128, 4 layers, batch 8 x 512) and the demo's (d=64,
    batch 8 x 256): the CPU time of a training step of full attention, SWA-32 and every recurrent hybrid,
    fp32 and under bf16 autocast, side by side; ``train.precision: auto`` follows the bf16 column
-   (``hybrid_lightning.plan.precision.CPU_BF16_SPEEDUP``).
+   (each mixer definition's ``cpu_bf16_speedup``, ``hybrid_lightning/kinds/``).
 3. The Lightning path (the ``Trainer`` that ``hybrid-lightning train`` builds: logging, checkpoint and
    throughput callbacks, the step sampler) against a plain PyTorch loop doing the same step on the
    same model, optimizer, schedule and batches, alternating rounds, the embedded default run config.

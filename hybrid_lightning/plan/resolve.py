@@ -86,11 +86,26 @@ def make_plan(cfg: RunConfig) -> RunPlan:
     layers = tuple(LayerPlan(s.index, s.mixer, s.window, s.pos, s.mlp_hidden, dataclasses.asdict(s.options), c)
                    for s, c in zip(specs, counts.layers))
     match = param_report(m)
+    precision = resolve_precision(t, m)
     return RunPlan(layers, tokens, model=dataclasses.asdict(opts), params=counts.totals(),
-                   flops_per_token=counts.flops[t.seq_len], precision=resolve_precision(t, m),
+                   flops_per_token=counts.flops[t.seq_len], precision=precision, kernels=kernels_here(cfg, precision),
                    memory=dataclasses.asdict(estimate_memory(cfg, tokens)),
                    match={**dataclasses.asdict(match), "deviation": match.deviation, "applied": m.match_params is not None},
                    probes=_probes(cfg.eval, cfg.data.tokenizer, t.seq_len))
+
+
+def kernels_here(cfg: RunConfig, precision: str) -> dict | None:
+    """The run's fast paths (``plan.kernels.resolve_kernels``), or None for a GPU run planned on a machine without
+    CUDA (it resolves them where it trains: ``train`` refuses a GPU run on a machine without one)."""
+    import torch
+
+    from hybrid_lightning.plan.kernels import resolve_kernels
+    from hybrid_lightning.plan.precision import on_gpu
+
+    gpu = on_gpu(cfg.train)
+    if gpu and not torch.cuda.is_available():
+        return None
+    return dataclasses.asdict(resolve_kernels(cfg, precision, "cuda" if gpu else "cpu"))
 
 
 @functools.cache
