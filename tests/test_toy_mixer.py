@@ -95,7 +95,7 @@ def test_the_registry_refuses_a_taken_name_or_letter(toy):
         register(MixerKind("lower", "q", "x.Y"))
 
 
-def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name(toy, tmp_path):
+def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name(toy, tmp_path, capsys):
     cfg = validate_config(toy_config(toy.KIND.name))
     model = build_model(cfg.model)
     assert [type(b.mixer).__name__ for b in model.layers] == ["CumulativeMean", "Attention"]
@@ -111,6 +111,9 @@ def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name
                             "notes": ()}
 
     run_dir = train(cfg, tmp_path / "runs" / "toy")
+    start = next(line for line in capsys.readouterr().out.splitlines() if "from step 0" in line)
+    assert start.endswith("; 32-true, kernels on cpu: attention sdpa (full); compile off")  # the start line
+    assert json.loads((run_dir / "plan.json").read_text())["kernels"]["attention"] == {"full": "sdpa"}
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_6.json", "step_6.json"]  # at the end
     out = tmp_path / "analysis"
     analyze(tmp_path / "runs", out)

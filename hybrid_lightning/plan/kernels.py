@@ -74,7 +74,8 @@ def _fallbacks(m, attention: bool, recurrent: bool) -> list[str]:
             continue
         sentence = f"{key} auto on CUDA: {why}, so {cost}"
         if require:
-            raise ValueError(f"{sentence}. model.require_fast_kernels is {m.require_fast_kernels} (null = true on CUDA): "
+            setting = "null (true on CUDA)" if m.require_fast_kernels is None else "true"
+            raise ValueError(f"{sentence}. model.require_fast_kernels is {setting}: "
                              "fix the import, or set model.require_fast_kernels: false to train anyway")
         warnings.warn(sentence, SlowKernelWarning, stacklevel=3)
         said.append(sentence)
