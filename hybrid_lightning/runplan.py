@@ -68,9 +68,10 @@ class MemoryEstimate:
 
 @dataclass(frozen=True)
 class Kernels:
-    """The fast paths of a run, resolved before it trains (``plan.kernels.resolve_kernels``): ``attention`` maps each attention mixer of the model to the kernel its layers
-    take, ``recurrent`` is the recurrent layers' backend (None without such layers), ``compile`` is
-    ``train.compile``, ``notes`` say what fell back or stays slow and why."""
+    """The fast paths of a run, resolved before it trains (``plan.kernels.resolve_kernels``): ``attention`` maps
+    each attention mixer of the model to the kernel its layers take, ``recurrent`` is the recurrent layers'
+    backend (None without such layers), ``compile`` is ``train.compile``, ``notes`` say what fell back or stays
+    slow and why."""
 
     device: str  # "cuda" | "cpu"
     attention: dict[str, str] = field(default_factory=dict)
@@ -79,7 +80,7 @@ class Kernels:
     notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """``kernels on cpu: attention sdpa (full), blocked (swa); recurrent chunked; compile off``, then a line per note."""
+        """``kernels on cpu: attention sdpa (full), blocked (swa); recurrent chunked; compile off``, a line per note."""
         parts = [f"attention {', '.join(f'{b} ({m})' for m, b in self.attention.items())}"] if self.attention else []
         parts += [f"recurrent {self.recurrent}"] if self.recurrent else []
         parts.append(f"compile {'on' if self.compile else 'off'}")

@@ -28,8 +28,9 @@ def hybrid(**model) -> object:
 
 
 def test_auto_on_cuda_without_fla_refuses_by_default_naming_the_key_and_the_error(no_fla):
-    with pytest.raises(ValueError, match=r"model\.recurrent_backend auto on CUDA: fla failed to import \(ModuleNotFound"
-                                         r"Error.*several times slower.*model\.require_fast_kernels is null \(true on CUDA\)"):
+    with pytest.raises(ValueError, match=r"model\.recurrent_backend auto on CUDA: fla failed to import \(ModuleNot"
+                                         r"FoundError.*several times slower.*model\.require_fast_kernels is null "
+                                         r"\(true on CUDA\)"):
         resolve_kernels(hybrid(), "bf16-mixed", "cuda")
 
 
@@ -51,7 +52,8 @@ def test_no_fallback_no_warning(no_fla):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cpu = resolve_kernels(hybrid(), "32-true", "cpu")
-        swa = resolve_kernels(validate_config({"model": {"pattern": "EEEF", "mixer": "swa", "window": 64}}), "bf16-mixed", "cuda")
+        swa_cfg = validate_config({"model": {"pattern": "EEEF", "mixer": "swa", "window": 64}})
+        swa = resolve_kernels(swa_cfg, "bf16-mixed", "cuda")
     assert (cpu.recurrent, cpu.notes, cpu.attention) == ("chunked", (), {"full": "sdpa"})
     assert swa.recurrent is None and swa.notes == ()
 

@@ -228,7 +228,8 @@ def test_a_mixer_without_a_measurement_stays_fp32_and_says_so(monkeypatch):
 
     monkeypatch.setattr(precision, "cpu_native_bf16", lambda: True)
     monkeypatch.setitem(KINDS, "lightning", dataclasses.replace(KINDS["lightning"], cpu_bf16_speedup=()))
-    cfg = validate_config({"model": {"d_model": 128, "pattern": "EEEF", "mixer": "lightning"}, "train": {"accelerator": "cpu"}})
+    model = {"d_model": 128, "pattern": "EEEF", "mixer": "lightning"}
+    cfg = validate_config({"model": model, "train": {"accelerator": "cpu"}})
     assert precision.resolve_precision(cfg.train, cfg.model) == "32-true"
     notes = kernels_here(cfg, "32-true")["notes"]
     assert len(notes) == 1 and "unmeasured for lightning" in notes[0]

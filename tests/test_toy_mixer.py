@@ -122,7 +122,7 @@ def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name
     layers = json.loads((run_dir / "eval" / "heads_step_6.json").read_text())["layers"]
     assert [(layer["kind"], layer["applicable"]) for layer in layers] == [("cumulative_mean", False), ("full", True)]
 
-    transformers = pytest.importorskip("transformers", reason="the export extra (transformers, safetensors) is not installed")
+    transformers = pytest.importorskip("transformers", reason="the export extra (transformers) is not installed")
     from hybrid_lightning.export.folder import export_run, load_native
     from hybrid_lightning.plan.resolve import run_plan
 

@@ -83,8 +83,9 @@ class _ModelLayout(_Frozen):
         "torch.compile (docs/training.md, Recurrent mixers)", **role(BOOKKEEPING))
     recurrent_chunk: Whole = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend", **role(BOOKKEEPING))
     require_fast_kernels: StrictBool | None = Field(
-        None, description="on CUDA, refuse to train when `auto` would fall back because fla or flash-attn failed to import "
-        "(false: warn and train); null = true when the run trains on CUDA (docs/training.md, Fast paths)", **role(BOOKKEEPING))
+        None, description="on CUDA, refuse to train when `auto` would fall back because fla or flash-attn failed to "
+        "import (false: warn and train); null = true when the run trains on CUDA (docs/training.md, Fast paths)",
+        **role(BOOKKEEPING))
     efficient_mlp_hidden: Whole | None = Field(None, ge=1, description="SwiGLU width of the non-full layers; null = `mlp_hidden`'s")
     match_params: str | None = Field(None, description="a reference pattern, e.g. `F`: sets the non-full layers' SwiGLU width "
                                      "so that the non-embedding parameter count matches the same model with that pattern "

@@ -71,8 +71,8 @@ def registry_source() -> str:
     files that the wrapper's imports reach, and the model imports mixer classes by dotted name (``kinds.base.load``)."""
     modules = dict.fromkeys(m for k in KINDS.values() for m in k.sources[:2])
     lines = [f"from .{flat_name(m)} import *  # noqa: F401, F403" for m in modules]
-    return ('"""Written by hybrid-lightning export: the modules of the mixers registered when the folder was written."""\n\n'
-            + "\n".join(lines) + "\n\nREGISTERED = True  # what the wrapper imports\n")
+    doc = '"""Written by hybrid-lightning export: the modules of the mixers registered when the folder was written."""'
+    return doc + "\n\n" + "\n".join(lines) + "\n\nREGISTERED = True  # what the wrapper imports\n"
 
 
 def write_model_source(out: Path) -> list[str]:

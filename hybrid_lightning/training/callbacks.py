@@ -170,7 +170,8 @@ class RunSummary(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.logger is None:
             return
-        text = dump_config(self.cfg).rstrip("\n") + f"\n\n# precision {self.plan.precision}, " + self.plan.describe_kernels()
+        text = dump_config(self.cfg).rstrip("\n")
+        text += f"\n\n# precision {self.plan.precision}, {self.plan.describe_kernels()}"
         trainer.logger.experiment.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # Markdown code
         trainer.logger.experiment.add_custom_scalars(run_layout())
         values = study_hparams(self.cfg, self.plan)

@@ -55,7 +55,8 @@ def dry_run_report(cfg: RunConfig, plan: RunPlan, run_dir: Path) -> str:
     (with their notes), and its run directory."""
     resume = find_resume_checkpoint(run_dir)
     where = f"run directory {run_dir}" + (f" (resumes at step {resume[1]})" if resume else " (new)")
-    return f"{cfg.name}: {estimate(cfg, plan).describe()}\n{plan.precision}, {plan.describe_kernels()}\n{where}; nothing written"
+    kernels = f"{plan.precision}, {plan.describe_kernels()}"
+    return f"{cfg.name}: {estimate(cfg, plan).describe()}\n{kernels}\n{where}; nothing written"
 
 
 def duration(seconds: float) -> str:

@@ -18,5 +18,5 @@ from hybrid_lightning.model.ops.delta_rule import chunked_delta_rule_flops, gate
 from hybrid_lightning.model.ops.gated_linear import chunked_gla_flops, gated_linear_attention
 from hybrid_lightning.model.ops.short_conv import ShortConv
 
-__all__ = ["BACKENDS", "ShortConv", "chunked_delta_rule_flops", "chunked_gla_flops", "fla_available", "fla_error", "gated_delta_rule",
-           "gated_linear_attention", "resolve_backend"]
+__all__ = ["BACKENDS", "ShortConv", "chunked_delta_rule_flops", "chunked_gla_flops", "fla_available", "fla_error",
+           "gated_delta_rule", "gated_linear_attention", "resolve_backend"]
