@@ -64,3 +64,15 @@ def test_the_backends_are_named_on_cpu():
     kernels = resolve_kernels(cfg, "32-true", "cpu")
     assert kernels == Kernels("cpu", {"swa": "blocked", "full": "sdpa"}, "chunked", True, ())
     assert kernels.describe() == "kernels on cpu: attention blocked (swa), sdpa (full); recurrent chunked; compile on"
+
+
+def test_a_gpu_run_planned_without_cuda_leaves_its_kernels_to_the_machine_that_trains_it(no_fla):
+    """``grid plan`` on a login node: no fla there is no refusal; the plan holds no kernels and says where they are
+    resolved (``train`` refuses a GPU run on a machine without CUDA, so training always resolves them itself)."""
+    from hybrid_lightning.plan.resolve import kernels_here
+    from hybrid_lightning.runplan import Budget, RunPlan
+
+    cfg = validate_config({"model": {"pattern": "EEEF", "mixer": "gated_deltanet"}, "train": {"accelerator": "gpu"}})
+    assert kernels_here(cfg, "bf16-mixed") is None
+    plan = RunPlan((), Budget(8, 1, 1, 1, 1))
+    assert plan.describe_kernels() == "kernels: resolved on the machine that trains the run"

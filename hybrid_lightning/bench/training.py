@@ -28,7 +28,7 @@ from hybrid_lightning.bench.measure import interleaved_medians, one_thread
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count_params
-from hybrid_lightning.kinds import mixer_names
+from hybrid_lightning.kinds import KINDS, mixer_names
 
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64
 SEQ_LEN, BATCH = 4096, 1
@@ -44,8 +44,8 @@ def architectures(windows: tuple[int, ...] = WINDOWS) -> dict[str, dict]:
     recurrent hybrids parameter-matched to full attention)."""
     archs = {"full": {"pattern": "F"}}
     for mixer in mixer_names(efficient_only=True):
-        if mixer == "swa":
-            archs.update({f"SWA-{w}": {"pattern": "EEEF", "mixer": "swa", "window": w} for w in windows})
+        if KINDS[mixer].has_window:
+            archs.update({f"SWA-{w}": {"pattern": "EEEF", "mixer": mixer, "window": w} for w in windows})
         else:
             archs[f"{mixer} hybrid"] = {"pattern": "EEEF", "mixer": mixer, "match_params": "F"}
     return archs
