@@ -9,6 +9,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from hybrid_lightning.analysis.report import analyze
@@ -114,6 +115,10 @@ def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name
     start = next(line for line in capsys.readouterr().out.splitlines() if "from step 0" in line)
     assert start.endswith("; 32-true, kernels on cpu: attention sdpa (full); compile off")  # the start line
     assert json.loads((run_dir / "plan.json").read_text())["kernels"]["attention"] == {"full": "sdpa"}
+    events = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    events.Reload()
+    config_text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "# precision 32-true, kernels on cpu: attention sdpa (full); compile off" in config_text  # TensorBoard
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_6.json", "step_6.json"]  # at the end
     out = tmp_path / "analysis"
     analyze(tmp_path / "runs", out)
