@@ -7,6 +7,8 @@ analysis read it; none of them works a fact out again.
     plan.params        embedding, non-embedding and total parameters
     plan.budget        sequence length, micro-batch, accumulation, processes, steps; tokens per step
     plan.flops_per_token, plan.precision, plan.memory, plan.match, plan.probes
+    plan.kernels       the fast paths it takes (attention kernel per attention mixer, recurrent backend, compile)
+                       and what fell back, resolved on the machine that trains it (plan/kernels.py)
 
 Plain data (neither torch nor pydantic), so that analysis reads it without the model. A run written before
 plans were recorded gets its plan rebuilt from its config.yaml on read (``rundir.legacy``, ``rebuilt``
@@ -18,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, canonical_pattern, spec_from_dict
 
@@ -62,6 +64,27 @@ class MemoryEstimate:
         return (f"{gib(self.peak())} per device (weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
                 f"optimizer {gib(self.optimizer)}, activations {gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
                 f"{gib(self.peak(not self.checkpointing))} {other} train.activation_checkpointing)")
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The fast paths of a run, resolved before it trains (``plan.kernels.resolve_kernels``): ``attention`` maps
+    each attention mixer of the model to the kernel its layers take, ``recurrent`` is the recurrent layers'
+    backend (None without such layers), ``compile`` is ``train.compile``, ``notes`` say what fell back or stays
+    slow and why."""
+
+    device: str  # "cuda" | "cpu"
+    attention: dict[str, str] = field(default_factory=dict)
+    recurrent: str | None = None
+    compile: bool = False
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """``kernels on cpu: attention sdpa (full), blocked (swa); recurrent chunked; compile off``, a line per note."""
+        parts = [f"attention {', '.join(f'{b} ({m})' for m, b in self.attention.items())}"] if self.attention else []
+        parts += [f"recurrent {self.recurrent}"] if self.recurrent else []
+        parts.append(f"compile {'on' if self.compile else 'off'}")
+        return f"kernels on {self.device}: " + "; ".join(parts) + "".join(f"\n  note: {n}" for n in self.notes)
 
 
 @dataclass(frozen=True)
@@ -136,6 +159,8 @@ class RunPlan:
         memory: the estimated peak memory per device (``MemoryEstimate`` fields, bytes).
         match: the parameter match (reference pattern, its count, this model's, the deviation).
         probes: the checked probe settings of ``eval`` and ``eval.heads``.
+        kernels: the fast paths (``plan.kernels.Kernels`` fields); None in a rebuilt plan, in a plan made for a GPU on a
+            machine without one (``grid plan`` on a login node: training resolves them), or one written before.
         rebuilt: True for a plan rebuilt on read from a run written before plans were recorded.
         version: the layout of plan.json it was read from (``PLAN_VERSION`` when made here).
         step_numbering: how the run numbers its recorded steps (``STEPS_COMPLETED``, ``STEPS_INDEXED``).
@@ -150,6 +175,7 @@ class RunPlan:
     memory: Mapping | None = None
     match: Mapping | None = None
     probes: Mapping | None = None
+    kernels: Mapping | None = None
     rebuilt: bool = False
     version: int = PLAN_VERSION
     step_numbering: str = STEPS_COMPLETED  # STEPS_INDEXED for a run written before version 2 (rundir.legacy)
@@ -167,6 +193,12 @@ class RunPlan:
     @property
     def memory_estimate(self) -> MemoryEstimate:
         return MemoryEstimate(**self.memory)
+
+    def describe_kernels(self) -> str:
+        """``Kernels.describe`` of the plan's fast paths, or why it holds none."""
+        if self.kernels is None:
+            return "kernels: resolved on the machine that trains the run"
+        return Kernels(**{**self.kernels, "notes": tuple(self.kernels["notes"])}).describe()
 
     @property
     def mixers(self) -> list[str]:

@@ -8,7 +8,6 @@ from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.kinds import KINDS
-from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.mixers.lightning import decay_rates
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
 from hybrid_lightning.plan.layers import layer_plan
@@ -152,7 +151,7 @@ def mixer(name, seed=0, **model):
     cfg = resolve_model_config({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name,
                                 "mamba2": {"head_dim": 16, "d_state": 8}, **model}, vocab_size=VOCAB)
     spec = layer_plan(cfg)[1]
-    return MIXERS[name](spec.options, spec)
+    return KINDS[name].mixer_class()(spec.options, spec)
 
 
 @pytest.mark.parametrize("name", RECURRENT)

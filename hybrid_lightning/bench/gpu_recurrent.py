@@ -28,7 +28,6 @@ import torch
 from hybrid_lightning.bench.recurrent import inputs
 from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.plan import layer_plan, resolve_model_config
-from hybrid_lightning.model.mixers import MIXERS
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
 from hybrid_lightning.fileio import refuse_existing
 from hybrid_lightning.interpreter import interpreting, patch
@@ -39,7 +38,7 @@ from hybrid_lightning.interpreter import interpreting, patch
 OUTPUT_TOL = 2e-2
 GRAD_TOL = 4e-2
 FP32_TOL = 1e-4  # under the interpreter, in fp32: the chunked path's own agreement with the recurrence
-RECURRENT = tuple(k.name for k in KINDS.values() if not k.attention)
+RECURRENT = tuple(k.name for k in KINDS.values() if k.recurrent)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -96,7 +95,7 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
                                     "pattern": "EEEF", "mixer": name})
         torch.manual_seed(0)
         spec = layer_plan(cfg)[1]
-        mixer = MIXERS[name](spec.options, spec).to(device)
+        mixer = KINDS[name].mixer_class()(spec.options, spec).to(device)
         x = torch.randn(2, T, d_model, generator=torch.Generator(device="cpu").manual_seed(2)).to(device)
         finals = {}
         y_c, out, grad = compare_backends(mixer, x, candidate, reference, dtype, finals=finals)

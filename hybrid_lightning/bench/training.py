@@ -6,7 +6,7 @@
 2. One CPU thread at the CPU replica's size (d=128, 4 layers, batch 8 x 512) and the demo's (d=64,
    batch 8 x 256): the CPU time of a training step of full attention, SWA-32 and every recurrent hybrid,
    fp32 and under bf16 autocast, side by side; ``train.precision: auto`` follows the bf16 column
-   (``hybrid_lightning.plan.precision.CPU_BF16_SPEEDUP``).
+   (each mixer definition's ``cpu_bf16_speedup``, ``hybrid_lightning/kinds/``).
 3. The Lightning path (the ``Trainer`` that ``hybrid-lightning train`` builds: logging, checkpoint and
    throughput callbacks, the step sampler) against a plain PyTorch loop doing the same step on the
    same model, optimizer, schedule and batches, alternating rounds, the embedded default run config.
@@ -28,7 +28,7 @@ from hybrid_lightning.bench.measure import interleaved_medians, one_thread
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count_params
-from hybrid_lightning.kinds import mixer_names
+from hybrid_lightning.kinds import KINDS, mixer_names
 
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64
 SEQ_LEN, BATCH = 4096, 1
@@ -44,8 +44,8 @@ def architectures(windows: tuple[int, ...] = WINDOWS) -> dict[str, dict]:
     recurrent hybrids parameter-matched to full attention)."""
     archs = {"full": {"pattern": "F"}}
     for mixer in mixer_names(efficient_only=True):
-        if mixer == "swa":
-            archs.update({f"SWA-{w}": {"pattern": "EEEF", "mixer": "swa", "window": w} for w in windows})
+        if KINDS[mixer].has_window:
+            archs.update({f"SWA-{w}": {"pattern": "EEEF", "mixer": mixer, "window": w} for w in windows})
         else:
             archs[f"{mixer} hybrid"] = {"pattern": "EEEF", "mixer": mixer, "match_params": "F"}
     return archs

@@ -16,7 +16,7 @@ from pydantic import Field, StrictBool, ValidationInfo, create_model, model_vali
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, Number, Whole, _Frozen, role
 
-from hybrid_lightning.kinds import KINDS, HeadsSettings, MixerKind, check_pattern, mixer_names, pattern_mixers
+from hybrid_lightning.kinds import FULL, KINDS, HeadsSettings, MixerKind, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
 MAX_STEPS = 10**12  # more optimizer steps than any budget can mean (the paper's largest: under 10^12 tokens)
@@ -52,6 +52,9 @@ def _section(kind: MixerKind) -> type[_Frozen]:
 
 
 SECTIONS = {k.section: _section(k) for k in KINDS.values() if k.section}  # section name -> its schema
+# The registered mixers as the docs of model.pattern and model.mixer name them.
+_LETTERS = ", ".join(f"`{k.letter}` = {k.title}" for k in KINDS.values() if k.name != FULL)
+_EFFICIENT = ", ".join(f"`{name}`" for name in mixer_names(efficient_only=True))
 
 
 class _ModelLayout(_Frozen):
@@ -62,10 +65,9 @@ class _ModelLayout(_Frozen):
     n_heads: Whole = Field(4, ge=1, description="attention heads; must divide `d_model`")
     n_kv_heads: Whole | None = Field(None, ge=1, description="key/value heads (GQA); must divide `n_heads`; null = `n_heads`")
     pattern: str = Field("EEEF", description="one letter per layer, tiled to `n_layers` (its length must divide `n_layers`): "
-                         "`F` full attention, `E` the mixer named by `model.mixer`, or a mixer's own letter (`S` = SWA, "
-                         "`M` = Mamba-2, `G` = Gated DeltaNet, `L` = Lightning Attention) to mix kinds explicitly, e.g. `SSFS`")
-    mixer: str = Field("swa", description="the efficient mixer that `E` stands for: `swa`, `mamba2`, `gated_deltanet`, "
-                       "`lightning`")
+                         "`F` full attention, `E` the mixer named by `model.mixer`, or a mixer's own letter "
+                         f"({_LETTERS}) to mix mixers explicitly, e.g. `SSFS`")
+    mixer: str = Field("swa", description=f"the efficient mixer that `E` stands for: {_EFFICIENT}")
     window: Whole = Field(64, ge=1, description="SWA window W, counting the current token (flash-attn's `window_size=(W-1, 0)`): "
                         "token t sees t-W+1 ... t")
     pos: PosConfig = Field(default_factory=PosConfig)
@@ -82,6 +84,10 @@ class _ModelLayout(_Frozen):
         "auto", description="recurrent mixers: `auto` = fla on CUDA when installed, else `chunked`; `compiled` = `chunked` under "
         "torch.compile (docs/training.md, Recurrent mixers)", **role(BOOKKEEPING))
     recurrent_chunk: Whole = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend", **role(BOOKKEEPING))
+    require_fast_kernels: StrictBool | None = Field(
+        None, description="on CUDA, refuse to train when `auto` would fall back because fla or flash-attn failed to "
+        "import (false: warn and train); null = true when the run trains on CUDA (docs/training.md, Fast paths)",
+        **role(BOOKKEEPING))
     efficient_mlp_hidden: Whole | None = Field(None, ge=1, description="SwiGLU width of the non-full layers; null = `mlp_hidden`'s")
     match_params: str | None = Field(None, description="a reference pattern, e.g. `F`: sets the non-full layers' SwiGLU width "
                                      "so that the non-embedding parameter count matches the same model with that pattern "

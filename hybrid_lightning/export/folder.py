@@ -159,7 +159,9 @@ def write_folder(model: HybridLM, tok: ByteTokenizer | JsonTokenizer, out: Path)
 
 def exported_layer(spec: LayerSpec) -> dict:
     """One layer of the plan as config.json stores it (``kinds.spec_from_dict`` rebuilds it), its mixer's
-    kernel ``auto``: the fast path where the loading machine has one, the torch path elsewhere."""
+    kernel (where its options name one) ``auto``: the fast path where the loading machine has one, the torch path
+    elsewhere."""
     layer = dataclasses.asdict(spec)
-    layer["options"]["backend"] = "auto"
+    if "backend" in layer["options"]:
+        layer["options"]["backend"] = "auto"
     return layer

@@ -12,17 +12,17 @@ import importlib.util
 import re
 from pathlib import Path
 
-PACKAGE = "hybrid_lightning"
-CONFIG_MODULE = "configuration_hybrid_lightning"  # the folder's config module (export/remote/)
+from hybrid_lightning.kinds import KINDS
+from hybrid_lightning.kinds.base import PACKAGE, flat_name
 
-# The package modules the model is made of, each copied as ``flat_name(module) + ".py"``.
-COPIED = (
+CONFIG_MODULE = "configuration_hybrid_lightning"  # the folder's config module (export/remote/)
+REGISTRY_MODULE = "hl_registry"  # written for the folder: imports the modules of every registered mixer
+
+# The package modules every model is made of, each copied as ``flat_name(module) + ".py"``; each registered mixer
+# adds its own (``MixerKind.sources``: its definition, its class's module, its operators).
+SHARED = (
     "hybrid_lightning.kinds",
     "hybrid_lightning.kinds.base",
-    "hybrid_lightning.kinds.attention",
-    "hybrid_lightning.kinds.mamba2",
-    "hybrid_lightning.kinds.gated_deltanet",
-    "hybrid_lightning.kinds.lightning",
     "hybrid_lightning.interpreter",
     "hybrid_lightning.model.transformer",
     "hybrid_lightning.model.rope",
@@ -31,30 +31,24 @@ COPIED = (
     "hybrid_lightning.model.documents",
     "hybrid_lightning.model.init",
     "hybrid_lightning.model.mixers",
-    "hybrid_lightning.model.mixers.attention",
-    "hybrid_lightning.model.mixers.gated_deltanet",
-    "hybrid_lightning.model.mixers.lightning",
-    "hybrid_lightning.model.mixers.mamba2",
     "hybrid_lightning.model.mixers.recurrent",
     "hybrid_lightning.model.ops",
     "hybrid_lightning.model.ops.common",
-    "hybrid_lightning.model.ops.delta_rule",
-    "hybrid_lightning.model.ops.gated_linear",
     "hybrid_lightning.model.ops.short_conv",
 )
 # The wrapper, written for the folder (export/remote/).
 REMOTE_FILES = (CONFIG_MODULE + ".py", "modeling_hybrid_lightning.py")
 
+
+def copied() -> tuple[str, ...]:
+    """The modules an export copies: the shared ones and those of every registered mixer."""
+    return tuple(dict.fromkeys((*SHARED, *(m for k in KINDS.values() for m in k.sources))))
+
+
 _IMPORT = re.compile(rf"^(\s*)(from|import)\s+({PACKAGE}(?:\.\w+)*)", re.MULTILINE)
 
 
-def flat_name(module: str) -> str:
-    """``hybrid_lightning.model.mixers.attention`` -> ``hl_mixers_attention`` (transformers loads remote
-    code from one flat folder: relative imports of sibling files only)."""
-    return "hl_" + module.removeprefix(PACKAGE + ".").removeprefix("model.").replace(".", "_")
-
-
-def relative_source(module: str) -> str:
+def relative_source(module: str, carried: tuple[str, ...]) -> str:
     """The source of ``module`` with every import of the package turned into a relative import of the
     folder's copy of that module."""
     text = Path(importlib.util.find_spec(module).origin).read_text()
@@ -63,20 +57,35 @@ def relative_source(module: str) -> str:
         indent, keyword, target = m.groups()
         if keyword == "import":
             raise RuntimeError(f"{module}: 'import {target}' cannot be exported; use 'from {target} import ...'")
-        if target not in COPIED:
-            raise RuntimeError(f"{module} imports {target}, which the export does not carry: add it to COPIED")
+        if target not in carried:
+            raise RuntimeError(f"{module} imports {target}, which the export does not carry: add it to SHARED, or to "
+                               "the operators of the mixer whose module imports it")
         return f"{indent}from .{flat_name(target)}"
 
     return _IMPORT.sub(relative, text)
 
 
+def registry_source() -> str:
+    """The folder's ``hl_registry.py``: an import of each registered mixer's definition (which registers it there,
+    as in the package) and class module, by name, because transformers carries into its module cache only the
+    files that the wrapper's imports reach, and the model imports mixer classes by dotted name (``kinds.base.load``)."""
+    modules = dict.fromkeys(m for k in KINDS.values() for m in k.sources[:2])
+    lines = [f"from .{flat_name(m)} import *  # noqa: F401, F403" for m in modules]
+    doc = '"""Written by hybrid-lightning export: the modules of the mixers registered when the folder was written."""'
+    return doc + "\n\n" + "\n".join(lines) + "\n\nREGISTERED = True  # what the wrapper imports\n"
+
+
 def write_model_source(out: Path) -> list[str]:
-    """Writes the copied model files and the wrapper (export/remote/) into ``out``; returns their names."""
+    """Writes the copied model files, the registry of the mixers (``registry_source``) and the wrapper
+    (export/remote/) into ``out``; returns their names."""
+    carried = copied()
     names = []
-    for module in COPIED:
+    for module in carried:
         name = flat_name(module) + ".py"
-        (out / name).write_text(relative_source(module))
+        (out / name).write_text(relative_source(module, carried))
         names.append(name)
+    (out / (REGISTRY_MODULE + ".py")).write_text(registry_source())
+    names.append(REGISTRY_MODULE + ".py")
     for name in REMOTE_FILES:
         (out / name).write_text((Path(__file__).parent / "remote" / name).read_text())
         names.append(name)

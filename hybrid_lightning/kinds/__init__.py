@@ -1,32 +1,32 @@
-"""Mixer kinds as data: the one table that config, layer plan, model, analysis and bench read, built from the
-definitions, one file per mixer (``attention``, ``mamba2``, ``gated_deltanet``, ``lightning``). A definition
-says what a mixer *is* (``base.MixerKind``: its name in configs, its letter in ``model.pattern``, whether it
-takes a window and a positional encoding), the options its module reads (a frozen dataclass), and its
-``model.<name>`` config section (a settings dataclass, from which config/schema.py derives the section); the
-classes that implement the names live in ``model/mixers/``, which checks at import that both list the same
-names. Also the per-layer plan's unit, ``LayerSpec``, and the pattern's expansion into layers.
+"""The mixers as data: the one registry (``KINDS``) that config, layer plan, model, export, analysis and bench
+read, filled by the definitions, one file per mixer (``attention``, ``mamba2``, ``gated_deltanet``,
+``lightning``), each registering itself when imported (``base.register``): the imports below are the package's
+registration lines, one per definition. A definition says what a mixer *is* (``base.MixerKind``: its name in
+configs, its letter in ``model.pattern``, whether it takes a window and a positional encoding, its ``nn.Module``
+class and operator modules by dotted name, its measured CPU bf16 speed-up), the options its module reads (a
+frozen dataclass), and its ``model.<name>`` config section (a settings dataclass, from which config/schema.py
+derives the section). Also the per-layer plan's unit, ``LayerSpec``, and the pattern's expansion into layers.
 
-Plain Python (neither torch nor pydantic), so that any layer may read it and an exported folder carries it.
+Plain Python (neither torch nor pydantic), so that any layer may read it and an exported folder carries it; the
+classes it names are imported only where a model is built (``MixerKind.mixer_class``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybrid_lightning.kinds.attention import FULL, AttentionOptions
-from hybrid_lightning.kinds.attention import KINDS as ATTENTION
-from hybrid_lightning.kinds.base import HeadsSettings, MixerKind, MixerOptions, ModelOptions, RecurrentOptions, setting
-from hybrid_lightning.kinds.gated_deltanet import KIND as GATED_DELTANET
-from hybrid_lightning.kinds.lightning import KIND as LIGHTNING
-from hybrid_lightning.kinds.mamba2 import KIND as MAMBA2
-
-EFFICIENT_LETTER = "E"  # the pattern letter that stands for model.mixer
-
-KINDS: dict[str, MixerKind] = {k.name: k for k in (*ATTENTION, MAMBA2, GATED_DELTANET, LIGHTNING)}
+from hybrid_lightning.kinds.base import (
+    EFFICIENT_LETTER, KINDS, HeadsSettings, MixerKind, MixerOptions, ModelOptions, RecurrentOptions, register, setting,
+)
+# The package's mixers, one registration line per definition file (importing it registers its mixers).
+from hybrid_lightning.kinds.attention import FULL, AttentionOptions  # full, swa
+from hybrid_lightning.kinds.mamba2 import KIND as MAMBA2  # noqa: F401
+from hybrid_lightning.kinds.gated_deltanet import KIND as GATED_DELTANET  # noqa: F401
+from hybrid_lightning.kinds.lightning import KIND as LIGHTNING  # noqa: F401
 
 __all__ = ["EFFICIENT_LETTER", "FULL", "KINDS", "AttentionOptions", "HeadsSettings", "LayerSpec", "MixerKind",
            "MixerOptions", "ModelOptions", "RecurrentOptions", "by_letter", "canonical_pattern", "check_pattern", "expand",
-           "kind", "layer_traits", "mixer_names", "pattern_mixers", "setting", "spec_from_dict"]
+           "kind", "layer_traits", "mixer_names", "pattern_mixers", "register", "setting", "spec_from_dict"]
 
 
 def kind(name: str) -> MixerKind:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hybrid_lightning.kinds.base import HeadsSettings, MixerKind, RecurrentOptions, setting
+from hybrid_lightning.kinds.base import HeadsSettings, MixerKind, RecurrentOptions, register, setting
 
 
 @dataclass(frozen=True)
@@ -34,4 +34,8 @@ class GatedDeltaNetOptions(RecurrentOptions):
     conv_size: int
 
 
-KIND = MixerKind("gated_deltanet", "G", options=GatedDeltaNetOptions, settings=GatedDeltaNetSettings, title="Gated DeltaNet")
+KIND = register(MixerKind(
+    "gated_deltanet", "G", "hybrid_lightning.model.mixers.gated_deltanet.GatedDeltaNet", options=GatedDeltaNetOptions,
+    settings=GatedDeltaNetSettings, title="Gated DeltaNet", definition=__name__,
+    operators=("hybrid_lightning.model.ops.delta_rule",), cpu_bf16_speedup=((128, 1.09), (64, 0.97)),
+))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybrid_lightning.kinds.base import HeadsSettings, MixerKind, RecurrentOptions
+from hybrid_lightning.kinds.base import HeadsSettings, MixerKind, RecurrentOptions, register
 
 
 @dataclass(frozen=True)
@@ -22,4 +22,8 @@ class LightningOptions(RecurrentOptions):
     n_layers: int
 
 
-KIND = MixerKind("lightning", "L", options=LightningOptions, settings=LightningSettings, title="Lightning Attention")
+KIND = register(MixerKind(
+    "lightning", "L", "hybrid_lightning.model.mixers.lightning.LightningAttention", options=LightningOptions,
+    settings=LightningSettings, title="Lightning Attention", definition=__name__,
+    operators=("hybrid_lightning.model.ops.gated_linear",), cpu_bf16_speedup=((128, 1.19), (64, 1.01)),
+))

@@ -43,7 +43,20 @@ from hybrid_lightning.model.blocked import blocked_attention
 from hybrid_lightning.model.documents import cu_seqlens, same_document
 
 BACKENDS = ("auto", "reference", "sdpa", "blocked", "flash", "flex")
-HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None  # imported on first use only
+HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None  # installed; imported on first use only
+
+
+@functools.cache
+def flash_attn_error() -> Exception | None:
+    """Why flash-attn, installed, does not import (a CUDA or torch version mismatch), or None when it does or is
+    not installed; ``auto`` takes it only when it imports, and the run plan names a failure (plan/kernels.py)."""
+    if not HAS_FLASH_ATTN:
+        return None
+    try:
+        import flash_attn  # noqa: F401
+    except Exception as e:
+        return e
+    return None
 
 
 def attend(
@@ -81,11 +94,17 @@ def attend(
 def auto_backend(q: torch.Tensor, window: int | None, documents: bool = False) -> str:
     """The backend ``auto`` picks for queries like ``q`` (see the module docstring); packed ``documents`` on
     CUDA without flash-attn go to ``flex``, whose block mask skips what SDPA's dense (B, T, T) mask computes."""
-    if q.is_cuda:
-        if HAS_FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
+    return auto_choice(q.is_cuda, q.dtype in (torch.float16, torch.bfloat16), window is not None, documents)
+
+
+def auto_choice(cuda: bool, half: bool, windowed: bool, documents: bool) -> str:
+    """What ``auto`` takes on CUDA or CPU, for fp16/bf16 inputs or not, windowed or full, packed documents or not;
+    ``auto_backend`` per call and the run plan before training (plan/kernels.py) both ask here."""
+    if cuda:
+        if HAS_FLASH_ATTN and flash_attn_error() is None and half:
             return "flash"
-        return "sdpa" if window is None and not documents else "flex"
-    return "sdpa" if window is None else "blocked"
+        return "sdpa" if not windowed and not documents else "flex"
+    return "blocked" if windowed else "sdpa"
 
 
 def check_backend(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -9,8 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hybrid_lightning.model.documents import by_document
-from hybrid_lightning.model.mixers import MIXERS
-from hybrid_lightning.kinds import LayerSpec, ModelOptions
+from hybrid_lightning.kinds import KINDS, LayerSpec, ModelOptions
 
 
 class SwiGLU(nn.Module):
@@ -32,7 +31,7 @@ class Block(nn.Module):
         super().__init__()
         self.spec = spec
         self.mixer_norm = nn.RMSNorm(opts.d_model, eps=opts.norm_eps)
-        self.mixer = MIXERS[spec.mixer](spec.options, spec)
+        self.mixer = KINDS[spec.mixer].mixer_class()(spec.options, spec)
         self.mlp_norm = nn.RMSNorm(opts.d_model, eps=opts.norm_eps)
         self.mlp = SwiGLU(opts.d_model, spec.mlp_hidden)
 

@@ -87,12 +87,27 @@ def make_plan(cfg: RunConfig) -> RunPlan:
     layers = tuple(LayerPlan(s.index, s.mixer, s.window, s.pos, s.mlp_hidden, dataclasses.asdict(s.options), c)
                    for s, c in zip(specs, counts.layers))
     match = param_report(m)
+    precision = resolve_precision(t, m)
     plan = RunPlan(layers, tokens, model=dataclasses.asdict(opts), params=counts.totals(),
-                   flops_per_token=counts.flops[t.seq_len], precision=resolve_precision(t, m),
+                   flops_per_token=counts.flops[t.seq_len], precision=precision, kernels=kernels_here(cfg, precision),
                    match={**dataclasses.asdict(match), "deviation": match.deviation, "applied": m.match_params is not None},
                    probes=_probes(cfg.eval, cfg.data.tokenizer, t.seq_len))
     estimate = estimate_memory(plan, t.activation_checkpointing)  # from the plan's layers, parameters and precision
     return dataclasses.replace(plan, memory=dataclasses.asdict(estimate))
+
+
+def kernels_here(cfg: RunConfig, precision: str) -> dict | None:
+    """The run's fast paths (``plan.kernels.resolve_kernels``), or None for a GPU run planned on a machine without
+    CUDA (it resolves them where it trains: ``train`` refuses a GPU run on a machine without one)."""
+    import torch
+
+    from hybrid_lightning.plan.kernels import resolve_kernels
+    from hybrid_lightning.plan.precision import on_gpu
+
+    gpu = on_gpu(cfg.train)
+    if gpu and not torch.cuda.is_available():
+        return None
+    return dataclasses.asdict(resolve_kernels(cfg, precision, "cuda" if gpu else "cpu"))
 
 
 @functools.cache
@@ -113,12 +128,11 @@ def check_planned(cfg: RunConfig, plan: RunPlan, planned: Mapping) -> None:
     """A ``ValueError`` naming the keys where ``plan``, made here from ``cfg``, differs from ``planned``, the plan
     made from the same config where the run was submitted (a grid's cell): another package version or a changed
     tokenizer would train another run than the one planned. What the config leaves to the machine it runs on is
-    not compared: the precision and the memory estimate under ``train.precision: auto``, the processes under
-    ``train.devices: auto``."""
-    machine = (("precision", "memory.") if cfg.train.precision == "auto" else ()) + (
+    not compared: the fast paths (``kernels``: what imports on the machine), the precision and the memory estimate
+    under ``train.precision: auto``, the processes under ``train.devices: auto``."""
+    machine = ("kernels",) + (("precision", "memory.") if cfg.train.precision == "auto" else ()) + (
         ("budget.world_size",) if cfg.train.devices == "auto" else ())
-    differing = {k: v for k, v in plan_differences(plan.as_dict(), planned).items()
-                 if not (machine and k.startswith(machine))}
+    differing = {k: v for k, v in plan_differences(plan.as_dict(), planned).items() if not k.startswith(machine)}
     if differing:
         shown = "; ".join(f"{k}: {then!r} when submitted, {here!r} here"
                           for k, (here, then) in list(differing.items())[:6])

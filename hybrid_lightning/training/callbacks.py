@@ -138,7 +138,8 @@ class Console(AfterStepLogged):
             threads = torch.get_num_threads()  # training/threads.py chose them
             cpu = f", {threads} CPU thread{'s' if threads > 1 else ''}" if pl_module.device.type == "cpu" else ""
             say(f"{self.run_dir}: {params['total']:,} parameters ({params['non_embedding']:,} non-embedding), "
-                f"{si(self.plan.budget.tokens)} tokens in {self.plan.budget.max_steps:,} steps, {start}{cpu}")
+                f"{si(self.plan.budget.tokens)} tokens in {self.plan.budget.max_steps:,} steps, {start}{cpu}; "
+                f"{self.plan.precision}, {self.plan.describe_kernels()}")
 
     def on_step_logged(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int, validated: bool) -> None:
         if self.every and trainer.is_global_zero and (step % self.every == 0 or step >= trainer.max_steps):
@@ -159,7 +160,8 @@ class Console(AfterStepLogged):
 
 
 class RunSummary(L.Callback):
-    """Writes, when training starts (rank 0), the resolved config as TensorBoard text (``config``), the custom-scalars
+    """Writes, when training starts (rank 0), the resolved config and the fast paths of its plan (``RunPlan.kernels``)
+    as TensorBoard text (``config``), the custom-scalars
     layout that leads with the headline (``layout.run_layout``) and the run's HParams session
     (``hparams.write_session``, unless a grid wrote its cell's), with the experiment summary."""
 
@@ -170,6 +172,7 @@ class RunSummary(L.Callback):
         if not trainer.is_global_zero or trainer.logger is None:
             return
         text = dump_config(self.cfg).rstrip("\n")
+        text += f"\n\n# precision {self.plan.precision}, {self.plan.describe_kernels()}"
         trainer.logger.experiment.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # Markdown code
         trainer.logger.experiment.add_custom_scalars(run_layout())
         values = study_hparams(self.cfg, self.plan)

@@ -51,10 +51,12 @@ class Estimate:
 
 
 def dry_run_report(cfg: RunConfig, plan: RunPlan, run_dir: Path) -> str:
-    """Two lines on the resolved run ``cfg`` and its plan: its size and estimated time, and its run directory."""
+    """Lines on the resolved run ``cfg`` and its plan: its size and estimated time, its precision and fast paths
+    (with their notes), and its run directory."""
     resume = find_resume_checkpoint(run_dir)
     where = f"run directory {run_dir}" + (f" (resumes at step {resume[1]})" if resume else " (new)")
-    return f"{cfg.name}: {estimate(cfg, plan).describe()}\n{where}; nothing written"
+    kernels = f"{plan.precision}, {plan.describe_kernels()}"
+    return f"{cfg.name}: {estimate(cfg, plan).describe()}\n{kernels}\n{where}; nothing written"
 
 
 def duration(seconds: float) -> str:

@@ -21,6 +21,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_hybrid_lightning import HybridLightningConfig
 from .hl_kinds import ModelOptions, spec_from_dict
+from .hl_registry import REGISTERED  # noqa: F401 (every mixer of the exporting process registered, its class at hand)
 from .hl_transformer import HybridLM
 
 

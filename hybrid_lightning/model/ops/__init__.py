@@ -13,10 +13,10 @@ output and the final state, so that a sequence fed in pieces equals one full cal
 (``cu_seqlens``) go to the ``fla`` kernels in one call; the torch backends run each document alone.
 """
 
-from hybrid_lightning.model.ops.common import BACKENDS, fla_available, resolve_backend
+from hybrid_lightning.model.ops.common import BACKENDS, fla_available, fla_error, resolve_backend
 from hybrid_lightning.model.ops.delta_rule import chunked_delta_rule_flops, gated_delta_rule
 from hybrid_lightning.model.ops.gated_linear import chunked_gla_flops, gated_linear_attention
 from hybrid_lightning.model.ops.short_conv import ShortConv
 
-__all__ = ["BACKENDS", "ShortConv", "chunked_delta_rule_flops", "chunked_gla_flops", "fla_available", "gated_delta_rule",
-           "gated_linear_attention", "resolve_backend"]
+__all__ = ["BACKENDS", "ShortConv", "chunked_delta_rule_flops", "chunked_gla_flops", "fla_available", "fla_error",
+           "gated_delta_rule", "gated_linear_attention", "resolve_backend"]

@@ -13,15 +13,21 @@ BACKENDS = ("auto", "chunked", "compiled", "recurrent", "fla")
 
 
 @functools.cache
-def fla_available() -> bool:
-    """Whether flash-linear-attention's kernels import (they need triton: a CUDA build, or Triton's
-    interpreter on CPU)."""
+def fla_error() -> Exception | None:
+    """Why flash-linear-attention's kernels do not import (they need triton: a CUDA build, or Triton's
+    interpreter on CPU), or None when they do. Any exception counts: an ImportError, or triton failing to
+    find a driver or to compile at import; the run plan names it before training (plan/kernels.py)."""
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
         import fla.ops.simple_gla  # noqa: F401
-    except Exception:  # ImportError, or triton failing to find a driver at import
-        return False
-    return True
+    except Exception as e:
+        return e
+    return None
+
+
+def fla_available() -> bool:
+    """Whether flash-linear-attention's kernels import (``fla_error``)."""
+    return fla_error() is None
 
 
 @functools.cache
@@ -43,12 +49,17 @@ def check_documents(backend: str, cu_seqlens: torch.Tensor | None, state: torch.
                          "backends run each document alone (model/documents.by_document)")
 
 
+def auto_choice(cuda: bool) -> str:
+    """What ``auto`` takes on CUDA or CPU: ``resolve_backend`` per call and the run plan before training ask here."""
+    return "fla" if cuda and fla_available() else "chunked"
+
+
 def resolve_backend(backend: str, x: torch.Tensor) -> str:
     """The implementation to run for ``model.recurrent_backend`` on tensors like ``x``."""
     if backend not in BACKENDS:
         raise ValueError(f"model.recurrent_backend: {backend!r} is not one of {list(BACKENDS)}")
     if backend == "auto":
-        return "fla" if x.is_cuda and fla_available() else "chunked"
+        return auto_choice(x.is_cuda)
     if backend == "fla" and not x.is_cuda:
         if not interpreting():
             raise ValueError(
