@@ -20,7 +20,7 @@ WRITTEN_ROLES = {
     "name": LABEL, "seed": LABEL,
     "train.max_steps": RESUMABLE,
     **dict.fromkeys([
-        "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk",
+        "model.attn_backend", "model.recurrent_backend", "model.recurrent_chunk", "model.require_fast_kernels",
         "data.text_val_files", "data.cache_dir", "data.store", "data.shard_mb", "data.prepare_workers",
         "data.num_workers",
         "train.activation_checkpointing", "train.check_memory", "train.compile", "train.threads",

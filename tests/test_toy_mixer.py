@@ -129,11 +129,11 @@ def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name
 
     transformers = pytest.importorskip("transformers", reason="the export extra (transformers) is not installed")
     from hybrid_lightning.export.folder import export_run, load_native
-    from hybrid_lightning.plan.resolve import run_plan
+    from hybrid_lightning.plan.resolve import read_run
 
     folder = export_run(run_dir, tmp_path / "hf_toy")  # transformers caches remote code by folder name: one of its own
     assert (folder / f"hl_{TOY_MODULE}.py").is_file()
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-    native, _ = load_native(*run_plan(run_dir), run_dir / "checkpoints" / "last.ckpt")
+    native, _ = load_native(*read_run(run_dir), run_dir / "checkpoints" / "last.ckpt")
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, native(x), rtol=0, atol=1e-5)
