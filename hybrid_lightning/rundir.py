@@ -39,7 +39,7 @@ from hybrid_lightning.config import (
     read_yaml,
     validate_config,
 )
-from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, process_start, write_atomic
+from hybrid_lightning.fileio import TMP_SUFFIX, pid_alive, process_start, stale_temporary, write_atomic
 from hybrid_lightning.kinds import expand, layer_traits
 from hybrid_lightning.runplan import STEPS_INDEXED, Budget, LayerPlan, RunPlan, plan_from_dict
 
@@ -85,14 +85,16 @@ def runs_under(root: str | Path) -> list[Path]:
 
 
 def remove_temporaries(run_dir: Path) -> list[Path]:
-    """Deletes the temporaries a killed writer left in the run directory (call it holding the lock)."""
+    """Deletes the temporaries a killed writer left in the run directory (call it holding the lock): only files
+    provably the package's (``fileio.stale_temporary``); a user's file there is left as it is."""
     run_dir = Path(run_dir)
     removed = []
     for folder in (run_dir, run_dir / CKPT_DIR, run_dir / EVAL_DIR):
         if folder.is_dir():
             for path in folder.glob(f".*{TMP_SUFFIX}"):
-                path.unlink(missing_ok=True)
-                removed.append(path)
+                if stale_temporary(path):
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
     return removed
 
 
@@ -326,6 +328,16 @@ def find_resume_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
     (``newest_checkpoint``)."""
     found = newest_checkpoint(run_dir)
     return (found[0], found[1]["step"]) if found else None
+
+
+def resume_step(run_dir: Path) -> int | None:
+    """The step a rerun resumes from, read from the checkpoints on disk: the newest valid one's (0 without one;
+    None where every checkpoint is damaged, which a rerun refuses, naming them)."""
+    try:
+        found = find_resume_checkpoint(run_dir)
+    except ValueError:
+        return None
+    return found[1] if found else 0
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:

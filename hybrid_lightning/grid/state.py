@@ -29,7 +29,7 @@ from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.records import Tag
 from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.plan.resolve import budget
-from hybrid_lightning.rundir import read_events, read_plan, read_status
+from hybrid_lightning.rundir import read_events, read_plan, read_status, resume_step
 from hybrid_lightning.runplan import budget_steps
 
 JOBS_FILE = "jobs.json"
@@ -166,6 +166,8 @@ def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live
         return row
     if record is not None and executor.abandoned(record):
         record = None
+    if status.get("state") != "done":  # stopped: where it resumes, not the step logged last (a rank died after it)
+        row.step = step = resume_step(cell.run_dir)
     if status.get("state") == "done":  # done at fewer steps than the grid now asks
         row.state, row.reason = "incomplete", f"trained {status.get('step')} steps; train.max_steps is now {max_steps}"
         return row
@@ -182,7 +184,8 @@ def _cell_state(cell: Cell, record: dict | None, executor: Executor | None, live
     elif ending is not None:
         row.state, row.reason = "failed", f"killed: {ending[1].lower()} (at step {step or 0}/{max_steps})"
     elif status.get("state") == "interrupted":  # e.g. the local executor stopped by Ctrl-C
-        row.state, row.reason = "incomplete", f"stopped at step {status.get('step')}" + (f" ({status['error']})" if status.get("error") else "")
+        why = f" ({status['error']})" if status.get("error") else ""
+        row.state, row.reason = "incomplete", f"stopped at step {step}{why}"
     else:
         row.state = "failed"
         row.reason = executor.failure(record) or f"the job ended at step {step or 0}/{max_steps}; see the log"
