@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from hybrid_lightning.rundir import STATUS_FILE, process_status, resume_step, write_status
+from hybrid_lightning.rundir import STATUS_FILE, process_status, read_status, resume_step, write_status
 
 if TYPE_CHECKING:
     from hybrid_lightning.fileio import RunLock
@@ -61,7 +61,8 @@ class EndAtOnce:
             step = None
             if self.lock is not None:
                 step = resume_step(self.run_dir)
-                if (self.run_dir / STATUS_FILE).exists():  # a run that wrote nothing yet gets no status
+                # a run that wrote nothing yet gets no status, a finished one keeps its own
+                if (self.run_dir / STATUS_FILE).exists() and (read_status(self.run_dir) or {}).get("state") != "done":
                     status = process_status("interrupted", step, self.max_steps, error=signal.Signals(signum).name)
                     write_status(self.run_dir, **status)
             for stream in (sys.stdout, sys.stderr):  # what the run printed (a log file's buffer) goes out first
