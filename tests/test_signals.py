@@ -135,12 +135,11 @@ def test_a_killed_local_submit_stops_its_cell_at_a_checkpoint(tmp_path):
     proc.kill()
     proc.wait()
     deadline = time.time() + 30
-    while (read_status(cell.run_dir) or {}).get("state") == "running":
+    while (row := cell_states(load_grid(path))[0]).live:  # its process still runs
         assert time.time() < deadline, "the cell trains on without its submitter"
         time.sleep(0.1)
     status = read_status(cell.run_dir)
     assert (status["state"], status["error"]) == ("interrupted", "SIGTERM"), status
-    (row,) = cell_states(load_grid(path))
     assert row.state == "incomplete" and row.step == status["step"] == resume_step(cell.run_dir) >= 3, row
 
 
