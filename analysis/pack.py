@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid_lightning.fileio import overlap, write_atomic
+from hybrid_lightning.fileio import overlap, refuse_file_for_folder, write_atomic
 from hybrid_lightning.rundir import (
     CONFIG_FILE,
     EVAL_DIR,
@@ -44,6 +44,7 @@ def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = 
     from hybrid_lightning.analysis.load import TAGS  # pandas: not at the command line's start
 
     root, out, tags = Path(root), Path(out), tags or TAGS
+    refuse_file_for_folder(out, "--out")
     _check_apart(root, out)
     dirs = runs_under(root)
     done = [d for d in dirs if (read_status(d) or {}).get("state") == "done"]
@@ -106,6 +107,7 @@ def copy_packed(packed: str | Path, root: str | Path) -> list[str]:
     """Copies the packed runs under ``packed`` that ``root`` lacks into ``root`` (a grid then counts the
     done ones as done); a run directory already in ``root`` is left as it is. Returns the runs copied."""
     packed, root = Path(packed), Path(root)
+    refuse_file_for_folder(root, "--into")
     runs = find_runs(packed)
     for run in runs:
         _check_sound(run)

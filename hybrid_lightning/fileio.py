@@ -10,6 +10,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import tempfile
 from collections.abc import Callable, Mapping
@@ -19,17 +20,39 @@ from typing import BinaryIO
 import psutil
 
 LOCK_FILE = ".lock"  # a run directory's writer lock (RunLock) and a token store's build lock
-TMP_SUFFIX = ".tmp"  # temporaries are hidden: .<target name>.<random>.tmp, beside their target
+TMP_SUFFIX = ".tmp"  # temporaries are hidden: .<target name>.<writer's pid>-<random>.tmp, beside their target
+# the name of a temporary of ours; the random part is tempfile.mkstemp's (8 of [a-z0-9_])
+_TEMPORARY = re.compile(rf"^\.(?P<target>.+)\.(?P<pid>\d+)-[a-z0-9_]{{8}}{re.escape(TMP_SUFFIX)}$")
 
 
 def temporary_beside(path: Path) -> tuple[int, Path]:
     """A new, uniquely named temporary file in ``path``'s own folder (so that ``os.replace`` onto
-    ``path`` is a rename on one filesystem, never a copy): (open descriptor, its path)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    ``path`` is a rename on one filesystem, never a copy): (open descriptor, its path). Its name says
+    whose it is: ``.<name>.<pid>-<random>.tmp`` (``stale_temporary``)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}-", suffix=TMP_SUFFIX)
     umask = os.umask(0o022)  # read (and put back) the process's umask now: it may have changed since the import
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # the mode of a plain new file, not mkstemp's 0600
     return fd, Path(tmp)
+
+
+def stale_temporary(path: Path) -> bool:
+    """Whether ``path`` is provably a temporary that a writer of this package left: named as ``temporary_beside``
+    names them, by a process no longer alive on this host (a file of any other name, a user's ``.notes.tmp``
+    included, is never one). Call it where no writer on another host can be at work (holding a run's lock)."""
+    m = _TEMPORARY.match(Path(path).name)
+    return m is not None and Path(path).is_file() and not pid_alive(int(m["pid"]))
+
+
+def refuse_file_for_folder(path: Path, flag: str) -> None:
+    """A ``ValueError`` naming ``flag`` when ``path``, or a folder above it, exists as something else than a folder,
+    before anything is written there."""
+    for p in (Path(path), *Path(path).parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise ValueError(f"{flag} {p} is a file where a folder is expected; move it away or give another "
+                                 "folder")
+            return
 
 
 def fsync_dir(folder: Path) -> None:

@@ -68,7 +68,8 @@ def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_pa
     write_status(cell.run_dir, state="interrupted", step=40, max_steps=cell.plan.budget.max_steps)
     rc, modules, out = loaded("grid", "status", PAPER, "--root", str(tmp_path), *cells)
     assert rc == 0 and "torch" not in modules, out
-    assert f"{cell.name}  incomplete     40/{cell.plan.budget.max_steps}" in out and "0/-" in out
+    # stopped at a logged step 40 without a checkpoint: it resumes from 0, and says so
+    assert f"{cell.name}  incomplete     0/{cell.plan.budget.max_steps}" in out and "0/-" in out
     assert "2 cells: 1 incomplete, 1 not submitted" in out
     rc, modules, out = loaded("grid", "cancel", PAPER, "--root", str(tmp_path))
     assert rc == 0 and "cancelled 0 cell(s)" in out and "torch" not in modules

@@ -36,13 +36,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(dry_run_report(cfg, plan, Path(args.run_dir or default_run_dir(cfg))))
         return 0
     from hybrid_lightning.training.run import train
-    from hybrid_lightning.training.stop import Stopped
+    from hybrid_lightning.training.stop import Stopped, stop_message
 
     try:
         run_dir = train(load(args), args.run_dir, planned=_planned(args.planned))
-    except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (unless a second signal came)
-        where = f" at step {e.step}" if e.step is not None else ""
-        print(f"hybrid-lightning train: stopped by {e}{where}; run the same command again to resume", file=sys.stderr)
+    except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (a second signal ends the process at once)
+        print(stop_message(e.signum, e.step), file=sys.stderr)
         return 128 + e.signum
     status = read_status(run_dir) or {}
     if status.get("state") == "interrupted":

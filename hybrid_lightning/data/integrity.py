@@ -34,6 +34,16 @@ def check_shard(path: Path, dtype: np.dtype, sha256: str | None, vocab_size: int
     return tokens
 
 
+def wrong_size(folder: Path, manifest: dict) -> Path | None:
+    """The first shard of the store in ``folder`` that is missing or not the size its ``manifest`` says (a
+    truncated one), or None."""
+    for entry in [*manifest["shards"], manifest["val"]]:
+        path, size = Path(folder) / entry["file"], entry["tokens"] * np.dtype(manifest["dtype"]).itemsize
+        if entry["tokens"] and (not path.is_file() or path.stat().st_size != size):
+            return path
+    return None
+
+
 def _digest(blob) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 

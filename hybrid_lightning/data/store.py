@@ -42,7 +42,7 @@ import numpy as np
 
 from hybrid_lightning.config import DataConfig, RunConfig
 from hybrid_lightning.data.corpus import Unit, cache_root, check_sources, hub_units, plan_units, read_unit, source_files
-from hybrid_lightning.data.integrity import check_same_data, check_shard, fingerprint, sha256_file
+from hybrid_lightning.data.integrity import check_same_data, check_shard, fingerprint, sha256_file, wrong_size
 from hybrid_lightning.data.shards import finished_shards, join, split_lengths, write_shard, write_with
 from hybrid_lightning.data.store_folder import LOCK, claim, discard, missing_folders, refuse_foreign, remove
 from hybrid_lightning.data.tokenizer import load_tokenizer
@@ -117,6 +117,8 @@ class Store:
 
     def damaged(self) -> str | None:
         """The first file that fails its check (every shard and its document index read now), or None."""
+        if (bad := wrong_size(self.folder, self.manifest)) is not None:
+            return str(bad)
         for i, path in enumerate(self.train.paths):
             try:
                 self.train._shard(i)
@@ -183,6 +185,9 @@ def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, 
     folder = store_folder(cfg, ident)
     refuse_foreign(folder)  # a file, or a folder of other files
     manifest = _read_manifest(folder, ident)
+    if manifest is not None and not verify and (bad := wrong_size(folder, manifest)) is not None:
+        raise ValueError(f"data.store: {bad} is missing or not the size the manifest says; run "
+                         "`hybrid-lightning data prepare` with this config to prepare the store again")
     if manifest is not None and (not verify or Store(folder, manifest).damaged() is None):
         return Store(folder, manifest)
     if not build:
@@ -225,12 +230,6 @@ def _read_manifest(folder: Path, ident: dict) -> dict | None:
         raise ValueError(f"data.store: {folder} holds a store for another config (differs in: {', '.join(diff)} "
                          f"[v=format, tok=data.tokenizer, src=the sources, field=data.text_field, max=data.max_tokens, "
                          f"val=data.val_fraction, min_doc=data.min_doc_tokens]); use another data.store or delete it")
-    for entry in [*manifest["shards"], manifest["val"]]:
-        path = folder / entry["file"]
-        expected = entry["tokens"] * np.dtype(manifest["dtype"]).itemsize
-        if entry["tokens"] and (not path.is_file() or path.stat().st_size != expected):
-            raise ValueError(f"data.store: {path} is missing or not {expected} bytes as the manifest says; "
-                             "delete the folder to prepare the store again")
     return manifest
 
 

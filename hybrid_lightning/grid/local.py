@@ -11,6 +11,8 @@ times, so that a reused pid is not taken for them) and its exit code.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import signal
 import socket
@@ -33,6 +35,7 @@ from hybrid_lightning.training.threads import share
 
 PROGRESS_EVERY_S = 60.0
 POLL_S = 0.5
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 @register
@@ -198,12 +201,25 @@ def _start(grid: Grid, cell: Cell, threads: int) -> subprocess.Popen | None:
                 [sys.executable, "-m", "hybrid_lightning", "train", record["config"], "--run-dir", str(cell.run_dir),
                  *(["--planned", record["plan"]] if record.get("plan") else [])],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                # a grid started in the background (nohup ... &) ignores SIGINT: its cells must not, for the stop below
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                preexec_fn=functools.partial(cell_process_setup, os.getpid()),
             )
         record.update(pid=proc.pid, pid_start=process_start(proc.pid), started=now())
         write_jobs(grid, jobs)
     return proc
+
+
+def cell_process_setup(submitter: int) -> None:
+    """Run in a cell's process before it starts ``train``. A grid started in the background (nohup ... &) ignores
+    SIGINT: its cells must not, for ``run_local``'s stop. And a cell stops when its submitter dies, however it dies
+    (a SIGKILL included): on Linux the kernel sends it SIGTERM then (``PR_SET_PDEATHSIG``), which stops training
+    at the end of the step with a checkpoint, as ``grid cancel`` does. Elsewhere the cell trains on, and the next
+    ``grid status`` shows it running."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != submitter:  # it died before the line above: nobody would send the signal
+            os._exit(128 + signal.SIGTERM)
 
 
 def _finish(grid: Grid, cell: Cell, code: int, seconds: float, say: Callable[[str], None]) -> int:

@@ -28,6 +28,7 @@ from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.records import Tag
 from hybrid_lightning.fileio import write_atomic
+from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_plan
 from hybrid_lightning.rundir.status import read_status
@@ -187,6 +188,8 @@ def _cell_state(grid: Grid, cell: Cell, record: dict | None, executor: Executor 
         return row
     if record is not None and executor.abandoned(record):
         record = None
+    if status.get("state") != "done":  # stopped: where it resumes, not the step logged last (a rank died after it)
+        row.step = step = resume_step(cell.run_dir)
     if status.get("state") == "done":  # done at fewer steps than the grid now asks
         row.state, row.reason = "incomplete", f"trained {status.get('step')} steps; train.max_steps is now {max_steps}"
         return row
@@ -203,7 +206,8 @@ def _cell_state(grid: Grid, cell: Cell, record: dict | None, executor: Executor 
     elif ending is not None:
         row.state, row.reason = "failed", f"killed: {ending[1].lower()} (at step {step or 0}/{max_steps})"
     elif status.get("state") == "interrupted":  # e.g. the local executor stopped by Ctrl-C
-        row.state, row.reason = "incomplete", f"stopped at step {status.get('step')}" + (f" ({status['error']})" if status.get("error") else "")
+        why = f" ({status['error']})" if status.get("error") else ""
+        row.state, row.reason = "incomplete", f"stopped at step {step}{why}"
     else:
         row.state = "failed"
         row.reason = executor.failure(record) or f"the job ended at step {step or 0}/{max_steps}; see the log"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hybrid_lightning.fileio import TMP_SUFFIX
+from hybrid_lightning.fileio import TMP_SUFFIX, stale_temporary
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
@@ -65,14 +65,16 @@ def runs_under(root: str | Path) -> list[Path]:
 
 
 def remove_temporaries(run_dir: Path) -> list[Path]:
-    """Deletes the temporaries a killed writer left in the run directory (call it holding the lock)."""
+    """Deletes the temporaries a killed writer left in the run directory (call it holding the lock): only files
+    provably the package's (``fileio.stale_temporary``); a user's file there is left as it is."""
     run_dir = Path(run_dir)
     removed = []
     for folder in (run_dir, run_dir / CKPT_DIR, run_dir / EVAL_DIR):
         if folder.is_dir():
             for path in folder.glob(f".*{TMP_SUFFIX}"):
-                path.unlink(missing_ok=True)
-                removed.append(path)
+                if stale_temporary(path):
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
     return removed
 
 

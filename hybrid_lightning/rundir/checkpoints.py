@@ -59,6 +59,16 @@ def find_resume_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
     return (found[0], found[1]["step"]) if found else None
 
 
+def resume_step(run_dir: Path) -> int | None:
+    """The step a rerun resumes from, read from the checkpoints on disk: the newest valid one's (0 without one;
+    None where every checkpoint is damaged, which a rerun refuses, naming them)."""
+    try:
+        found = find_resume_checkpoint(run_dir)
+    except ValueError:
+        return None
+    return found[1] if found else 0
+
+
 def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
     """The newest valid checkpoint of the run as (path, ``read_checkpoint_meta``), or None when the run has none.
 

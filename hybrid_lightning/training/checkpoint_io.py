@@ -57,7 +57,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ``teardown`` drops what was never committed (a run that failed before its step was logged).
 
     A background failure is raised by the next ``save_checkpoint``, ``remove_checkpoint``,
-    ``check`` (called at every step) or ``wait``.
+    ``check`` (called at every step) or ``wait``. ``halt`` stops the writer for a process about to end at once.
     """
 
     def __init__(self) -> None:
@@ -65,6 +65,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._jobs: queue.Queue[tuple[Callable[[], None], Callable[[], None]] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._worker: threading.Thread | None = None
+        self._busy = threading.Lock()  # held by the writer thread for each job; ``halt`` takes it for good
+        self._halted = False
+        self._temporaries: set[Path] = set()  # written or being written, not renamed yet
         self.pending: list[tuple[Callable[[], None], Callable[[], None]]] = []
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
@@ -76,6 +79,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = temporary_beside(path)
+            self._temporaries.add(tmp)
             with os.fdopen(fd, "wb") as f:
                 torch.save(checkpoint, f)
                 written = f.tell()
@@ -84,13 +88,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except BaseException as e:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
+                self._temporaries.discard(tmp)
             if isinstance(e, Exception):
                 raise CheckpointWriteError(path, e) from e
             raise  # an interrupt: the temporary is gone, the previous checkpoint untouched
-        self.pending.append((lambda: self._rename(tmp, path), lambda: tmp.unlink(missing_ok=True)))
+        self.pending.append((lambda: self._rename(tmp, path), lambda: self._drop(tmp)))
 
-    @staticmethod
-    def _rename(tmp: Path, path: Path) -> None:
+    def _drop(self, tmp: Path) -> None:
+        tmp.unlink(missing_ok=True)
+        self._temporaries.discard(tmp)
+
+    def _rename(self, tmp: Path, path: Path) -> None:
         try:
             fd = os.open(tmp, os.O_RDONLY)
             try:
@@ -98,9 +106,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             finally:
                 os.close(fd)
             os.replace(tmp, path)
+            self._temporaries.discard(tmp)
             fsync_dir(path.parent)
         except BaseException as e:
-            tmp.unlink(missing_ok=True)
+            self._drop(tmp)
             raise CheckpointWriteError(path, e) from e
 
     def remove_checkpoint(self, path) -> None:
@@ -128,11 +137,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 if item is None:  # teardown's
                     return
                 job, cleanup = item
-                (job if self._error is None else cleanup)()
+                with self._busy:
+                    (job if self._error is None and not self._halted else cleanup)()
             except BaseException as e:
                 self._error = self._error or e
             finally:
                 self._jobs.task_done()
+
+    def halt(self, timeout: float = 30.0) -> None:
+        """Stops the writer for good, for a process about to end at once (a second signal): the file operation under
+        way finishes (waited for up to ``timeout`` seconds), no other starts, and the temporaries not renamed yet,
+        the one being serialised included, are removed. The checkpoints on disk are then the ones a rerun finds.
+        Safe from a signal handler on the main thread: the lock it takes is only ever held by the writer thread."""
+        self._busy.acquire(timeout=timeout)  # never released: the writer thread waits for the process's end
+        self._halted = True
+        for tmp in list(self._temporaries):
+            tmp.unlink(missing_ok=True)
 
     def check(self) -> None:
         """Raises the background failure, if there was one."""

@@ -15,7 +15,7 @@ import torch
 from hybrid_lightning.rundir import LAST_CKPT, step_checkpoint_name
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.steps import OnOptimizerSteps
-from hybrid_lightning.training.stop import Stopped
+from hybrid_lightning.training.stop import EndAtOnce, Stopped
 
 STEP_FILE = re.compile(r"^step_(\d+)\.ckpt$")
 
@@ -117,9 +117,11 @@ class StopOnRequest(OnOptimizerSteps):
 class StopOnSignals(StopOnRequest):
     """SIGTERM and SIGINT where nobody else handles them (a local run; under submitit, SLURM's
     signals stay submitit's): the first one during training stops at the end of the current step
-    with a checkpoint; one before training starts, or a second one, raises ``Stopped`` at once
-    (a checkpoint being written is abandoned, the previous one stays). With several ranks, every
-    rank learns the signal that one of them received (``signum``), so each exits by it.
+    with a checkpoint; one before training starts raises ``Stopped`` at once; a second one ends the
+    process at once through ``at_once`` (``stop.EndAtOnce``: a checkpoint being written is abandoned,
+    the previous one stays, the status names it), or raises ``Stopped`` where ``at_once`` is not set.
+    With several ranks, every rank learns the signal that one of them received (``signum``), so each
+    exits by it.
 
     ``install`` before anything else, ``restore`` at the end; ``signum`` is the signal received.
     """
@@ -131,6 +133,7 @@ class StopOnSignals(StopOnRequest):
         self.signum: int | None = None
         self._training = False
         self._previous: dict[int, Any] = {}
+        self.at_once: EndAtOnce | None = None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -168,6 +171,8 @@ class StopOnSignals(StopOnRequest):
                   "(send it again to stop at once)", flush=True)
             self.request.set()
             return
+        if not first and self.at_once is not None:
+            self.at_once(signum)
         raise Stopped(signum)
 
 

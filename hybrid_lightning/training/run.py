@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.integrity import fingerprint
 from hybrid_lightning.data.store import ensure_store
-from hybrid_lightning.fileio import IOFailure, RunLock
+from hybrid_lightning.fileio import IOFailure, RunLock, refuse_file_for_folder
 from hybrid_lightning.plan.memory import check_fits
 from hybrid_lightning.plan.resolve import check_planned, default_run_dir, plan_run, provenance
-from hybrid_lightning.rundir import DATA_KEY, remove_temporaries
-from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
+from hybrid_lightning.rundir import CKPT_DIR, DATA_KEY, EVAL_DIR, remove_temporaries
+from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.files import write_config, write_plan
 from hybrid_lightning.rundir.status import process_status, read_status, write_status
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
-from hybrid_lightning.training.stop import Stopped
+from hybrid_lightning.training.stop import EndAtOnce, Stopped
 
 if TYPE_CHECKING:
     import lightning as L
@@ -66,6 +66,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
+    for folder in (CKPT_DIR, EVAL_DIR):  # folders the run writes into, refused as files before anything is made
+        refuse_file_for_folder(run_dir / folder, f"the run's {folder} folder:")
     check_devices(cfg)
     from hybrid_lightning.training.checkpoints import StopOnSignals
     from hybrid_lightning.training.cluster import check_launch
@@ -75,7 +77,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     signals = StopOnSignals()
     signals.install()
     try:
-        with RunLock(run_dir) if is_rank_zero() else contextlib.nullcontext():
+        with RunLock(run_dir) if is_rank_zero() else contextlib.nullcontext() as lock:
+            signals.at_once = EndAtOnce(run_dir, cfg.train.max_steps, lock)  # what a second signal does
             if is_rank_zero():
                 remove_temporaries(run_dir)  # of a writer killed mid-write; the lock says none is running
             return _train_locked(cfg, plan, run_dir, [signals, *callbacks], signals)
@@ -107,6 +110,7 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
     trainer, module, datamodule = build_trainer(cfg, plan, run_dir, step, [*callbacks, status])
     io = trainer.strategy.checkpoint_io
     assert isinstance(io, AtomicCheckpointIO)
+    signals.at_once.io = io
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_config(run_dir, cfg, {**provenance(), DATA_KEY: fingerprint(store.manifest)})
@@ -147,13 +151,7 @@ def saved_step(trainer, run_dir: Path) -> int | None:
     """The step a rerun resumes from: the newest valid checkpoint's (0 without one; None where every checkpoint is
     damaged, which a rerun refuses, naming them). Rank 0 only (None on the others): it alone writes and rotates
     the checkpoints, and it writes the status."""
-    if not trainer.is_global_zero:
-        return None
-    try:
-        found = find_resume_checkpoint(run_dir)
-    except ValueError:
-        return None
-    return found[1] if found else 0
+    return resume_step(run_dir) if trainer.is_global_zero else None
 
 
 def _status(trainer, run_dir: Path, state: str, step: int | None, **extra) -> None:
