@@ -7,7 +7,6 @@ from matplotlib.text import Text
 
 from hybrid_lightning.analysis import figures
 from hybrid_lightning.analysis.load import LABEL_MAX, find_runs, load_runs
-
 from test_analysis import fabricate, run_config, tokens_scalars
 
 
@@ -32,7 +31,7 @@ def test_labels_name_only_what_differs(tmp_path):
 
 
 def test_labels_of_runs_that_differ_in_one_key(tmp_path):
-    for i, w in enumerate((16, 64)):
+    for w in (16, 64):
         fabricate(tmp_path / f"w{w}", run_config(0, window=w), "done", {"train/tokens": tokens_scalars(39)})
     fabricate(tmp_path / "full", run_config(0, pattern="F"), "done", {"train/tokens": tokens_scalars(39)})
     labels = load_runs(find_runs(tmp_path), root=tmp_path).configs.set_index("run")["label"]

@@ -1,10 +1,9 @@
 import pytest
 import yaml
 
+from conftest import run_cli
 from hybrid_lightning.config import load_config, validate_config
 from hybrid_lightning.plan import layer_plan
-
-from conftest import run_cli
 
 
 def test_empty_config_is_the_embedded_default():

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.datamodule import LMDataModule, MixedSequences, StepSampler
+from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES, RetrievalSynth
 from hybrid_lightning.data.tokenizer import ByteTokenizer
 

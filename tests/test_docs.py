@@ -3,12 +3,11 @@ relative link of the README and docs/ points at a file of the tree."""
 
 import re
 
-from hybrid_lightning.config.docs import reference
-from hybrid_lightning.config.schema import RunConfig
-from hybrid_lightning.config import flatten, config_to_dict
-from hybrid_lightning.config.roles import roles_table
-
 from conftest import REPO
+from hybrid_lightning.config import config_to_dict, flatten
+from hybrid_lightning.config.docs import reference
+from hybrid_lightning.config.roles import roles_table
+from hybrid_lightning.config.schema import RunConfig
 
 
 def test_the_configuration_reference_is_current():

@@ -7,11 +7,10 @@ import time
 
 import pytest
 
+from conftest import TINY, run_cli
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.store import open_store
-
-from conftest import TINY, run_cli
 from test_faults import args, one_line_error, train
 from test_store import documents
 

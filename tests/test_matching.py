@@ -5,11 +5,10 @@ import re
 import pytest
 import torch
 
+from conftest import run_cli
 from hybrid_lightning import build_model, count_params
 from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.plan.matching import MATCH_TOLERANCE, match_params, param_report
-
-from conftest import run_cli
 
 # The paper's seven architectures (3 efficient : 1 full), each matched to the full-attention model.
 ARCHITECTURES = {

@@ -81,7 +81,7 @@ def test_window_receptive_field_is_exact(W, n_layers):
     field = n_layers * (W - 1) + 1
     for s in range(t - field + 1, t + 1):
         assert _depends(model, x, t, s), f"position {t} should see {s}"
-    for s in range(0, t - field + 1):
+    for s in range(t - field + 1):
         assert not _depends(model, x, t, s), f"position {t} should not see {s}"
 
 

@@ -7,11 +7,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import REPO, run_cli
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.analysis.pack import pack_runs
 from hybrid_lightning.analysis.report import analyze
-
-from conftest import REPO, run_cli
 from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
 from test_grid import TINY_BASE
 

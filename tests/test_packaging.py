@@ -4,8 +4,9 @@ the SLURM profiles."""
 
 import subprocess
 import sys
-import tomllib
 import zipfile
+
+import tomllib
 
 from conftest import REPO
 

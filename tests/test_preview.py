@@ -9,12 +9,11 @@ import time
 import pytest
 import yaml
 
+from conftest import TINY
 from hybrid_lightning import __version__
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import resolve_config
-
-from conftest import TINY
 from test_grid import write_grid
 
 

@@ -2,9 +2,8 @@
 
 import pytest
 
-from test_train import _final_weights, scalars
-
 from conftest import run_cli
+from test_train import _final_weights, scalars
 
 SMALL = [
     "--set", "model.n_layers=4", "--set", "model.d_model=64", "--set", "model.n_heads=2", "--set", "model.pattern=EEEF",

@@ -14,14 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import TINY, run_cli
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule, MixedSequences, StepSampler, permute
 from hybrid_lightning.data.shards import GOLDEN
 from hybrid_lightning.data.store import open_store
 from hybrid_lightning.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
-
-from conftest import TINY, run_cli
 
 WORDS = ["the", "model", "reads", "a", "long", "document", "and", "recalls", "every", "key", "value", "of", "it",
          "ünïcödé", "line", "window", "state"]

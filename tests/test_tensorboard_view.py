@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from conftest import TINY
 from hybrid_lightning.config import load_config
 from hybrid_lightning.eval.report import CARD_PX
 from hybrid_lightning.grid import load_grid
@@ -20,8 +21,6 @@ from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_TAGS
 from hybrid_lightning.training.hparams import HPARAMS_METRICS, STUDY_KEYS
 from hybrid_lightning.training.run import train
-
-from conftest import TINY
 from test_grid import write_grid
 
 

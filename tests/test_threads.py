@@ -6,12 +6,11 @@ import os
 import pytest
 import torch
 
+from conftest import TINY, run_cli
 from hybrid_lightning.config import load_config, validate_config
 from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.training import dryrun
 from hybrid_lightning.training.threads import cores_given, set_threads, share, thread_count
-
-from conftest import TINY, run_cli
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import pytest
 
 from hybrid_lightning.analysis.findings import findings
 from hybrid_lightning.analysis.load import find_runs, load_runs
-
 from test_analysis import EVAL_STEPS, ablation_row, fabricate, run_config, tokens_scalars
 
 ARMS = {  # name: run_config arguments

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.data.synthetic import pseudo_word
 from hybrid_lightning.data.store import open_store
+from hybrid_lightning.data.synthetic import pseudo_word
 from hybrid_lightning.data.tokenizer import load_tokenizer, train_bpe
 
 MB = 2**20

@@ -38,12 +38,12 @@ import torch
 
 from hybrid_lightning.bench.__main__ import DEFAULT_OUT, MARKER, markdown
 from hybrid_lightning.bench.gpu_resume import resume_check
-from hybrid_lightning.fileio import write_owned
 from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
+from hybrid_lightning.fileio import write_owned
+from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count
-from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 from hybrid_lightning.plan.precision import peak_bf16_tflops
 
 TOLERANCE = 2e-2  # relative RMS error allowed in bf16 (its unit roundoff is 2**-8 = 3.9e-3)

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from hybrid_lightning.config.loading import validate
 from hybrid_lightning.config.fields import _Frozen
+from hybrid_lightning.config.loading import validate
 
 
 class GridConfig(_Frozen):

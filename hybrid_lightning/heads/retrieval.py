@@ -51,12 +51,12 @@ import torch
 
 from hybrid_lightning import records
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.probes.near import make_probe
 from hybrid_lightning.eval.runner import SumTable, probe_batches
 from hybrid_lightning.eval.scoring import STATS, evaluating, score_samples
-from hybrid_lightning.probes.tasks import GenContext, Sample
 from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
+from hybrid_lightning.probes.near import make_probe
+from hybrid_lightning.probes.tasks import GenContext, Sample
 
 # Per (layer, head) sums over samples: per-sample means over answer steps of hits, token hits,
 # in-span argmaxes, span mass, source mass; then the pooled counts of hits, in-span argmaxes, answer

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import DataConfig
-from hybrid_lightning.fileio import refuse_existing, write_atomic
 from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.fileio import refuse_existing, write_atomic
 from hybrid_lightning.probes.tasks import GenContext, check_tasks, make_sample
 
 PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of the probes file

@@ -142,8 +142,8 @@ def draw_value(kind: str, rng: np.random.Generator, units: int) -> tuple[str, fl
 
 def long_value(kind: str, rng: np.random.Generator, tok, min_tokens: int | None, units: int = 1) -> tuple[str, float]:
     """``draw_value`` lengthened (more units) until " value" takes at least ``min_tokens`` tokens."""
-    for units in range(units, units + MAX_UNITS):
-        text, log_n = draw_value(kind, rng, units)
+    for n in range(units, units + MAX_UNITS):
+        text, log_n = draw_value(kind, rng, n)
         if min_tokens is None or len(tok.encode(" " + text)) >= min_tokens:
             return text, log_n
     raise ValueError(f"eval.value_tokens: {kind} values do not reach {min_tokens} tokens with this tokenizer")

@@ -4,11 +4,10 @@ event file of its own (``rundir.HPARAMS_SUFFIX``) beside the training's, which a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import json
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.records import Tag
