@@ -12,7 +12,8 @@ from hybrid_lightning.config.schema import RunConfig
 
 def test_the_configuration_reference_is_current():
     committed = (REPO / "docs" / "configuration.md").read_text()
-    assert committed == reference(), "docs/configuration.md is stale: python -m hybrid_lightning.config.docs > docs/configuration.md"
+    assert committed == reference(), (
+        "docs/configuration.md is stale: python -m hybrid_lightning.config.docs > docs/configuration.md")
 
 
 def test_the_configuration_reference_lists_every_key_with_a_description():
@@ -24,7 +25,8 @@ def test_the_configuration_reference_lists_every_key_with_a_description():
 
 
 def test_the_resume_page_holds_the_current_roles_table():
-    assert roles_table() in (REPO / "docs" / "resume.md").read_text(), "paste config.roles.roles_table() into docs/resume.md"
+    assert roles_table() in (REPO / "docs" / "resume.md").read_text(), (
+        "paste config.roles.roles_table() into docs/resume.md")
 
 
 def test_relative_links_point_at_files():

@@ -30,8 +30,8 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     steps = [10, 15]  # after steps 10 and 15 (the end): the optimizer steps completed
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
-    for tag in ("val_longctx_heads/retrieval_heads", "val_longctx_heads/copy_heads", "val_longctx_heads/max_score", "val_longctx_heads/mean_score", "val_longctx_heads/seconds",
-                "val_longctx_heads/probe_token_accuracy"):
+    for tag in ("val_longctx_heads/retrieval_heads", "val_longctx_heads/copy_heads", "val_longctx_heads/max_score",
+                "val_longctx_heads/mean_score", "val_longctx_heads/seconds", "val_longctx_heads/probe_token_accuracy"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag
     # a layer's cards from the first scoring at which one of its heads scored above 0, none for the others
     scored = [{f"layer_{r['layer']:02d}" for r in read(run_dir / "eval" / f"heads_step_{s}.json")["layers"]
@@ -47,8 +47,10 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_10.json", "heads_step_15.json"]
     callback = read(run_dir / "eval" / "heads_step_15.json")
-    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []  # 4 + 2 echoes
-    assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [(0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
+    # samples: 4 + 2 echoes
+    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []
+    assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [
+        (0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
     assert callback["settings"]["value_tokens"] == 16 and callback["layers"][1]["window"] is None
 
     # the command on the newest checkpoint: the callback's scores, printed and written with the ablation,
@@ -89,7 +91,8 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
 
     # user errors: exit code 2, a message naming the bad option, no traceback
     assert main(["heads", str(run_dir), "--mask", "5.0"]) == 2
-    assert "--mask: ['5.0'] is not a list of attention heads (attention layers [0, 1], 2 heads each)" in capsys.readouterr().err
+    assert ("--mask: ['5.0'] is not a list of attention heads (attention layers [0, 1], 2 heads each)"
+            in capsys.readouterr().err)
     assert main(["heads", str(run_dir), "--set", "model.window=8"]) == 2
     assert "overrides may only change eval.* keys" in capsys.readouterr().err
     assert main(["heads", str(tmp_path)]) == 2

@@ -96,9 +96,11 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
         assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": "32",
                                     "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": "7"}
         full, w8, w16 = (by_name[name] for name in cells)
-        assert {k: full[k] for k in STUDY_KEYS if k in full} == {"model.pattern": "F", "model.pos.full": "rope", "seed": "0"}
+        assert {k: full[k] for k in STUDY_KEYS if k in full} == {"model.pattern": "F", "model.pos.full": "rope",
+                                                                 "seed": "0"}
         assert (w8["model.window"], w16["model.window"]) == ("8", "16")  # as written; no mixer nor window for full
-        loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"] if m["name"]["tag"] == "train/loss")
+        loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"]
+                    if m["name"]["tag"] == "train/loss")
         assert loss["trainingStep"] == 3
     finally:
         server.proc.terminate()
@@ -107,7 +109,8 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
     try:
         server.wait_for({c.name for c in grid.cells})
         experiment = server.get("/data/plugin/hparams/experiment", {"experimentName": ""})
-        assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(["arch", *STUDY_KEYS])  # every key some arm has
+        # every key some arm has
+        assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(["arch", *STUDY_KEYS])
         differing = {h["name"] for h in experiment["hparamInfos"] if h.get("differs")}
         assert differing == {"arch", "model.pattern", "model.window", "seed"}  # the dashboard shows these first
         assert [m["name"]["tag"] for m in experiment["metricInfos"]] == list(HPARAMS_METRICS)
