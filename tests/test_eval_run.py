@@ -39,8 +39,31 @@ def train(run_dir, max_steps):
 def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     run_dir = tmp_path / "run"
     train(run_dir, 35)  # evaluations after steps 10, 20, 30 and at the end (35)
-    acc = events(run_dir)
     steps = [10, 20, 30, 35]  # the optimizer steps completed, as TensorBoard shows train/loss and the console counts
+    first = _check_the_callback(run_dir, steps)
+
+    # a crash after the evaluation at step 30 but before any later checkpoint: resume from step 20
+    (run_dir / "checkpoints" / "last.ckpt").unlink()
+    (run_dir / "checkpoints" / "step_0000035.ckpt").unlink()  # the last step's
+    assert "resuming from step_0000020.ckpt at step 20" in train(run_dir, 35).stdout
+    acc = events(run_dir)
+    assert [e.step for e in acc.Scalars("val_longctx/score_beyond")] == steps  # no duplicates
+    assert [e.step for e in acc.Images("val_longctx/heatmap")] == steps
+    again = json.loads((run_dir / "eval" / "step_30.json").read_text())
+    assert again["records"] == first["records"]  # the exact resume re-evaluates the same weights
+
+    # training further continues the series
+    train(run_dir, 45)
+    steps += [40, 45]
+    assert [e.step for e in events(run_dir).Scalars("val_longctx/score_beyond")] == steps
+    assert json_steps(run_dir) == steps
+
+    _check_the_eval_command(run_dir)
+
+
+def _check_the_callback(run_dir, steps: list[int]) -> dict:
+    """The first training's TensorBoard series, heatmaps and evaluation files; returns the record of step 30."""
+    acc = events(run_dir)
     for tag in ("val_longctx/match_all", "val_longctx_tasks/passkey/match_all",
                 "val_longctx_tasks/niah_single_2/match_part"):
         assert [e.step for e in acc.Scalars(tag)] == [20, 35], tag  # generation at multiples of 20 steps and at the end
@@ -74,24 +97,12 @@ def test_callback_logs_resumes_and_matches_the_eval_command(tmp_path):
     assert acc.Scalars("val_longctx/score_beyond")[2].value == pytest.approx(first["score_beyond"])
     assert {(r["task"], r["depth"]) for r in first["records"]} == {
         (t, d) for t in ("passkey", "niah_single_2") for d in (0.0, 1.0)}
+    return first
 
-    # a crash after the evaluation at step 30 but before any later checkpoint: resume from step 20
-    (run_dir / "checkpoints" / "last.ckpt").unlink()
-    (run_dir / "checkpoints" / "step_0000035.ckpt").unlink()  # the last step's
-    assert "resuming from step_0000020.ckpt at step 20" in train(run_dir, 35).stdout
-    acc = events(run_dir)
-    assert [e.step for e in acc.Scalars("val_longctx/score_beyond")] == steps  # no duplicates
-    assert [e.step for e in acc.Images("val_longctx/heatmap")] == steps
-    again = json.loads((run_dir / "eval" / "step_30.json").read_text())
-    assert again["records"] == first["records"]  # the exact resume re-evaluates the same weights
 
-    # training further continues the series
-    train(run_dir, 45)
-    steps += [40, 45]
-    assert [e.step for e in events(run_dir).Scalars("val_longctx/score_beyond")] == steps
-    assert json_steps(run_dir) == steps
-
-    # the eval command on the final checkpoint: the callback's numbers, printed and written again
+def _check_the_eval_command(run_dir) -> None:
+    """The eval command on the final checkpoint (step 45): the callback's numbers, printed and written again;
+    another length added offline; LongPPL without and with an evaluator."""
     callback = json.loads((run_dir / "eval" / "step_45.json").read_text())
     r = run_cli("eval", str(run_dir))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -86,22 +86,7 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
             with urllib.request.urlopen(f"{server.base}/data/plugin/images/individualImage?{query}", timeout=10) as r:
                 png = r.read()
             assert int.from_bytes(png[16:20], "big") <= CARD_PX, tag  # the PNG header's width
-        # two experiment summaries here (the plain run's and the grid's): TensorBoard takes one, either holds these
-        groups = server.get("/data/plugin/hparams/session_groups", {
-            "experimentName": "", "startIndex": 0, "sliceSize": 100,
-            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
-            "colParams": [{"hparam": k} for k in STUDY_KEYS] + [{"metric": {"group": "", "tag": "train/loss"}}],
-        })["sessionGroups"]
-        by_name = {g["name"]: g["hparams"] for g in groups}
-        assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": "32",
-                                    "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": "7"}
-        full, w8, w16 = (by_name[name] for name in cells)
-        assert {k: full[k] for k in STUDY_KEYS if k in full} == {"model.pattern": "F", "model.pos.full": "rope",
-                                                                 "seed": "0"}
-        assert (w8["model.window"], w16["model.window"]) == ("8", "16")  # as written; no mixer nor window for full
-        loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"]
-                    if m["name"]["tag"] == "train/loss")
-        assert loss["trainingStep"] == 3
+        _check_session_groups(server, cells)
     finally:
         server.proc.terminate()
         server.proc.wait(timeout=30)
@@ -117,3 +102,23 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
     finally:
         server.proc.terminate()
         server.proc.wait(timeout=30)
+
+
+def _check_session_groups(server: Server, cells: list[str]) -> None:
+    """The HParams dashboard's sessions: the plain run's and each grid cell's study keys, and its loss."""
+    # two experiment summaries here (the plain run's and the grid's): TensorBoard takes one, either holds these
+    groups = server.get("/data/plugin/hparams/session_groups", {
+        "experimentName": "", "startIndex": 0, "sliceSize": 100,
+        "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+        "colParams": [{"hparam": k} for k in STUDY_KEYS] + [{"metric": {"group": "", "tag": "train/loss"}}],
+    })["sessionGroups"]
+    by_name = {g["name"]: g["hparams"] for g in groups}
+    assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": "32",
+                                "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": "7"}
+    full, w8, w16 = (by_name[name] for name in cells)
+    assert {k: full[k] for k in STUDY_KEYS if k in full} == {"model.pattern": "F", "model.pos.full": "rope",
+                                                             "seed": "0"}
+    assert (w8["model.window"], w16["model.window"]) == ("8", "16")  # as written; no mixer nor window for full
+    loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"]
+                if m["name"]["tag"] == "train/loss")
+    assert loss["trainingStep"] == 3
