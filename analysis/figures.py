@@ -116,13 +116,15 @@ def niah_heatmap(cells: pd.DataFrame, title: str, value_label: str) -> Figure:
         grid = cells[cells["task"] == task].pivot_table(index="depth", columns="length", values="value")
         image = ax.imshow(grid.to_numpy(), vmin=lo, vmax=hi, cmap="viridis", aspect="auto")
         for (i, j), v in np.ndenumerate(grid.to_numpy()):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < lo + 0.6 * (hi - lo) else "black")
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if v < lo + 0.6 * (hi - lo) else "black")
         ax.set_xticks(range(grid.shape[1]), [str(n) for n in grid.columns], fontsize=7)
         ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
         ax.set_xlabel("probe length (tokens)", fontsize=8)
         ax.set_ylabel("needle depth (0 = start, 1 = end)", fontsize=8)
         ax.set_title(task, fontsize=9)
-    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=value_label.replace(" (", "\n("))  # unit on a line of its own
+    # unit on a line of its own
+    fig.colorbar(image, ax=axes.tolist(), shrink=0.8, label=value_label.replace(" (", "\n("))
     fig.suptitle(wrap(title, 20 + 30 * len(tasks)), fontsize=9)
     return fig
 

@@ -35,7 +35,8 @@ def pooled(records: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Records pooled over everything but ``by`` (``hybrid_lightning.records.pooled``): columns ``by`` +
     token_acc, token_acc_se, loss_gain, exact, n."""
     measures = {m: w for m, w in POOL_WEIGHTS.items() if w != "generated"}
-    weighted = records[list(dict.fromkeys(measures.values()))].assign(**{m: records[m] * records[w] for m, w in measures.items()})
+    weighted = records[list(dict.fromkeys(measures.values()))].assign(
+        **{m: records[m] * records[w] for m, w in measures.items()})
     g = pd.concat([records[by], weighted], axis=1).groupby(by, sort=True).sum().reset_index()
     p = pool_sums(g)
     return g[by].assign(token_acc=p["score"], token_acc_se=np.sqrt(p["score_var"]), loss_gain=p["loss_gain"],
@@ -58,7 +59,8 @@ def record_scores(records: pd.DataFrame, seq_len: pd.Series) -> pd.DataFrame:
         for suffix, part in (("", split(cells, seq_len[run])), ("_beyond", split(cells, seq_len[run], beyond_it=True))):
             if not part:
                 continue
-            rows += [(run, step, tokens, f"longctx/{score}{suffix}", mean_over_cells(part, MEASURES[score])) for score in RECORD_SCORES]
+            rows += [(run, step, tokens, f"longctx/{score}{suffix}", mean_over_cells(part, MEASURES[score]))
+                     for score in RECORD_SCORES]
             if not suffix:
                 rows.append((run, step, tokens, "longctx/token_acc_se", np.sqrt(mean_over_cells(part, "score_var"))))
     return pd.DataFrame(rows, columns=["run", "step", "tokens", "metric", "value"])

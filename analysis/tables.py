@@ -43,8 +43,9 @@ def thresholds(curve: pd.DataFrame, fractions: tuple[float, ...] = FRACTIONS) ->
     for label, c in curve.groupby("label", sort=True):
         c = c.sort_values("step")
         last = c.iloc[-1]
-        row = {"label": label, "seeds": int(last["seeds"]), "final_step": int(last["step"]), "final_tokens": last["tokens"],
-               "final": last["mean"], "final_min": last["min"], "final_max": last["max"]}
+        row = {"label": label, "seeds": int(last["seeds"]), "final_step": int(last["step"]),
+               "final_tokens": last["tokens"], "final": last["mean"], "final_min": last["min"],
+               "final_max": last["max"]}
         for f in fractions:
             reached = c[c["mean"] >= f * last["mean"]] if last["mean"] > 0 else c.iloc[:0]
             p = round(100 * f)
@@ -62,7 +63,8 @@ def final_values(metrics: pd.DataFrame, tag: str) -> pd.DataFrame:
 
 def windows(configs: pd.DataFrame) -> pd.Series:
     """The SWA window of each run (indexed by run); NaN for models without SWA layers."""
-    return pd.Series([json.loads(a).get("model.window", np.nan) for a in configs["arch"]], index=configs["run"], dtype=float)
+    return pd.Series([json.loads(a).get("model.window", np.nan) for a in configs["arch"]], index=configs["run"],
+                     dtype=float)
 
 
 def first_heads(metrics: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
@@ -175,18 +177,21 @@ def head_maps(heads: pd.DataFrame, layers: pd.DataFrame, configs: pd.DataFrame) 
     if layers.empty:
         return pd.DataFrame(columns=columns)
     labels = configs.set_index("run")["label"]
-    last_layers = layers[layers["step"] == layers.groupby("run")["step"].transform("max")].assign(label=lambda d: d["run"].map(labels))
-    last_heads = heads[heads["step"] == heads.groupby("run")["step"].transform("max")].assign(label=lambda d: d["run"].map(labels))
-    scores = last_heads.groupby(["label", "layer", "head"]).agg(score=("score", "mean"), runs=("run", "nunique")).reset_index()
+    last_layers = layers[layers["step"] == layers.groupby("run")["step"].transform("max")].assign(
+        label=lambda d: d["run"].map(labels))
+    last_heads = heads[heads["step"] == heads.groupby("run")["step"].transform("max")].assign(
+        label=lambda d: d["run"].map(labels))
+    scores = (last_heads.groupby(["label", "layer", "head"]).agg(score=("score", "mean"), runs=("run", "nunique"))
+              .reset_index())
     kinds = last_layers.groupby(["label", "layer"]).agg(kind=("kind", "first"), window=("window", "first"),
                                                         applicable=("applicable", "first")).reset_index()
     out = kinds.merge(scores, on=["label", "layer"], how="left")
     return out[columns].sort_values(["label", "layer", "head"]).reset_index(drop=True)
 
 
-ABLATION_COLUMNS = ["run", "label", "step", "selection", "k", "seed", "draw", "heads", "length", "within", "n", "token_accuracy",
-                    "masked_token_accuracy", "token_drop", "accuracy", "masked_accuracy", "exact_drop",
-                    "chance_token_accuracy"]
+ABLATION_COLUMNS = ["run", "label", "step", "selection", "k", "seed", "draw", "heads", "length", "within", "n",
+                    "token_accuracy", "masked_token_accuracy", "token_drop", "accuracy", "masked_accuracy",
+                    "exact_drop", "chance_token_accuracy"]
 
 
 # selections drawn at random: layer-matched controls, controls among non-retrieval heads, any heads outside the top K

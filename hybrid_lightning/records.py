@@ -196,13 +196,14 @@ KINDS = {**LONG_CONTEXT, **HEADS}
 # What the docs add after a kind's fields.
 # The fields that identify an ablation row: a newer row with the same values replaces an older one.
 ABLATION_KEY = ("selection", "mode", "k", "seed", "draw", "masked", "task", "length")
-NOTES = {"ablation": "a new ablation with the same selection, mask mode, K, seed, draw and heads replaces its rows, others are kept"}
+NOTES = {"ablation": "a new ablation with the same selection, mask mode, K, seed, draw and heads replaces its rows, "
+                     "others are kept"}
 # Measure of a long-context cell -> the field that weighs it when cells are pooled (over depths, the
 # window split, tasks): samples weigh exact match, answer tokens the token measures, decoded samples
 # the generation measures.
 POOL_WEIGHTS = {"accuracy": "n", "token_accuracy": "answer_tokens", "answer_loss": "answer_tokens",
-                "chance_token_accuracy": "answer_tokens", "chance_loss": "answer_tokens", "generated_exact": "generated", "match_all": "generated",
-                "match_part": "generated"}
+                "chance_token_accuracy": "answer_tokens", "chance_loss": "answer_tokens",
+                "generated_exact": "generated", "match_all": "generated", "match_part": "generated"}
 
 
 def columns(kind: str) -> tuple[str, ...]:
@@ -227,7 +228,8 @@ def docs_row(kind: str) -> str:
     """The Markdown table row that documents ``kind``: ``| `kind` | what a row is: `field` (note), ... |``."""
     parts = []
     for part in KINDS[kind]:
-        parts += [f"`{f.name}`" + (f" ({f.metadata['doc']})" if f.metadata["doc"] else "") for f in dataclasses.fields(part)]
+        parts += [f"`{f.name}`" + (f" ({f.metadata['doc']})" if f.metadata["doc"] else "")
+                  for f in dataclasses.fields(part)]
     note = f"; {NOTES[kind]}" if kind in NOTES else ""
     return f"| `{kind}` | {KINDS[kind][0].__doc__}: {', '.join(parts)}{note} |"
 
@@ -256,7 +258,8 @@ def pooled(sums: Mapping) -> dict:
            "score_var": chance * (1 - chance) / tokens}
     if "generated" in sums:
         gen = sums["generated"]
-        out |= {"generated": gen, **{m: sums[m] / gen if gen else None for m, w in POOL_WEIGHTS.items() if w == "generated"}}
+        out |= {"generated": gen,
+                **{m: sums[m] / gen if gen else None for m, w in POOL_WEIGHTS.items() if w == "generated"}}
     return out
 
 
@@ -271,7 +274,8 @@ def split(rows: list[dict], seq_len: int | None, beyond_it: bool = False) -> lis
 
 
 def pool(rows: list[dict], **where) -> dict | None:
-    """Pooled figures (``pooled``) of the cells matching ``where`` (e.g. task=..., in_window=True); None if none does."""
+    """Pooled figures (``pooled``) of the cells matching ``where`` (e.g. task=..., in_window=True); None if none
+    does."""
     rows = [r for r in rows if all(r[k] == v for k, v in where.items())]
     return pooled(weighted_sums(rows)) if rows else None
 
@@ -295,4 +299,5 @@ def headline(rows: list[dict], seq_len: int | None) -> dict[str, float | None]:
     lengths; beside them exact match and RULER's generation scores over every length."""
     within, past = split(rows, seq_len), split(rows, seq_len, beyond_it=True)
     return {"score": mean_over_cells(within, "score"), "score_beyond": mean_over_cells(past, "score"),
-            "exact": mean_over_cells(rows, "accuracy"), **{k: mean_over_cells(rows, k) for k in ("match_all", "match_part")}}
+            "exact": mean_over_cells(rows, "accuracy"),
+            **{k: mean_over_cells(rows, k) for k in ("match_all", "match_part")}}

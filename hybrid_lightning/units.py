@@ -27,5 +27,6 @@ def format_table(rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
     """Columns padded to their widest cell; the columns in ``left`` left-aligned, the others right."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows
+        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        for r in rows
     )

@@ -18,7 +18,8 @@ def shared_cache(tmp_path_factory):
     return Path(cache)
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
+            env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs ``python -m hybrid_lightning ARGS`` as a new user would, capturing output."""
     return subprocess.run(
         [sys.executable, "-m", "hybrid_lightning", *args],

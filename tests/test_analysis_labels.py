@@ -7,14 +7,14 @@ from matplotlib.text import Text
 
 from hybrid_lightning.analysis import figures
 from hybrid_lightning.analysis.load import LABEL_MAX, find_runs, load_runs
-
 from test_analysis import fabricate, run_config, tokens_scalars
 
 
 def unrelated(root, n=12):
     """``n`` runs that differ in window, position encoding, learning rate, data path and pattern."""
     for i in range(n):
-        cfg = run_config(i % 2, window=16 * (1 + i % 3), pos_full=("rope", "nope")[i % 2], pattern=("EEEF", "EF")[i // 6])
+        cfg = run_config(i % 2, window=16 * (1 + i % 3), pos_full=("rope", "nope")[i % 2],
+                         pattern=("EEEF", "EF")[i // 6])
         cfg["train"]["lr"] = (3e-4, 1e-3)[i // 4 % 2]
         cfg["data"]["files"] = [f"/very/long/folder/name/of/the/corpus/number_{i % 4}/train-shard-of-the-corpus.jsonl"]
         fabricate(root / f"run{i}", cfg, "done", {"train/tokens": tokens_scalars(39)},
@@ -32,7 +32,7 @@ def test_labels_name_only_what_differs(tmp_path):
 
 
 def test_labels_of_runs_that_differ_in_one_key(tmp_path):
-    for i, w in enumerate((16, 64)):
+    for w in (16, 64):
         fabricate(tmp_path / f"w{w}", run_config(0, window=w), "done", {"train/tokens": tokens_scalars(39)})
     fabricate(tmp_path / "full", run_config(0, pattern="F"), "done", {"train/tokens": tokens_scalars(39)})
     labels = load_runs(find_runs(tmp_path), root=tmp_path).configs.set_index("run")["label"]
@@ -40,7 +40,8 @@ def test_labels_of_runs_that_differ_in_one_key(tmp_path):
     same = tmp_path / "same"
     fabricate(same / "a", run_config(0), "done", {"train/tokens": tokens_scalars(39)})
     fabricate(same / "b", run_config(1), "done", {"train/tokens": tokens_scalars(39)})
-    assert set(load_runs(find_runs(same), root=same).configs["label"]) == {"swa W=16 EEEF"}  # nothing differs: the model
+    # nothing differs: the model
+    assert set(load_runs(find_runs(same), root=same).configs["label"]) == {"swa W=16 EEEF"}
 
 
 def test_long_labels_keep_architectures_apart(tmp_path):
@@ -48,7 +49,8 @@ def test_long_labels_keep_architectures_apart(tmp_path):
 
     base = {"model.mixer": "swa", "model.window": 16, "model.pattern": "EEEF", "data.path": "x"}
     identities = [{**base, **{f"model.note_{x}": x * 30 + v for x in "abc"}} for v in ("1", "2")]
-    a, b = _labels(identities, [(["swa"], True)] * 2)  # each value cut to 16 characters, the label to 48: the same text, told apart by a hash
+    # each value cut to 16 characters, the label to 48: the same text, told apart by a hash
+    a, b = _labels(identities, [(["swa"], True)] * 2)
     assert a != b and len(a) <= LABEL_MAX + 6 and a.startswith("note_a=aaaaaaaaaaaaaaa… note_b=") and a[:-6] == b[:-6]
 
 
@@ -56,14 +58,16 @@ def test_labels_cut_alike_are_told_apart_by_what_differs_between_them():
     from hybrid_lightning.analysis.load import _labels
 
     def arm(mixer, steps, pos="rope", window=None, match=None, pattern="EEEF"):
-        keys = ("model.mixer", "model.window", "model.pattern", "model.pos.full", "model.match_params", "train.max_steps")
+        keys = ("model.mixer", "model.window", "model.pattern", "model.pos.full", "model.match_params",
+                "train.max_steps")
         return {k: v for k, v in zip(keys, (mixer, window, pattern, pos, match, steps)) if v}
 
     identities = [arm("lightning", 4000, match="F"), arm("lightning", 6000, match="F"), arm("mamba2", 4000, match="E"),
                   arm("swa", 4000, "nope", 8), arm("swa", 4000, window=8), arm(None, 4000, pattern="F")]
     labels = _labels(identities, [None] * 6)
     # cut at 48 characters, both lightning arms would read "lightning EEEF pos.full=rope match_params=F max…"
-    assert labels[:3] == ["lightning EEEF max_steps=4000 pos.full=rope mat…", "lightning EEEF max_steps=6000 pos.full=rope mat…",
+    assert labels[:3] == ["lightning EEEF max_steps=4000 pos.full=rope mat…",
+                          "lightning EEEF max_steps=6000 pos.full=rope mat…",
                           "mamba2 EEEF pos.full=rope match_params=E max_st…"]
     assert labels[3:] == ["swa EEEF pos.full=nope max_steps=4000", "swa EEEF pos.full=rope max_steps=4000",
                           "F pos.full=rope max_steps=4000"]

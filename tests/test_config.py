@@ -1,10 +1,9 @@
 import pytest
 import yaml
 
+from conftest import run_cli
 from hybrid_lightning.config import load_config, validate_config
 from hybrid_lightning.plan import layer_plan
-
-from conftest import run_cli
 
 
 def test_empty_config_is_the_embedded_default():
@@ -83,9 +82,11 @@ def test_relative_data_paths_are_taken_from_the_config_files_folder(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "held_out.txt").write_text("held-out text, which a grid's cells check before they train\n")
     data = load_config(path).data
-    assert data.files == (str(tmp_path / "data" / "a.txt"),) and data.text_val_files == (str(tmp_path / "data" / "held_out.txt"),)
+    assert data.files == (str(tmp_path / "data" / "a.txt"),)
+    assert data.text_val_files == (str(tmp_path / "data" / "held_out.txt"),)
     grid = tmp_path / "configs" / "g.yaml"
     grid.write_text("base: {data: {text_val_files: [../data/held_out.txt]}}\naxes: {seed: [0]}\n")
     from hybrid_lightning.grid import load_grid
 
-    assert load_grid(grid, tmp_path / "root").cells[0].config.data.text_val_files == (str(tmp_path / "data" / "held_out.txt"),)
+    cell = load_grid(grid, tmp_path / "root").cells[0]
+    assert cell.config.data.text_val_files == (str(tmp_path / "data" / "held_out.txt"),)

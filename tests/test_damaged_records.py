@@ -10,7 +10,6 @@ from hybrid_lightning.analysis.load import damaged_records
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.store import open_store
-
 from test_refusals import fabricated_run, refused, world  # noqa: F401  (world: the fixture)
 
 
@@ -21,7 +20,7 @@ def done_run(world_path):
     return run
 
 
-def test_pack_refuses_a_run_whose_config_is_cut_short(world, capsys):
+def test_pack_refuses_a_run_whose_config_is_cut_short(world, capsys):  # noqa: F811 (the fixture imported above)
     run = done_run(world)
     text = (run / "config.yaml").read_text()
     (run / "config.yaml").write_text(text[: text.index("provenance")])  # training writes provenance last
@@ -29,7 +28,7 @@ def test_pack_refuses_a_run_whose_config_is_cut_short(world, capsys):
     assert "config.yaml" in line and "cut short" in line
 
 
-def test_unpack_refuses_garbage_records(world, capsys):
+def test_unpack_refuses_garbage_records(world, capsys):  # noqa: F811 (the fixture imported above)
     run = done_run(world)
     assert main(["pack", str(run.parent), "--out", str(world / "packed")]) == 0
     packed = world / "packed" / "run"
@@ -44,7 +43,7 @@ def test_unpack_refuses_garbage_records(world, capsys):
     assert "scalars.csv" in refused(world, capsys, "unpack", str(world / "packed"), "--into", str(world / "root"))
 
 
-def test_analyze_skips_a_damaged_record_with_a_warning(world, capsys):
+def test_analyze_skips_a_damaged_record_with_a_warning(world, capsys):  # noqa: F811 (the fixture imported above)
     run = done_run(world)
     (run / "eval" / "step_3.json").write_text("[]")
     assert main(["analyze", str(run.parent), "--out", str(world / "a")]) == 0

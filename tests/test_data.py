@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.datamodule import LMDataModule, MixedSequences, StepSampler
+from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.synthetic import FACT_TEMPLATES, QUERY_TEMPLATES, RetrievalSynth
 from hybrid_lightning.data.tokenizer import ByteTokenizer
 
@@ -38,7 +38,8 @@ def test_mixed_sequences_are_deterministic_and_mixed():
 
 def test_synthetic_queries_repeat_earlier_facts():
     tok = ByteTokenizer()
-    synth = RetrievalSynth(tok, np.frombuffer(b"filler text " * 100, np.uint8).astype(np.int64), validate_config({}).data.synthetic)
+    synth = RetrievalSynth(tok, np.frombuffer(b"filler text " * 100, np.uint8).astype(np.int64),
+                           validate_config({}).data.synthetic)
     ids, mask = synth.sample(np.random.default_rng(0), 2000)
     assert ids.shape == mask.shape == (2000,)
     text = tok.decode(ids)

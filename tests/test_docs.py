@@ -3,17 +3,17 @@ relative link of the README and docs/ points at a file of the tree."""
 
 import re
 
-from hybrid_lightning.config.docs import reference
-from hybrid_lightning.config.schema import RunConfig
-from hybrid_lightning.config import flatten, config_to_dict
-from hybrid_lightning.config.roles import roles_table
-
 from conftest import REPO
+from hybrid_lightning.config import config_to_dict, flatten
+from hybrid_lightning.config.docs import reference
+from hybrid_lightning.config.roles import roles_table
+from hybrid_lightning.config.schema import RunConfig
 
 
 def test_the_configuration_reference_is_current():
     committed = (REPO / "docs" / "configuration.md").read_text()
-    assert committed == reference(), "docs/configuration.md is stale: python -m hybrid_lightning.config.docs > docs/configuration.md"
+    assert committed == reference(), (
+        "docs/configuration.md is stale: python -m hybrid_lightning.config.docs > docs/configuration.md")
 
 
 def test_the_configuration_reference_lists_every_key_with_a_description():
@@ -25,7 +25,8 @@ def test_the_configuration_reference_lists_every_key_with_a_description():
 
 
 def test_the_resume_page_holds_the_current_roles_table():
-    assert roles_table() in (REPO / "docs" / "resume.md").read_text(), "paste config.roles.roles_table() into docs/resume.md"
+    assert roles_table() in (REPO / "docs" / "resume.md").read_text(), (
+        "paste config.roles.roles_table() into docs/resume.md")
 
 
 def test_relative_links_point_at_files():

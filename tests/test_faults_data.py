@@ -7,11 +7,10 @@ import time
 
 import pytest
 
+from conftest import TINY, run_cli
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.store import open_store
-
-from conftest import TINY, run_cli
 from test_faults import args, one_line_error, train
 from test_store import documents
 
@@ -50,7 +49,8 @@ def test_only_files_the_store_wrote_are_removed(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "src" / "c.jsonl", documents(60))
     store = tmp_path / "store"
     store.mkdir()  # an empty folder is adopted
-    argv = ["data", "prepare", "--set", f"data.files=[{corpus}]", "--set", f"data.store={store}", "--set", "data.shard_mb=0.004"]
+    argv = ["data", "prepare", "--set", f"data.files=[{corpus}]", "--set", f"data.store={store}",
+            "--set", "data.shard_mb=0.004"]
     assert cli(capsys, *argv)[0] == 0
     from hybrid_lightning.data.store_folder import MARKER
 
@@ -64,7 +64,8 @@ def test_only_files_the_store_wrote_are_removed(tmp_path, capsys):
     code, err = cli(capsys, *argv)
     assert code == 0, err
     assert all((store / n).read_text() == t for n, t in user.items())
-    assert open_store(validate_config({"data": {"files": [str(corpus)], "store": str(store), "shard_mb": 0.004}}).data).damaged() is None
+    data = validate_config({"data": {"files": [str(corpus)], "store": str(store), "shard_mb": 0.004}}).data
+    assert open_store(data).damaged() is None
 
 
 def test_a_failed_prepare_leaves_a_user_folder_as_it_was(tmp_path, capsys):
@@ -142,12 +143,14 @@ def test_failing_train_leaves_no_store_and_no_lock(tmp_path):
     cases = [
         (["--set", f"data.files=[{tiny}]"], "train.seq_len"),
         (["--set", f"data.files=[{corpus}]", "--set", "train.seq_len=100000000"], "train.seq_len"),
-        (["--set", f"data.files=[{corpus}]", "--set", "eval.heads.lengths=[8]", "--set", "eval.heads.at_end=true"], "eval.heads"),
+        (["--set", f"data.files=[{corpus}]", "--set", "eval.heads.lengths=[8]", "--set", "eval.heads.at_end=true"],
+         "eval.heads"),
     ]
     for extra, field in cases:
         line = one_line_error(train(tmp_path / "run", *args(4, 2), "--set", f"data.cache_dir={cache}", *extra))
         assert field in line, line
-        assert not (tmp_path / "run").exists() and not [p for p in cache.rglob("*") if p.is_file()], list(cache.rglob("*"))
+        assert not (tmp_path / "run").exists()
+        assert not [p for p in cache.rglob("*") if p.is_file()], list(cache.rglob("*"))
 
 
 @pytest.mark.parametrize("shards", [4, 40])
@@ -166,5 +169,6 @@ def test_first_batch_time_does_not_grow_with_the_store(tmp_path, shards):
     seconds = time.perf_counter() - t0
     n = len(dm.train_tokens.paths)
     checked = sum(m is not None for m in dm.train_tokens._maps)
-    print(f"\nstore of {n} shards ({dm.train_tokens.size:,} tokens): first batch in {seconds * 1000:.1f} ms, {checked} shards checked")
+    print(f"\nstore of {n} shards ({dm.train_tokens.size:,} tokens): first batch in {seconds * 1000:.1f} ms, "
+          f"{checked} shards checked")
     assert batch.shape == (4, 129) and n >= shards * 0.8 and checked <= 4

@@ -28,27 +28,13 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     r = run_cli("train", "--run-dir", str(run_dir), *TINY, *HEADS)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [10, 15]  # after steps 10 and 15 (the end): the optimizer steps completed
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
-    acc.Reload()
-    for tag in ("val_longctx_heads/retrieval_heads", "val_longctx_heads/copy_heads", "val_longctx_heads/max_score", "val_longctx_heads/mean_score", "val_longctx_heads/seconds",
-                "val_longctx_heads/probe_token_accuracy"):
-        assert [e.step for e in acc.Scalars(tag)] == steps, tag
-    # a layer's cards from the first scoring at which one of its heads scored above 0, none for the others
-    scored = [{f"layer_{r['layer']:02d}" for r in read(run_dir / "eval" / f"heads_step_{s}.json")["layers"]
-               if (r["max_score"] or 0) > 0} for s in steps]
-    cards = {t.split("/")[1] for t in acc.Tags()["scalars"] if t.startswith("val_longctx_heads/layer_")}
-    assert cards == scored[0] | scored[1]
-    for layer in scored[0] | scored[1]:
-        first = steps[0] if layer in scored[0] else steps[1]
-        assert [e.step for e in acc.Scalars(f"val_longctx_heads/{layer}/max_score")] == [s for s in steps if s >= first]
-    assert "val_longctx/score" not in acc.Tags()["scalars"]
-    images = acc.Images("val_longctx_heads/scores")
-    assert [e.step for e in images] == steps
-    assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200
+    _check_tensorboard(run_dir, steps)
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_10.json", "heads_step_15.json"]
     callback = read(run_dir / "eval" / "heads_step_15.json")
-    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []  # 4 + 2 echoes
-    assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [(0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
+    # samples: 4 + 2 echoes
+    assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []
+    assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [
+        (0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
     assert callback["settings"]["value_tokens"] == 16 and callback["layers"][1]["window"] is None
 
     # the command on the newest checkpoint: the callback's scores, printed and written with the ablation,
@@ -89,8 +75,30 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
 
     # user errors: exit code 2, a message naming the bad option, no traceback
     assert main(["heads", str(run_dir), "--mask", "5.0"]) == 2
-    assert "--mask: ['5.0'] is not a list of attention heads (attention layers [0, 1], 2 heads each)" in capsys.readouterr().err
+    assert ("--mask: ['5.0'] is not a list of attention heads (attention layers [0, 1], 2 heads each)"
+            in capsys.readouterr().err)
     assert main(["heads", str(run_dir), "--set", "model.window=8"]) == 2
     assert "overrides may only change eval.* keys" in capsys.readouterr().err
     assert main(["heads", str(tmp_path)]) == 2
     assert "no config.yaml" in capsys.readouterr().err
+
+
+def _check_tensorboard(run_dir, steps: list[int]) -> None:
+    """The callback's scalars, per-layer cards and layer x head image in TensorBoard."""
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    for tag in ("val_longctx_heads/retrieval_heads", "val_longctx_heads/copy_heads", "val_longctx_heads/max_score",
+                "val_longctx_heads/mean_score", "val_longctx_heads/seconds", "val_longctx_heads/probe_token_accuracy"):
+        assert [e.step for e in acc.Scalars(tag)] == steps, tag
+    # a layer's cards from the first scoring at which one of its heads scored above 0, none for the others
+    scored = [{f"layer_{r['layer']:02d}" for r in read(run_dir / "eval" / f"heads_step_{s}.json")["layers"]
+               if (r["max_score"] or 0) > 0} for s in steps]
+    cards = {t.split("/")[1] for t in acc.Tags()["scalars"] if t.startswith("val_longctx_heads/layer_")}
+    assert cards == scored[0] | scored[1]
+    for layer in scored[0] | scored[1]:
+        first = steps[0] if layer in scored[0] else steps[1]
+        assert [e.step for e in acc.Scalars(f"val_longctx_heads/{layer}/max_score")] == [s for s in steps if s >= first]
+    assert "val_longctx/score" not in acc.Tags()["scalars"]
+    images = acc.Images("val_longctx_heads/scores")
+    assert [e.step for e in images] == steps
+    assert Image.open(io.BytesIO(images[-1].encoded_image_string)).size[0] > 200

@@ -5,11 +5,10 @@ import re
 import pytest
 import torch
 
+from conftest import run_cli
 from hybrid_lightning import build_model, count_params
 from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.plan.matching import MATCH_TOLERANCE, match_params, param_report
-
-from conftest import run_cli
 
 # The paper's seven architectures (3 efficient : 1 full), each matched to the full-attention model.
 ARCHITECTURES = {
@@ -91,7 +90,8 @@ def test_params_command_reports_the_match():
     r = run_cli("params", "--set", "model.mixer=mamba2", "--set", "model.match_params=F", "--set", "model.d_model=256")
     assert r.returncode == 0, r.stderr
     line = r.stdout.strip().splitlines()[-1]
-    reference, matched, deviation = re.search(r"non-embedding ([\d,]+)  this model ([\d,]+)  deviation ([-+\d.]+)%", line).groups()
+    reference, matched, deviation = re.search(
+        r"non-embedding ([\d,]+)  this model ([\d,]+)  deviation ([-+\d.]+)%", line).groups()
     reference, matched = int(reference.replace(",", "")), int(matched.replace(",", ""))
     assert abs(matched / reference - 1) <= MATCH_TOLERANCE and abs(float(deviation)) <= 100 * MATCH_TOLERANCE
     assert "matched from" in line

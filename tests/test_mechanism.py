@@ -64,7 +64,8 @@ def test_where_two_placements(tmp_path, seeds, effect):
     """EEEF and FEEE runs at one window, every head reachable. Strong: the retrieval heads in each run's full
     layer (+1 per run). Depth: in layer 3 whatever its kind (0 per run). Reversed: in the layer that is full
     in the other placement (-1 per run)."""
-    layer = {"strong": {"EEEF": 3, "FEEE": 0}, "depth": {"EEEF": 3, "FEEE": 3}, "reversed": {"EEEF": 0, "FEEE": 3}}[effect]
+    layer = {"strong": {"EEEF": 3, "FEEE": 0}, "depth": {"EEEF": 3, "FEEE": 3},
+             "reversed": {"EEEF": 0, "FEEE": 3}}[effect]
     placed(tmp_path, seeds, layer)
     where = verdicts(tmp_path).loc["where"]
     if effect == "strong":
@@ -118,7 +119,8 @@ def test_ablation_top_k_filling_its_layer_is_not_testable(tmp_path, seeds):
     every full-layer head is as harmful as a retrieval head by construction; the only other contrast, 2
     random windowed heads, geometry decides. Not testable, with that reason."""
     ablate(tmp_path, "a", seeds, lambda s: 0.9, (0.9, 0.9, 0.9, 0.9), n_heads=2,
-           controls=(("control", lambda d: [[3, 0], [3, 1]]), ("control_nonretrieval", lambda d: [[0, d % 2], [1, d % 2]])))
+           controls=(("control", lambda d: [[3, 0], [3, 1]]),
+                     ("control_nonretrieval", lambda d: [[0, d % 2], [1, d % 2]])))
     row = verdicts(tmp_path).loc["ablation"]
     assert_verdict(row, "not testable", "the top-K fills layer 3 (2 of 2 heads)")
 

@@ -47,7 +47,8 @@ def test_count_params_splits_embedding():
     assert c["total"] == sum(p.numel() for p in model.parameters())
     assert c["non_embedding"] == c["total"] - c["embedding"]
     assert [layer["kind"] for layer in c["layers"]] == ["swa", "full"]
-    tied = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "vocab_size": 100, "pattern": "EF", "tie_embeddings": True})
+    tied = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "vocab_size": 100, "pattern": "EF",
+                        "tie_embeddings": True})
     assert count_params(tied)["embedding"] == 100 * 32
 
 
@@ -61,7 +62,8 @@ def test_causality(pattern, mixer, full, efficient):
     for t in (0, 5, 17, 22):
         y = x.clone()
         y[:, t + 1 :] = torch.randint(0, VOCAB, y[:, t + 1 :].shape, generator=g)
-        assert torch.equal(model(y)[:, : t + 1], base[:, : t + 1]) or torch.allclose(model(y)[:, : t + 1], base[:, : t + 1], atol=1e-12)
+        assert torch.equal(model(y)[:, : t + 1], base[:, : t + 1]) or torch.allclose(
+            model(y)[:, : t + 1], base[:, : t + 1], atol=1e-12)
 
 
 def _depends(model, x, t, s) -> bool:
@@ -81,7 +83,7 @@ def test_window_receptive_field_is_exact(W, n_layers):
     field = n_layers * (W - 1) + 1
     for s in range(t - field + 1, t + 1):
         assert _depends(model, x, t, s), f"position {t} should see {s}"
-    for s in range(0, t - field + 1):
+    for s in range(t - field + 1):
         assert not _depends(model, x, t, s), f"position {t} should not see {s}"
 
 

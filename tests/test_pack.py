@@ -7,11 +7,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import REPO, run_cli
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.analysis.pack import pack_runs
 from hybrid_lightning.analysis.report import analyze
-
-from conftest import REPO, run_cli
 from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
 from test_grid import TINY_BASE
 
@@ -37,13 +36,15 @@ def test_packed_runs_load_as_the_runs_did(fabricated, tmp_path):  # noqa: F811
     copy = tmp_path / "copy"
     shutil.copytree(packed, copy)
     assert pack_runs(copy, tmp_path / "again") and all(
-        (tmp_path / "again" / r / "scalars.csv").read_bytes() == (packed / r / "scalars.csv").read_bytes() for r in ("rope-s0", "full-s0"))
+        (tmp_path / "again" / r / "scalars.csv").read_bytes() == (packed / r / "scalars.csv").read_bytes()
+        for r in ("rope-s0", "full-s0"))
 
     first, second = analyze(packed, tmp_path / "out1", workers=1), analyze(packed, tmp_path / "out2", workers=1)
     for name in ("metrics.csv", "summary.csv", "emergence_curves.csv"):
         assert (first.parent / name).read_bytes() == (second.parent / name).read_bytes(), name
+    # the folder's name is in no table
     assert (first.parent / "metrics.csv").read_bytes() == (
-        analyze(copy, tmp_path / "out3", workers=1).parent / "metrics.csv").read_bytes()  # the folder's name is in no table
+        analyze(copy, tmp_path / "out3", workers=1).parent / "metrics.csv").read_bytes()
 
 
 def test_unpack_fills_a_grid_root_and_keeps_what_is_there(fabricated, tmp_path):  # noqa: F811
@@ -55,7 +56,8 @@ def test_unpack_fills_a_grid_root_and_keeps_what_is_there(fabricated, tmp_path):
     (grid_root / "rope-s0" / "notes.txt").write_text("mine")
     r = run_cli("unpack", str(packed), "--into", str(grid_root))
     assert r.returncode == 0 and "4 packed runs copied" in r.stdout, r.stderr[-2000:]
-    assert (grid_root / "rope-s0" / "notes.txt").read_text() == "mine" and not (grid_root / "rope-s0" / "config.yaml").exists()
+    assert (grid_root / "rope-s0" / "notes.txt").read_text() == "mine"
+    assert not (grid_root / "rope-s0" / "config.yaml").exists()
     assert (grid_root / "nope-s1" / "status.json").read_bytes() == (packed / "nope-s1" / "status.json").read_bytes()
 
 
@@ -96,7 +98,8 @@ def test_runs_of_the_same_data_from_other_folders_are_one_architecture(tmp_path)
         cfg["provenance"]["data"] = {"sources": ["probes.jsonl"], "tokenizer": "byte", "tokens": tokens}
         return cfg
 
-    for name, seed, folder, tokens in (("a-s0", 0, "sitting1", "d1"), ("a-s1", 1, "sitting2", "d1"), ("b-s0", 0, "sitting2", "d2")):
+    for name, seed, folder, tokens in (("a-s0", 0, "sitting1", "d1"), ("a-s1", 1, "sitting2", "d1"),
+                                       ("b-s0", 0, "sitting2", "d2")):
         fabricate(tmp_path / "runs" / name, config(seed, folder, tokens), "done", {"train/tokens": tokens_scalars(39)})
     labels = load_runs(find_runs(tmp_path / "runs")).configs.set_index("run")["label"]
     assert labels["a-s0"] == labels["a-s1"] != labels["b-s0"], labels.to_dict()

@@ -4,8 +4,9 @@ the SLURM profiles."""
 
 import subprocess
 import sys
-import tomllib
 import zipfile
+
+import tomllib
 
 from conftest import REPO
 
@@ -13,16 +14,17 @@ from conftest import REPO
 def test_pyproject_lists_every_package_of_the_tree():
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     tree = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "hybrid_lightning").rglob("__init__.py")}
-    tree |= {"hybrid_lightning." + ".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "analysis").rglob("__init__.py")}
+    tree |= {"hybrid_lightning." + ".".join(p.parent.relative_to(REPO).parts)
+             for p in (REPO / "analysis").rglob("__init__.py")}
     data = {"hybrid_lightning.ablations", "hybrid_lightning.slurm"}  # folders of package data
     assert set(setuptools["packages"]) == tree | data
-    assert setuptools["package-dir"] == {"hybrid_lightning.ablations": "ablations", "hybrid_lightning.analysis": "analysis",
-                                         "hybrid_lightning.slurm": "slurm"}
+    assert setuptools["package-dir"] == {"hybrid_lightning.ablations": "ablations",
+                                         "hybrid_lightning.analysis": "analysis", "hybrid_lightning.slurm": "slurm"}
 
 
 def test_a_built_wheel_runs_the_demo_grid_without_the_source_tree(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(REPO)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(REPO)], check=True, capture_output=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("hybrid_lightning-*.whl"))
     site = tmp_path / "site"
     names = zipfile.ZipFile(wheel).namelist()

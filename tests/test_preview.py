@@ -9,12 +9,11 @@ import time
 import pytest
 import yaml
 
+from conftest import TINY
 from hybrid_lightning import __version__
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import resolve_config
-
-from conftest import TINY
 from test_grid import write_grid
 
 
@@ -45,7 +44,8 @@ def test_dry_run_prints_the_cost_and_writes_nothing(tmp_path, capsys, monkeypatc
     assert main(["train", *TINY, "--set", "train.max_steps=50", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "non-embedding" in out and "    1  full" in out  # the per-layer table (pattern EF)
-    assert "50 steps, 51,200 tokens; measured" in out and "tokens/s on cpu (batch 8, " in out and "median of 7 steps)" in out
+    assert "50 steps, 51,200 tokens; measured" in out and "tokens/s on cpu (batch 8, " in out
+    assert "median of 7 steps)" in out
     assert "run directory runs/run (new); nothing written" in out
     assert _files(tmp_path) == [cache.relative_to(tmp_path), work.relative_to(tmp_path)]
 

@@ -6,14 +6,15 @@ import ast
 import pandas as pd
 import pytest
 
-from hybrid_lightning.analysis.scores import pooled as pooled_frame
 from conftest import REPO
 from hybrid_lightning import records
+from hybrid_lightning.analysis.scores import pooled as pooled_frame
 from hybrid_lightning.records import pool
 
-CELL = dict(step=3, tokens=96, task="passkey", length=256, depth=0.5, in_window=None, n=2, accuracy=0.5,
-            answer_tokens=10, token_accuracy=0.6, answer_loss=1.2, chance_token_accuracy=0.1, chance_loss=2.3,
-            distance=4.0, generated=0, generated_exact=None, match_all=None, match_part=None)
+CELL = {"step": 3, "tokens": 96, "task": "passkey", "length": 256, "depth": 0.5, "in_window": None, "n": 2,
+        "accuracy": 0.5, "answer_tokens": 10, "token_accuracy": 0.6, "answer_loss": 1.2, "chance_token_accuracy": 0.1,
+        "chance_loss": 2.3, "distance": 4.0, "generated": 0, "generated_exact": None, "match_all": None,
+        "match_part": None}
 MIN_LISTED = 7  # fields of one record kind in one literal list that count as writing out its columns
 
 
@@ -38,9 +39,9 @@ def test_a_row_has_every_field_in_order_and_refuses_others():
 
 def test_the_evaluation_and_analysis_pool_alike():
     """eval.report.pool (lists of dicts) and analysis.scores.pooled (frames) give the same figures."""
-    cells = [CELL, CELL | dict(depth=1.0, n=3, accuracy=1 / 3, answer_tokens=15, token_accuracy=0.2, answer_loss=2.0,
-                               chance_token_accuracy=0.3, chance_loss=2.0, generated=3, generated_exact=1 / 3,
-                               match_all=0.5, match_part=0.5)]
+    cells = [CELL, CELL | {"depth": 1.0, "n": 3, "accuracy": 1 / 3, "answer_tokens": 15, "token_accuracy": 0.2,
+                           "answer_loss": 2.0, "chance_token_accuracy": 0.3, "chance_loss": 2.0, "generated": 3,
+                           "generated_exact": 1 / 3, "match_all": 0.5, "match_part": 0.5}]
     p = pool(cells, task="passkey")
     frame = pooled_frame(pd.DataFrame(cells), ["task"]).iloc[0]
     assert p["accuracy"] == pytest.approx(2 / 5) == frame["exact"]

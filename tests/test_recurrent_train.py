@@ -2,9 +2,8 @@
 
 import pytest
 
-from test_train import _final_weights, scalars
-
 from conftest import run_cli
+from test_train import _final_weights, scalars
 
 SMALL = [
     "--set", "model.n_layers=4", "--set", "model.d_model=64", "--set", "model.n_heads=2", "--set", "model.pattern=EEEF",
@@ -20,7 +19,8 @@ SLOW = [("mamba2", "nope"), ("gated_deltanet", "rope"), ("lightning", "nope")]
 def _train_falls(tmp_path, mixer, pos):
     run_dir = tmp_path / "run"
     r = run_cli("train", "--run-dir", str(run_dir), *SMALL, "--set", f"model.mixer={mixer}",
-                "--set", f"model.pos.full={pos}", "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=200")
+                "--set", f"model.pos.full={pos}", "--set", "train.max_steps=200",
+                "--set", "train.val_every_n_steps=200")
     assert r.returncode == 0, r.stderr[-3000:]
     loss = scalars(run_dir, "train/loss")
     assert loss[-1][0] == 200
@@ -44,9 +44,9 @@ def test_recurrent_hybrid_loss_falls_other_position_encoding(tmp_path, mixer, po
 def _resume_is_exact(tmp_path, mixer):
     """A run stopped at step 10 and trained on to 20 ends with the weights and losses of a straight run
     (constant schedule, so the shorter first leg sees the same learning rates)."""
-    args = [*SMALL, "--set", f"model.mixer={mixer}", "--set", "train.schedule=constant", "--set", "train.warmup_steps=4",
-            "--set", "train.log_every_n_steps=1", "--set", "train.checkpoint_every_n_steps=10",
-            "--set", "train.val_every_n_steps=15"]
+    args = [*SMALL, "--set", f"model.mixer={mixer}", "--set", "train.schedule=constant",
+            "--set", "train.warmup_steps=4", "--set", "train.log_every_n_steps=1",
+            "--set", "train.checkpoint_every_n_steps=10", "--set", "train.val_every_n_steps=15"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     legs = [run_cli("train", "--run-dir", str(d), *args, "--set", f"train.max_steps={n}")
             for d, n in ((straight, 20), (resumed, 10), (resumed, 20))]

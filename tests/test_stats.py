@@ -13,7 +13,8 @@ DRAWS = 2000
 
 def percentile_bootstrap(a, b, rng, resamples=2000):
     """The interval the findings used before: percentiles 2.5 and 97.5 of resampled mean differences."""
-    d = a[rng.integers(0, len(a), (resamples, len(a)))].mean(1) - b[rng.integers(0, len(b), (resamples, len(b)))].mean(1)
+    d = (a[rng.integers(0, len(a), (resamples, len(a)))].mean(1)
+         - b[rng.integers(0, len(b), (resamples, len(b)))].mean(1))
     return np.percentile(d, [2.5, 97.5])
 
 

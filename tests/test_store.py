@@ -14,14 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import TINY, run_cli
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule, MixedSequences, StepSampler, permute
 from hybrid_lightning.data.shards import GOLDEN
 from hybrid_lightning.data.store import open_store
 from hybrid_lightning.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
-
-from conftest import TINY, run_cli
 
 WORDS = ["the", "model", "reads", "a", "long", "document", "and", "recalls", "every", "key", "value", "of", "it",
          "ünïcödé", "line", "window", "state"]
@@ -183,9 +182,10 @@ def test_one_document_corpus_trains(tmp_path):
     assert store.train.size == int(total * 0.98) and store.train.size + store.val.size == total
     run = tmp_path / "run"
     r = run_cli("train", "--run-dir", str(run), *TINY[:-2], "--set", f"data.files=[{tmp_path / 'book.txt'}]",
-                "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "train.max_steps=2", "--set", "train.warmup_steps=0",
-                "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.at_end=false",
-                "--set", "eval.heads.every_n_steps=0", "--set", "train.val_batches=1")
+                "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "train.max_steps=2",
+                "--set", "train.warmup_steps=0", "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false",
+                "--set", "eval.heads.at_end=false", "--set", "eval.heads.every_n_steps=0",
+                "--set", "train.val_batches=1")
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -202,9 +202,11 @@ def test_long_document_filter(tmp_path):
 BAD_INPUTS = {
     "binary": (lambda p: p.joinpath("x.txt").write_bytes(b"GIF89a\x00\x01\x02" * 50), "x.txt", "binary"),
     "latin-1": (lambda p: p.joinpath("x.txt").write_bytes("caf\xe9 au lait".encode("latin-1")), "x.txt", "not UTF-8"),
-    "latin-1 far in": (lambda p: p.joinpath("x.txt").write_bytes(b"a" * 200_000 + "\xe9".encode("latin-1")), "x.txt", "byte 200000"),
+    "latin-1 far in": (lambda p: p.joinpath("x.txt").write_bytes(b"a" * 200_000 + "\xe9".encode("latin-1")), "x.txt",
+                       "byte 200000"),
     "empty": (lambda p: p.joinpath("x.txt").write_bytes(b""), "x.txt", "empty"),
-    "no text field": (lambda p: p.joinpath("x.jsonl").write_text(json.dumps({"content": "hello"}) + "\n"), "x.jsonl", "data.text_field"),
+    "no text field": (lambda p: p.joinpath("x.jsonl").write_text(json.dumps({"content": "hello"}) + "\n"), "x.jsonl",
+                      "data.text_field"),
     "bad json": (lambda p: p.joinpath("x.jsonl").write_text('{"text": "a"}\n{"text": \n'), "x.jsonl", "invalid JSON"),
 }
 
@@ -242,7 +244,8 @@ def test_bad_tokenizers_are_clean_errors(tmp_path, capsys):
     (tmp_path / "folder").mkdir()
     for spec, message in ((tmp_path / "tok.json", "does not load"), (tmp_path / "folder", "without tokenizer.json"),
                           (tmp_path / "missing.json", "not found")):
-        code, err = cli(capsys, "data", "prepare", "--set", f"data.tokenizer={spec}", "--set", f"data.cache_dir={tmp_path}")
+        code, err = cli(capsys, "data", "prepare", "--set", f"data.tokenizer={spec}",
+                        "--set", f"data.cache_dir={tmp_path}")
         assert code == 2 and "data.tokenizer" in err and message in err, err
 
 
@@ -325,9 +328,10 @@ def test_training_resumes_exactly_from_a_sharded_store(tmp_path):
     files = write_corpus(tmp_path / "src", documents(300, seed=6))
     args = [*TINY[:-2], "--set", f"data.files={files}", "--set", "data.text_field=body", "--set", "data.shard_mb=0.01",
             "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "train.seq_len=64", "--set", "train.batch_size=4",
-            "--set", "train.schedule=constant", "--set", "train.warmup_steps=0", "--set", "train.checkpoint_every_n_steps=15",
-            "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
-            "--set", "eval.heads.at_end=false", "--set", "train.val_every_n_steps=1000"]
+            "--set", "train.schedule=constant", "--set", "train.warmup_steps=0",
+            "--set", "train.checkpoint_every_n_steps=15", "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false",
+            "--set", "eval.heads.every_n_steps=0", "--set", "eval.heads.at_end=false",
+            "--set", "train.val_every_n_steps=1000"]
     for run, steps in (("straight", [30]), ("resumed", [15, 30])):
         for n in steps:
             r = run_cli("train", "--run-dir", str(tmp_path / run), *args, "--set", f"train.max_steps={n}")
@@ -335,5 +339,6 @@ def test_training_resumes_exactly_from_a_sharded_store(tmp_path):
     assert "resuming from" in r.stdout
     stores = list((tmp_path / "cache" / "store").glob("*/manifest.json"))
     assert len(stores) == 1 and len(json.loads(stores[0].read_text())["shards"]) > 10
-    a, b = (torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for run in ("straight", "resumed"))
+    a, b = (torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+            for run in ("straight", "resumed"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6

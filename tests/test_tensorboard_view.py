@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from conftest import TINY
 from hybrid_lightning.config import load_config
 from hybrid_lightning.eval.report import CARD_PX
 from hybrid_lightning.grid import load_grid
@@ -20,8 +21,6 @@ from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_TAGS
 from hybrid_lightning.training.hparams import HPARAMS_METRICS, STUDY_KEYS
 from hybrid_lightning.training.run import train
-
-from conftest import TINY
 from test_grid import write_grid
 
 
@@ -87,20 +86,7 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
             with urllib.request.urlopen(f"{server.base}/data/plugin/images/individualImage?{query}", timeout=10) as r:
                 png = r.read()
             assert int.from_bytes(png[16:20], "big") <= CARD_PX, tag  # the PNG header's width
-        # two experiment summaries here (the plain run's and the grid's): TensorBoard takes one, either holds these
-        groups = server.get("/data/plugin/hparams/session_groups", {
-            "experimentName": "", "startIndex": 0, "sliceSize": 100,
-            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
-            "colParams": [{"hparam": k} for k in STUDY_KEYS] + [{"metric": {"group": "", "tag": "train/loss"}}],
-        })["sessionGroups"]
-        by_name = {g["name"]: g["hparams"] for g in groups}
-        assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": "32",
-                                    "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": "7"}
-        full, w8, w16 = (by_name[name] for name in cells)
-        assert {k: full[k] for k in STUDY_KEYS if k in full} == {"model.pattern": "F", "model.pos.full": "rope", "seed": "0"}
-        assert (w8["model.window"], w16["model.window"]) == ("8", "16")  # as written; no mixer nor window for full
-        loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"] if m["name"]["tag"] == "train/loss")
-        assert loss["trainingStep"] == 3
+        _check_session_groups(server, cells)
     finally:
         server.proc.terminate()
         server.proc.wait(timeout=30)
@@ -108,10 +94,31 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
     try:
         server.wait_for({c.name for c in grid.cells})
         experiment = server.get("/data/plugin/hparams/experiment", {"experimentName": ""})
-        assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(["arch", *STUDY_KEYS])  # every key some arm has
+        # every key some arm has
+        assert sorted(h["name"] for h in experiment["hparamInfos"]) == sorted(["arch", *STUDY_KEYS])
         differing = {h["name"] for h in experiment["hparamInfos"] if h.get("differs")}
         assert differing == {"arch", "model.pattern", "model.window", "seed"}  # the dashboard shows these first
         assert [m["name"]["tag"] for m in experiment["metricInfos"]] == list(HPARAMS_METRICS)
     finally:
         server.proc.terminate()
         server.proc.wait(timeout=30)
+
+
+def _check_session_groups(server: Server, cells: list[str]) -> None:
+    """The HParams dashboard's sessions: the plain run's and each grid cell's study keys, and its loss."""
+    # two experiment summaries here (the plain run's and the grid's): TensorBoard takes one, either holds these
+    groups = server.get("/data/plugin/hparams/session_groups", {
+        "experimentName": "", "startIndex": 0, "sliceSize": 100,
+        "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+        "colParams": [{"hparam": k} for k in STUDY_KEYS] + [{"metric": {"group": "", "tag": "train/loss"}}],
+    })["sessionGroups"]
+    by_name = {g["name"]: g["hparams"] for g in groups}
+    assert by_name["plain"] == {"model.pattern": "EF", "model.mixer": "swa", "model.window": "32",
+                                "model.pos.full": "rope", "model.pos.efficient": "rope", "seed": "7"}
+    full, w8, w16 = (by_name[name] for name in cells)
+    assert {k: full[k] for k in STUDY_KEYS if k in full} == {"model.pattern": "F", "model.pos.full": "rope",
+                                                             "seed": "0"}
+    assert (w8["model.window"], w16["model.window"]) == ("8", "16")  # as written; no mixer nor window for full
+    loss = next(m for g in groups if g["name"] == "plain" for m in g["metricValues"]
+                if m["name"]["tag"] == "train/loss")
+    assert loss["trainingStep"] == 3

@@ -16,8 +16,9 @@ def test_text_val_loss_is_logged_beside_val_loss(tmp_path):
     text = tmp_path / "dickens.txt"
     text.write_text(TEXT * 40)
     run_dir = tmp_path / "run"
-    r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=4", "--set", "train.warmup_steps=1", "--set", "train.val_every_n_steps=2",
-                "--set", "train.val_batches=1", "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false",
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=4",
+                "--set", "train.warmup_steps=1", "--set", "train.val_every_n_steps=2", "--set", "train.val_batches=1",
+                "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false",
                 "--set", "eval.heads.every_n_steps=0", "--set", "data.synthetic.fraction=0.2",
                 "--set", f"data.text_val_files=[{text}]")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -32,6 +33,6 @@ def test_text_val_loss_is_logged_beside_val_loss(tmp_path):
 def test_text_val_files_too_short_is_an_error(tmp_path):
     text = tmp_path / "short.txt"
     text.write_text("Too short.")
-    r = run_cli("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "train.max_steps=2", "--set", "train.warmup_steps=1",
-                "--set", f"data.text_val_files=[{text}]")
+    r = run_cli("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "train.max_steps=2",
+                "--set", "train.warmup_steps=1", "--set", f"data.text_val_files=[{text}]")
     assert r.returncode == 2 and "data.text_val_files" in r.stderr

@@ -6,12 +6,11 @@ import os
 import pytest
 import torch
 
+from conftest import TINY, run_cli
 from hybrid_lightning.config import load_config, validate_config
 from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.training import dryrun
 from hybrid_lightning.training.threads import cores_given, set_threads, share, thread_count
-
-from conftest import TINY, run_cli
 
 
 @pytest.fixture
@@ -48,19 +47,22 @@ def test_set_threads_sets_torchs(four_cores):
 
 def test_train_and_its_dry_run_use_the_configs_threads(tmp_path):
     env = {"OMP_NUM_THREADS": "2"}
-    r = run_cli("train", *TINY, "--set", "train.max_steps=2", "--set", "train.warmup_steps=0", "--set", "train.threads=1",
-                "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
-                "--set", "eval.heads.at_end=false", "--run-dir", str(tmp_path / "run"), env=env)
+    r = run_cli("train", *TINY, "--set", "train.max_steps=2", "--set", "train.warmup_steps=0",
+                "--set", "train.threads=1", "--set", "eval.every_n_steps=0", "--set", "eval.at_end=false",
+                "--set", "eval.heads.every_n_steps=0", "--set", "eval.heads.at_end=false",
+                "--run-dir", str(tmp_path / "run"), env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "from step 0, 1 CPU thread" in r.stdout
     r = run_cli("train", *TINY, "--set", "train.max_steps=2", "--set", "train.warmup_steps=0", "--dry-run", env=env)
-    assert r.returncode == 0 and "tokens/s on cpu (batch 8, 2 threads, median of 7 steps)" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tokens/s on cpu (batch 8, 2 threads, median of 7 steps)" in r.stdout, r.stdout + r.stderr
 
 
 def test_runs_are_measured_together_in_rounds_and_equal_steps_once(monkeypatch):
     base = load_config(None, [*TINY[1::2], "train.max_steps=5", "train.warmup_steps=0"])
     runs = [plan_run(base.model_copy(update=update)) for update in
-            ({"name": "a"}, {"name": "b", "seed": 3}, {"name": "c", "model": base.model.model_copy(update={"window": 16})})]
+            ({"name": "a"}, {"name": "b", "seed": 3},
+             {"name": "c", "model": base.model.model_copy(update={"window": 16})})]
     order = []
 
     def fake_step(cfg, plan, device):

@@ -11,7 +11,6 @@ import pytest
 
 from hybrid_lightning.analysis.findings import findings
 from hybrid_lightning.analysis.load import find_runs, load_runs
-
 from test_analysis import EVAL_STEPS, ablation_row, fabricate, run_config, tokens_scalars
 
 ARMS = {  # name: run_config arguments
@@ -30,9 +29,9 @@ def null_run(run_dir, config, rng, nope):
     acc = tuple(float(np.clip(plateau * (i >= rise) + rng.normal(0, 0.03), -0.1, 0.9)) for i in range(4))
     first = rng.integers(0, 5)
     loss = float(rng.normal(2.0, 0.01) + 0.02 * nope)
-    fabricate(run_dir, config, "done", {"train/tokens": tokens_scalars(39), "val/text_loss": [(39, loss)]}, token_acc=acc,
-              beyond_extra=float(rng.normal(-0.2, 0.1)), heads=tuple((int(i >= first), 0.5 * (i >= first)) for i in range(4)),
-              packed=True)
+    fabricate(run_dir, config, "done", {"train/tokens": tokens_scalars(39), "val/text_loss": [(39, loss)]},
+              token_acc=acc, beyond_extra=float(rng.normal(-0.2, 0.1)),
+              heads=tuple((int(i >= first), 0.5 * (i >= first)) for i in range(4)), packed=True)
     path = run_dir / "eval" / f"heads_step_{EVAL_STEPS[-1]}.json"
     report = json.loads(path.read_text())
     heads = [(h["layer"], h["head"]) for h in report["heads"]]
@@ -42,12 +41,14 @@ def null_run(run_dir, config, rng, nope):
         marked = {(layer, 0), heads[rng.integers(len(heads))]}
         top = [[layer, 0], [layer, 1]]
         report["ablation"] = [ablation_row("top", top, 8, 1.0, 1.0 - rng.uniform(0, 0.5))]
-        report["ablation"] += [ablation_row("control", [[layer, 2], [layer, 3]], 8, 1.0, 1.0 - rng.uniform(0, 0.5)) | {"draw": d}
-                               for d in range(4)]
+        report["ablation"] += [
+            ablation_row("control", [[layer, 2], [layer, 3]], 8, 1.0, 1.0 - rng.uniform(0, 0.5)) | {"draw": d}
+            for d in range(4)]
     for h in report["heads"]:
         h["retrieval"] = h["reach_retrieval"] = (h["layer"], h["head"]) in marked
         h["reach_steps"] = 16
-    report["selection"] = {"seed": 1, "heads": [{"layer": a, "head": b, "score": 0.9 * ((a, b) in marked)} for a, b in heads]}
+    report["selection"] = {"seed": 1,
+                           "heads": [{"layer": a, "head": b, "score": 0.9 * ((a, b) in marked)} for a, b in heads]}
     path.write_text(json.dumps(report))
 
 
@@ -57,7 +58,8 @@ def null_rates(root, seeds, replications, seed=0):
     for r in range(replications):
         for name, arm in ARMS.items():
             for s in range(seeds):
-                null_run(root / str(r) / f"{name}-s{s}", run_config(s, n_heads=4, **arm), rng, arm.get("pos_full") == "nope")
+                null_run(root / str(r) / f"{name}-s{s}", run_config(s, n_heads=4, **arm), rng,
+                         arm.get("pos_full") == "nope")
         table = findings(load_runs(find_runs(root / str(r)), root=root / str(r)))
         for f in FINDINGS:
             hits[f] += bool((table[table["finding"] == f]["verdict"] == "reproduced").any())
@@ -72,7 +74,8 @@ def test_null_runs_reach_every_test(tmp_path):
             null_run(tmp_path / f"{name}-s{s}", run_config(s, n_heads=4, **arm), rng, arm.get("pos_full") == "nope")
     table = findings(load_runs(find_runs(tmp_path), root=tmp_path)).set_index("test")
     pair = "swa W=16 EEEF pos.full=rope"
-    tested = ["speed (probes)", "convergence (probes)", "where", "ablation", "laziness", f"beyond: {pair}", f"cost: {pair}"]
+    tested = ["speed (probes)", "convergence (probes)", "where", "ablation", "laziness", f"beyond: {pair}",
+              f"cost: {pair}"]
     assert list(table.index) == tested and not table["p"].isna().any(), table[["verdict", "reason"]]
 
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 SECTIONS: dict[str, str] = {
     "attention": "(a) sliding-window vs full causal attention: time and peak memory, forward + backward",
     "recurrent": "(b) chunked recurrent operators vs step-by-step and vs fla's pure-torch chunked reference",
-    "training": "(c) training tokens/s of the seven architectures; per-mixer CPU steps on one thread, fp32 and bf16; Lightning vs a plain PyTorch loop",
-    "work": "(c) continued: CPU time per FLOP of each recurrent hybrid against full attention's at the CPU replica's shape",
-    "eval": "(d) cost of one call of each evaluation callback (long-context, retrieval heads) at its defaults, in training steps",
-    "data": "(e) data prepare: throughput vs the tokenizer's batch speed, 1 -> 2 workers, peak memory, time to the first batch",
+    "training": "(c) training tokens/s of the seven architectures; per-mixer CPU steps on one thread, fp32 and bf16; "
+                "Lightning vs a plain PyTorch loop",
+    "work": "(c) continued: CPU time per FLOP of each recurrent hybrid against full attention's at the CPU replica's "
+            "shape",
+    "eval": "(d) cost of one call of each evaluation callback (long-context, retrieval heads) at its defaults, in "
+            "training steps",
+    "data": "(e) data prepare: throughput vs the tokenizer's batch speed, 1 -> 2 workers, peak memory, time to the "
+            "first batch",
     "memory": "(f) peak memory of a training step with and without activation checkpointing, measured and estimated",
 }

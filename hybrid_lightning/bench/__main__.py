@@ -39,7 +39,8 @@ def cpu_name() -> str:
     """The CPU's model name as Linux reports it (``/proc/cpuinfo``), else ``platform.processor()``."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                platform.processor())
 
 
 def describe_machine() -> str:
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 def write_index(out: Path) -> None:
     """``out/README.md``: every section's table found in ``out`` (its ``<section>.json``), in section order."""
     order = list(SECTIONS)  # (a), (b), ... then any other section found there
-    sections = sorted((f.stem for f in out.glob("*.json")), key=lambda s: (order.index(s) if s in order else len(order), s))
+    sections = sorted((f.stem for f in out.glob("*.json")),
+                      key=lambda s: (order.index(s) if s in order else len(order), s))
     body = ["# Benchmarks", "", "Regenerate with `python -m hybrid_lightning.bench` (sections: "
             + ", ".join(sections) + ").", ""]
     for name in sections:

@@ -50,7 +50,8 @@ def run(quick: bool) -> dict:
         rows.append({
             "T": T, "attention": name, "wall s": t.wall, "CPU s": t.cpu,
             "full / this": secs[T, "full"].wall / t.wall, "full / this (CPU)": secs[T, "full"].cpu / t.cpu,
-            "vs T/2": t.wall / secs[half].wall if grown else "", "vs T/2 (CPU)": t.cpu / secs[half].cpu if grown else "",
+            "vs T/2": t.wall / secs[half].wall if grown else "",
+            "vs T/2 (CPU)": t.cpu / secs[half].cpu if grown else "",
             "work vs T/2": visible_pairs(T, w) / visible_pairs(T // 2, w) if grown else "",
             "peak MiB": mem[T, name] / 2**20, "memory vs T/2": mem[T, name] / mem[half] if grown and mem[half] else "",
         })

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.data.synthetic import pseudo_word
 from hybrid_lightning.data.store import open_store
+from hybrid_lightning.data.synthetic import pseudo_word
 from hybrid_lightning.data.tokenizer import load_tokenizer, train_bpe
 
 MB = 2**20
@@ -100,12 +100,14 @@ def prepare_cmd(corpus: Path, tokenizer: str, store: Path, workers: int) -> list
 
 def cpu_seconds() -> float:
     """CPU seconds of this process and its finished children (the prepare workers, once joined)."""
-    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+    return sum(r.ru_utime + r.ru_stime
+               for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 def prepare_seconds(corpus: Path, tokenizer: str, store: Path, workers: int, shard_mb: float) -> tuple[float, float]:
     """(wall, CPU) seconds of preparing a store in this process (workers forked from it), one thread per worker."""
-    cfg = validate_config({"data": {"files": [str(corpus)], "tokenizer": tokenizer, "store": str(store), "shard_mb": shard_mb}})
+    cfg = validate_config({"data": {"files": [str(corpus)], "tokenizer": tokenizer, "store": str(store),
+                                    "shard_mb": shard_mb}})
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     t0, c0 = time.perf_counter(), cpu_seconds()
     open_store(cfg.data, workers=workers)
@@ -168,8 +170,9 @@ def run(quick: bool) -> dict:
             rows.append({"measure": f"tokenizer's own batch encoding, {mb} MB, {name} (all cores)", "seconds": ref,
                          "CPU s": ref_cpu, "MB/s": mb / ref, "MB per CPU s": mb / ref_cpu})
             for w, (wall, cpu) in zip((1, 2), med[1:]):
-                rows.append({"measure": f"prepare {mb} MB, {name}, {w} worker{'s' * (w > 1)}", "seconds": wall, "CPU s": cpu,
-                             "MB/s": mb / wall, "MB per CPU s": mb / cpu, "vs tokenizer batch speed": ref / wall,
+                rows.append({"measure": f"prepare {mb} MB, {name}, {w} worker{'s' * (w > 1)}", "seconds": wall,
+                             "CPU s": cpu, "MB/s": mb / wall, "MB per CPU s": mb / cpu,
+                             "vs tokenizer batch speed": ref / wall,
                              "speed-up 1 -> 2 workers": med[1][0] / wall if w == 2 else ""})
         peaks = {}
         for mb in (small, large):
@@ -181,23 +184,26 @@ def run(quick: bool) -> dict:
                          "PSS ratio to the smaller": peaks[mb] / peaks[small] if mb == large else ""})
         for mb in (small, large):
             manifest = json.loads((tmp / f"store{mb}" / "manifest.json").read_text())
-            rows.append({"measure": f"prepared store of {manifest['train_tokens'] / 1e6:.0f}M tokens ({len(manifest['shards'])} shards) "
-                                    "to the first batch of 16 x 1024",
+            rows.append({"measure": f"prepared store of {manifest['train_tokens'] / 1e6:.0f}M tokens "
+                                    f"({len(manifest['shards'])} shards) to the first batch of 16 x 1024",
                          "seconds": first_batch_seconds(tmp / f"c{mb}.jsonl", "byte", tmp / f"store{mb}")})
     notes = ("Generated JSON-lines corpora (Zipf pseudo-words); the BPE is trained here on half of the unique "
-             f"documents. Throughput rows, medians of {reps} rounds run round-robin: the tokenizer's batch encoding (1 MiB batches, its own thread pool over all "
+             f"documents. Throughput rows, medians of {reps} rounds run round-robin: the tokenizer's batch encoding "
+             "(1 MiB batches, its own thread pool over all "
              f"cores) of the texts already in memory, then `data prepare` of the same file in the same process "
              f"(shards of {shard_mb} MiB so that both workers have units; one thread per worker; reading JSON, "
              "splitting, checksums and writing included); 'vs tokenizer batch speed' is the ratio of the two "
              "throughputs; 'CPU s' counts this process and the joined workers, which the machine's load does not "
-             "inflate as it does the wall-clock seconds ('MB per CPU s': throughput per core busy). Memory rows: the `hybrid-lightning data prepare` command (default 32 MiB shards; "
+             "inflate as it does the wall-clock seconds ('MB per CPU s': throughput per core busy). Memory rows: the "
+             "`hybrid-lightning data prepare` command (default 32 MiB shards; "
              "interpreter start and imports included in its seconds), peak PSS of its process tree (main + workers; "
              "pages the forked workers share with the main process counted once) sampled every 20 ms from /proc. "
              "First batch: store opened, data module set up, first training batch read, in this process, median of 3. "
              "Measured on a shared 2-core machine with other jobs running: the load average above says how busy it "
              "was; timings vary by tens of percent between runs, the ratios less.")
-    return {"title": SECTION_TITLE, "columns": ["measure", "seconds", "CPU s", "MB/s", "MB per CPU s", "vs tokenizer batch speed",
-                                                "speed-up 1 -> 2 workers", "peak PSS (MB)", "PSS ratio to the smaller"],
+    return {"title": SECTION_TITLE, "columns": ["measure", "seconds", "CPU s", "MB/s", "MB per CPU s",
+                                                "vs tokenizer batch speed", "speed-up 1 -> 2 workers", "peak PSS (MB)",
+                                                "PSS ratio to the smaller"],
             "rows": rows, "notes": notes}
 
 

@@ -38,12 +38,12 @@ import torch
 
 from hybrid_lightning.bench.__main__ import DEFAULT_OUT, MARKER, markdown
 from hybrid_lightning.bench.gpu_resume import resume_check
-from hybrid_lightning.fileio import write_owned
 from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
+from hybrid_lightning.fileio import write_owned
+from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count
-from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 from hybrid_lightning.plan.precision import peak_bf16_tflops
 
 TOLERANCE = 2e-2  # relative RMS error allowed in bf16 (its unit roundoff is 2**-8 = 3.9e-3)
@@ -122,7 +122,8 @@ def recurrent(device: torch.device) -> object:
         return importlib.import_module("hybrid_lightning.bench.gpu_recurrent").main()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        proc = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu_recurrent", "--interpret", "--out", str(out)],
+        proc = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu_recurrent", "--interpret",
+                               "--out", str(out)],
                               capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
         if not out.exists():
             return {"exit status": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
@@ -183,7 +184,8 @@ def checks(device: torch.device, sizes: Sizes, peak: float | None) -> dict:
     fla_ok = fla == 0 or (isinstance(fla, dict) and fla.get("exit status") == 0)
     return {"torch": torch.__version__, "flash_attn": HAS_FLASH_ATTN, "peak_bf16_tflops": peak,
             "correctness": attention, "recurrent": fla, "mfu": rows, "resume": resume,
-            "ok": all(r["ok"] for r in attention) and fla_ok and resume["ok"] and all(r["loss"] == r["loss"] for r in rows),
+            "ok": all(r["ok"] for r in attention) and fla_ok and resume["ok"]
+            and all(r["loss"] == r["loss"] for r in rows),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hybrid_lightning.bench.gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak (default: known for H100/H200/A100/L40S)")
+    p.add_argument("--peak-tflops", type=float,
+                   help="the GPU's dense bf16 peak (default: known for H100/H200/A100/L40S)")
     p.add_argument("--rehearse", action="store_true", help="every section on the CPU at tiny shapes")
     args = p.parse_args(argv)
     if not args.rehearse and not torch.cuda.is_available():
@@ -222,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = "rehearsal" if args.rehearse else "gpu"
     write_owned(args.out, MARKER, f"{stem}.json", json.dumps(result, indent=1, default=str), "--out")
     tables = report(result, name, sizes)
-    write_owned(args.out, MARKER, f"{stem}.md", f"# GPU check{' (rehearsal)' * args.rehearse}\n\n{tables}\n_{result['seconds']} s_\n",
-                "--out")
+    write_owned(args.out, MARKER, f"{stem}.md",
+                f"# GPU check{' (rehearsal)' * args.rehearse}\n\n{tables}\n_{result['seconds']} s_\n", "--out")
     print(tables)
     return 0 if result["ok"] else 1
 

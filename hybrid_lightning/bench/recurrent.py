@@ -46,7 +46,8 @@ def fla_naive(folder: str, name: str) -> tuple[Callable | None, str]:
     return getattr(module, name), ""
 
 
-def inputs(T: int, batch: int = B, heads: int = H, key: int = DIM, value: int = DIM, seed: int = 0) -> dict[str, torch.Tensor]:
+def inputs(T: int, batch: int = B, heads: int = H, key: int = DIM, value: int = DIM,
+           seed: int = 0) -> dict[str, torch.Tensor]:
     """Random operator inputs on the CPU: q, k (L2-normalised), v, g (log-decay, about 0.95 per step), beta."""
     g = torch.Generator().manual_seed(seed)
     return {
@@ -106,7 +107,8 @@ def run(quick: bool) -> dict:
         if fla_fn is None:
             notes.append(f"{op}: {why}; no fla comparison.")
         small = inputs(200, seed=1)
-        notes.append(f"{op}: outputs agree with the step-by-step reference to {check(calls(op, small, fla_fn)):.1e} (T=200).")
+        notes.append(f"{op}: outputs agree with the step-by-step reference to "
+                     f"{check(calls(op, small, fla_fn)):.1e} (T=200).")
         previous = {}
         for T in lengths:
             x = inputs(T)
@@ -141,7 +143,8 @@ def summary(op: str, rows: list[dict], at: int) -> str:
     steps = [r["chunked ×/doubling"] for r in rows if "chunked ×/doubling" in r]
     overall = (rows[-1]["chunked s"] / rows[0]["chunked s"]) ** (1 / len(steps))  # geometric mean per doubling
     (ref,) = [r for r in rows if r["T"] == at]
-    parts = [f"{ref['step-by-step / chunked']:.0f}× faster than step-by-step at T={at} (target ≥ {TARGETS['vs_recurrent']:.0f}×)",
+    parts = [f"{ref['step-by-step / chunked']:.0f}× faster than step-by-step at T={at} "
+             f"(target ≥ {TARGETS['vs_recurrent']:.0f}×)",
              f"{overall:.2f}× per doubling of T from {rows[0]['T']} to {rows[-1]['T']} (target ≤ {TARGETS['growth']}×; "
              f"single doublings {min(steps):.2f}-{max(steps):.2f}×)"]
     if "fla naive / chunked" in ref:

@@ -36,11 +36,13 @@ def run(quick: bool) -> dict:
     per_flop = {key: secs[key].cpu / flops[key] / (secs[full].cpu / flops[full]) for key in steps}
     size = f"d={SIZE['d_model']}, {SIZE['n_heads']} heads, batch {CPU_BATCH} x {T}"
     rows = [{"architecture": key[0], "setting": size if key == full else f"{size}, operator {key[1]}",
-             "CPU ms/step": 1e3 * secs[key].cpu, "GFLOP/step": flops[key] / 1e9, "step / full's": secs[key].cpu / secs[full].cpu,
-             "work / full's": flops[key] / flops[full], "time per FLOP / full's": per_flop[key]} for key in steps]
-    ranges = {backend: [per_flop[key] for key in steps if key != full and key[1] == backend] for backend in ("chunked", "compiled")}
-    notes = (f"One thread, fp32, CPU time per training step, medians of {reps} interleaved steps after a warm-up; FLOPs are "
-             "the run plan's. The recurrent hybrids take " + ", ".join(
+             "CPU ms/step": 1e3 * secs[key].cpu, "GFLOP/step": flops[key] / 1e9,
+             "step / full's": secs[key].cpu / secs[full].cpu, "work / full's": flops[key] / flops[full],
+             "time per FLOP / full's": per_flop[key]} for key in steps]
+    ranges = {backend: [per_flop[key] for key in steps if key != full and key[1] == backend]
+              for backend in ("chunked", "compiled")}
+    notes = (f"One thread, fp32, CPU time per training step, medians of {reps} interleaved steps after a warm-up; "
+             "FLOPs are the run plan's. The recurrent hybrids take " + ", ".join(
                  f"{min(r):.2f}-{max(r):.2f}x full attention's CPU time per FLOP with the operator {backend}"
                  for backend, r in ranges.items()) + f" (target <= {TARGET}).")
     return {"title": "(c) Training: CPU time per FLOP at the CPU replica's shape",

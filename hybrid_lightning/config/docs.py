@@ -84,8 +84,8 @@ def section_text(path: str, model: type[BaseModel]) -> str:
         if _section_type(field.annotation) is not None:
             rows.append(f"| `{path}{name}` | section | | see [`{path}{name}`](#{(path + name).replace('.', '')}) |")
             continue
-        rows.append(f"| `{path}{name}` | {_cell(type_name(field.annotation) + bounds(field))} | {_cell(default_text(field))} | "
-                    f"{_cell(field.description or '')} |")
+        rows.append(f"| `{path}{name}` | {_cell(type_name(field.annotation) + bounds(field))} | "
+                    f"{_cell(default_text(field))} | {_cell(field.description or '')} |")
     return f"## {title}\n\n{doc}\n\n" + "\n".join(rows) + "\n"
 
 

@@ -160,8 +160,8 @@ def validate(model: type[_Frozen], raw: dict | None, what: str, noun: str, conte
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Reads a YAML run config (None = the embedded default), applies overrides, validates.
 
-    Relative paths in ``data.files``, ``data.tokenizer``, ``data.store`` and ``eval.longppl_evaluator`` are resolved against the
-    config file's folder; those given with ``--set`` against the working directory.
+    Relative paths in ``data.files``, ``data.tokenizer``, ``data.store`` and ``eval.longppl_evaluator`` are resolved
+    against the config file's folder; those given with ``--set`` against the working directory.
     """
     raw: dict = {}
     if path is not None:
@@ -187,7 +187,8 @@ def read_text_file(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {path} is not UTF-8 text (invalid byte 0x{e.object[e.start]:02x} at byte {e.start})") from None
+        raise ValueError(f"{what} {path} is not UTF-8 text "
+                         f"(invalid byte 0x{e.object[e.start]:02x} at byte {e.start})") from None
 
 
 def resolve_paths(raw: dict, base: Path) -> dict:
@@ -243,7 +244,8 @@ UNION_TAGS = ("int", "float", "bool", "str", "none")
 def _describe(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")) and p not in UNION_TAGS)
+        loc = ".".join(str(p) for p in err["loc"]
+                       if not str(p).startswith(("function-", "literal[")) and p not in UNION_TAGS)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "literal_error":
             msg = f"{err['input']!r} is not accepted; {msg.lower()}"

@@ -99,7 +99,8 @@ def join(folder: Path, names: list[str], dtype: np.dtype, out: Path, start: int 
     def write(f) -> None:
         offset = 0
         for name in names:
-            arr = np.memmap(folder / name, dtype=dtype, mode="r") if (folder / name).stat().st_size else np.zeros(0, dtype)
+            arr = (np.memmap(folder / name, dtype=dtype, mode="r") if (folder / name).stat().st_size
+                   else np.zeros(0, dtype))
             lo, hi = max(start - offset, 0), min((stop if stop is not None else offset + arr.size) - offset, arr.size)
             for s in range(lo, hi, COPY_TOKENS):
                 f.write(memoryview(np.ascontiguousarray(arr[s : min(hi, s + COPY_TOKENS)])).cast("B"))

@@ -102,7 +102,8 @@ def _feed(model, states: list[dict], x: torch.Tensor, y: torch.Tensor, chunk: in
 
 
 @torch.no_grad()
-def token_nll(model, ids: torch.Tensor, chunk: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def token_nll(model, ids: torch.Tensor, chunk: int,
+              dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Position t predicts ids[:, t+1]. Returns (nll (B, T-1) float32, argmax-correct (B, T-1) bool).
 
     Args:
@@ -171,7 +172,8 @@ def score_samples(model, samples: list[Sample], chunk: int, dtype: torch.dtype |
     stats = torch.stack([
         torch.ones_like(n_tok), (n_correct == n_tok).long(), n_tok, n_correct,
     ], dim=1).double()
-    extra = torch.tensor([[s.chance_nll, s.chance_correct, s.distance()] for s in samples], dtype=torch.float64, device=device)
+    extra = torch.tensor([[s.chance_nll, s.chance_correct, s.distance()] for s in samples], dtype=torch.float64,
+                         device=device)
     gen = torch.zeros(len(samples), 4, dtype=torch.float64, device=device)
     if tokenizer is not None:
         gen = _generation_stats(model, fork, logits, ids, lengths, start, samples, tokenizer, dtype)

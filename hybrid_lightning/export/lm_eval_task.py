@@ -32,8 +32,8 @@ def write_probe_tasks(rows: list[dict], tokenizer, out: Path, group: str = GROUP
         for n, docs in sorted(by_count.items()):
             name = f"{group}_{task}" if len(by_count) == 1 else f"{group}_{task}_{n}tok"
             data = (out / f"{name}.jsonl").resolve()
-            data.write_text("".join(json.dumps({k: d[k] for k in ("prompt", "answer", "task", "length", "depth")}) + "\n"
-                                    for d in docs))
+            data.write_text("".join(json.dumps({k: d[k] for k in ("prompt", "answer", "task", "length", "depth")})
+                                    + "\n" for d in docs))
             (out / f"{name}.yaml").write_text(yaml.safe_dump({
                 "task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
                 "test_split": "test", "output_type": "generate_until", "doc_to_text": "prompt",

@@ -2,7 +2,8 @@
 through submitit, or this machine), with status, idempotent resubmission and TensorBoard over the grid.
 
     grid file (ablations/*.yaml) -> spec.load_grid -> cells (one run config each)
-        -> submit.submit_grid -> executor.EXECUTORS[name]: slurm.SlurmExecutor (job.CellJob per cell) | local.LocalExecutor
+        -> submit.submit_grid -> executor.EXECUTORS[name]:
+               slurm.SlurmExecutor (job.CellJob per cell) | local.LocalExecutor
         -> state.cell_states (grid status) ; tensorboard.write_hparams (HParams dashboard)
 """
 
@@ -14,6 +15,6 @@ from hybrid_lightning.grid.state import CellState, cell_states
 from hybrid_lightning.grid.submit import cancel_grid, submit_grid
 
 __all__ = [
-    "EXECUTORS", "Cell", "CellState", "Executor", "Grid", "LocalExecutor", "SlurmExecutor", "cancel_grid", "cell_states",
-    "load_grid", "register", "submit_grid",
+    "EXECUTORS", "Cell", "CellState", "Executor", "Grid", "LocalExecutor", "SlurmExecutor", "cancel_grid",
+    "cell_states", "load_grid", "register", "submit_grid",
 ]

@@ -66,8 +66,8 @@ def profile_gpu(path: str | Path) -> Gpu:
     for key, kind in fields.items():
         value = section.get(key)
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is not str and value <= 0):
-            raise ValueError(f"profile {path}: {GPU_KEY}.{key} must be {'a name' if kind is str else 'a positive number'}, "
-                             f"got {value!r}")
+            raise ValueError(f"profile {path}: {GPU_KEY}.{key} must be "
+                             f"{'a name' if kind is str else 'a positive number'}, got {value!r}")
     unknown = sorted(set(section) - set(fields))
     if unknown:
         raise ValueError(f"profile {path}: {GPU_KEY}.{unknown[0]} is not a key of the GPU (keys: {list(fields)})")

@@ -63,8 +63,9 @@ def check_profile_world(cells: Sequence[Cell], profile: dict, origin: dict[str, 
                 setting = _SETTING[part]
                 value = getattr(cell.config.train, setting.split(".")[1])
                 derived = "" if value == world[part] else f", i.e. {world[part]}"
-                raise ValueError(f"{origin[key]}: {key}={profile[key]} disagrees with cell {cell.name}'s {setting}={value}{derived}; "
-                                 f"the cell's setting decides: drop {key} or change {setting}")
+                raise ValueError(f"{origin[key]}: {key}={profile[key]} disagrees with cell {cell.name}'s "
+                                 f"{setting}={value}{derived}; the cell's setting decides: drop {key} or change "
+                                 f"{setting}")
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,9 @@ def partition_nodes(partition: str | None) -> tuple[str, list[Node]] | None:
         nodes.setdefault(name, []).append(Node(node, int(cpus), sum(int(n) for n in _GPUS.findall(gres))))
     partition = partition or default
     if partition not in nodes:
-        raise ValueError(f"slurm_partition: {partition!r} is not a partition of this cluster (sinfo lists {sorted(nodes)})"
-                         if partition else "the cluster has no default partition: set slurm_partition in the profile")
+        raise ValueError((f"slurm_partition: {partition!r} is not a partition of this cluster "
+                          f"(sinfo lists {sorted(nodes)})") if partition
+                         else "the cluster has no default partition: set slurm_partition in the profile")
     return partition, nodes[partition]
 
 
@@ -115,11 +117,13 @@ def check_partition(cells: Sequence[Cell], profile: dict, partition: str, nodes:
         if n > len(nodes):
             problem = f"train.num_nodes={n}, but {where} has {len(nodes)} node(s)"
         elif cpus > max(node.cpus for node in nodes):
-            problem = (f"{tasks} task(s) per node (train.devices={train.devices}) x cpus_per_task={cpus_per_task} = {cpus} CPUs "
-                       f"per node, but the nodes of {where} have at most {max(node.cpus for node in nodes)}")
+            problem = (f"{tasks} task(s) per node (train.devices={train.devices}) x cpus_per_task={cpus_per_task} "
+                       f"= {cpus} CPUs per node, but the nodes of {where} have at most "
+                       f"{max(node.cpus for node in nodes)}")
         elif gpus > max(node.gpus for node in nodes):
             problem = (f"{gpus} GPU(s) per node (train.devices={train.devices}), but the nodes of {where} have at most "
                        f"{max(node.gpus for node in nodes)}")
         else:
-            problem = f"train.num_nodes={n} nodes with {cpus} CPUs and {gpus} GPU(s) each, but {where} has {len(fit)} such node(s)"
+            problem = (f"train.num_nodes={n} nodes with {cpus} CPUs and {gpus} GPU(s) each, but {where} has "
+                       f"{len(fit)} such node(s)")
         raise ValueError(f"cell {cell.name}: {problem}")

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from hybrid_lightning.config.loading import validate
 from hybrid_lightning.config.fields import _Frozen
+from hybrid_lightning.config.loading import validate
 
 
 class GridConfig(_Frozen):
@@ -27,8 +27,14 @@ class GridConfig(_Frozen):
         default_factory=dict,
         description="dotted config key -> list of values, or axis name -> {preset name: {dotted key: value}}",
     )
-    zip: tuple[dict[str, list[Any]], ...] = Field((), description="groups of dotted keys whose value lists vary together")
-    exclude: tuple[dict[str, Any], ...] = Field((), description="partial assignments (axis: value) whose cells are dropped")
+    zip: tuple[dict[str, list[Any]], ...] = Field(
+        (),
+        description="groups of dotted keys whose value lists vary together",
+    )
+    exclude: tuple[dict[str, Any], ...] = Field(
+        (),
+        description="partial assignments (axis: value) whose cells are dropped",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> GridConfig:
@@ -39,10 +45,12 @@ class GridConfig(_Frozen):
                 for preset, settings in values.items():
                     if not isinstance(settings, dict) or not settings:
                         raise ValueError(
-                            f"axes.{key}.{preset}: a preset is a non-empty mapping of config keys to values, got {settings!r}"
+                            f"axes.{key}.{preset}: a preset is a non-empty mapping of config keys to values, "
+                            f"got {settings!r}"
                         )
             elif not isinstance(values, list):
-                raise ValueError(f"axes.{key}: an axis is a list of values or a mapping of named presets, got {values!r}")
+                raise ValueError(f"axes.{key}: an axis is a list of values or a mapping of named presets, "
+                                 f"got {values!r}")
             elif not values:
                 raise ValueError(f"axes.{key}: empty axis (it needs at least one value)")
         for i, group in enumerate(self.zip):
@@ -50,7 +58,8 @@ class GridConfig(_Frozen):
             if not group or 0 in lengths.values():
                 raise ValueError(f"zip[{i}]: a zip group needs at least one key with at least one value")
             if len(set(lengths.values())) > 1:
-                raise ValueError(f"zip[{i}]: the lists of a zip group vary together and need equal lengths, got {lengths}")
+                raise ValueError(f"zip[{i}]: the lists of a zip group vary together and need equal lengths, "
+                                 f"got {lengths}")
         keys = [*self.axes, *(key for group in self.zip for key in group)]
         repeated = sorted({key for key in keys if keys.count(key) > 1})
         if repeated:

@@ -178,7 +178,8 @@ def _overridden(cells: list[Cell], overrides: Sequence[str]) -> list[Cell]:
     out = []
     for cell in cells:
         try:
-            cfg = validate_config(resolve_paths(apply_overrides(config_to_dict(cell.config), list(overrides)), Path.cwd()))
+            cfg = validate_config(resolve_paths(apply_overrides(config_to_dict(cell.config), list(overrides)),
+                                                Path.cwd()))
         except ValueError as e:
             raise ValueError(f"--set: {e}") from None
         out.append(dataclasses.replace(cell, overrides={**cell.overrides, **changed}, config=cfg))

@@ -51,12 +51,12 @@ import torch
 
 from hybrid_lightning import records
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.probes.near import make_probe
 from hybrid_lightning.eval.runner import SumTable, probe_batches
 from hybrid_lightning.eval.scoring import STATS, evaluating, score_samples
-from hybrid_lightning.probes.tasks import GenContext, Sample
 from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
+from hybrid_lightning.probes.near import make_probe
+from hybrid_lightning.probes.tasks import GenContext, Sample
 
 # Per (layer, head) sums over samples: per-sample means over answer steps of hits, token hits,
 # in-span argmaxes, span mass, source mass; then the pooled counts of hits, in-span argmaxes, answer
@@ -179,10 +179,12 @@ class RetrievalHeads:
         # echo probes (probes/near.py) at the middle depth only: the echo, not the needle, is their near source
         echo_depths = [h.depths[len(h.depths) // 2]] if h.echo else []
         self.specs = [(t, n, d, i, e) for n in h.lengths for t in h.tasks
-                      for e, depths in ((False, h.depths), (True, echo_depths)) for d in depths for i in range(h.samples)]
+                      for e, depths in ((False, h.depths), (True, echo_depths)) for d in depths
+                      for i in range(h.samples)]
 
     @torch.no_grad()
-    def run(self, model, *, step: int, tokens: int, dtype: torch.dtype | None = None, rank: int = 0, world: int = 1) -> dict:
+    def run(self, model, *, step: int, tokens: int, dtype: torch.dtype | None = None, rank: int = 0,
+            world: int = 1) -> dict:
         """Scores every attention head of ``model`` (a ``HybridLM``); returns the report (see ``report``).
         The arguments are ``LongContextEval.run``'s: step of the last training batch, training tokens
         seen, autocast dtype (None = the model's precision), this process's rank and the process count."""
@@ -190,8 +192,8 @@ class RetrievalHeads:
         heads = SumTable(len(model.layers) * model.opts.n_heads, len(HEAD_STATS)).to(device)
         samples = SumTable(1, len(SAMPLE_STATS)).to(device)
         with evaluating(model):
-            for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank, world,
-                                                     device, make_probe):
+            for _, probes, weight in probe_batches(self.specs, self.ctx, self.cfg.batch_size, self.cfg.seed, rank,
+                                                     world, device, make_probe):
                 self._score(model, probes, weight, dtype, device, heads, samples)
         # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
         totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in (heads, samples)]
@@ -238,8 +240,8 @@ class RetrievalHeads:
         for layer, head in itertools.product(sorted(scored), range(H)):
             t = dict(zip(HEAD_STATS, heads[layer * H + head].tolist()))
             spec = model.plan[layer]
-            row = {"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": spec.mixer, "window": spec.window,
-                   "pos": spec.pos}  # the fields of records.HeadScores
+            row = {"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": spec.mixer,
+                   "window": spec.window, "pos": spec.pos}  # the fields of records.HeadScores
             if n["kept"]:
                 row |= {k: t[k] / n["kept"] for k in ("score", "token_score", "in_span", "span_mass", "source_mass")}
                 row["copy_precision"] = t["hits"] / t["in_span_steps"] if t["in_span_steps"] else None
@@ -257,8 +259,9 @@ class RetrievalHeads:
         layers = []
         for spec in model.plan:
             mine = [r for r in rows if r["layer"] == spec.index]
-            layers.append(records.row("layers", step=step, tokens=tokens, layer=spec.index, kind=spec.mixer, window=spec.window,
-                                      pos=spec.pos, applicable=spec.index in scored, **counts(mine, scored=spec.index in scored)))
+            layers.append(records.row("layers", step=step, tokens=tokens, layer=spec.index, kind=spec.mixer,
+                                      window=spec.window, pos=spec.pos, applicable=spec.index in scored,
+                                      **counts(mine, scored=spec.index in scored)))
         return {
             "step": step, "tokens": tokens, "settings": h.model_dump(mode="json"), "samples": int(n["samples"]),
             "kept": int(n["kept"]), "accuracy": n["exact"] / n["samples"] if n["samples"] else None,

@@ -17,7 +17,8 @@ __all__ = ["BYTE_VOCAB", "Block", "HybridLM", "LayerSpec", "ModelOptions", "bloc
 
 def matmul_weights(module: nn.Module) -> int:
     """The weights of ``module``'s matmuls (its ``nn.Linear`` layers; a shared weight once)."""
-    return sum(w.numel() for w in {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}.values())
+    weights = {id(m.weight): m.weight for m in module.modules() if isinstance(m, nn.Linear)}
+    return sum(w.numel() for w in weights.values())
 
 
 def block_flops_per_token(block: Block, T: int) -> float:

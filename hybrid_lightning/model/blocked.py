@@ -102,7 +102,8 @@ class _Layout:
 
 class _BlockedSWA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, doc: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                doc: torch.Tensor | None) -> torch.Tensor:
         B, H, Tq, Dh = q.shape
         lay = _Layout(Tq, k.shape[2], window)
         doc_biases = None if doc is None else lay.document_biases(doc, q.dtype)
@@ -173,7 +174,8 @@ def blocked_attention(
     query within its document. Returns (B, H, Tq, Dh)."""
     Tq, Tk = q.shape[2], k.shape[2]
     if doc_ids is not None:
-        rows = [_BlockedSWA.apply(q[b : b + 1], k[b : b + 1], v[b : b + 1], window, doc_ids[b]) for b in range(q.shape[0])]
+        rows = [_BlockedSWA.apply(q[b : b + 1], k[b : b + 1], v[b : b + 1], window, doc_ids[b])
+                for b in range(q.shape[0])]
         return torch.cat(rows)
     past = min(Tk - Tq, window - 1)  # older cached keys are out of every query's window
     k, v = k[:, :, Tk - Tq - past :], v[:, :, Tk - Tq - past :]

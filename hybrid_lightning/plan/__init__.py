@@ -11,7 +11,9 @@ estimating memory and building models need.
 
 from __future__ import annotations
 
-__all__ = ["build_model", "layer_plan", "load_trained", "make_plan", "plan_run", "resolve_config", "resolve_model_config"]
+__all__ = [
+    "build_model", "layer_plan", "load_trained", "make_plan", "plan_run", "resolve_config", "resolve_model_config",
+]
 
 
 def __getattr__(name: str):

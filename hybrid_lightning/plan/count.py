@@ -56,7 +56,8 @@ def _ends(opts: ModelOptions) -> tuple[int, int, int]:
     """(embedding parameters, final-norm parameters, head matmul weights) of a model of ``opts``."""
     with torch.device("meta"):
         bare = HybridLM(opts, ())
-    embedding = bare.embed.weight.numel() + (0 if bare.lm_head.weight is bare.embed.weight else bare.lm_head.weight.numel())
+    tied = bare.lm_head.weight is bare.embed.weight
+    embedding = bare.embed.weight.numel() + (0 if tied else bare.lm_head.weight.numel())
     return embedding, sum(p.numel() for p in bare.norm.parameters()), matmul_weights(bare)
 
 

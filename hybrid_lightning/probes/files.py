@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import DataConfig
-from hybrid_lightning.fileio import refuse_existing, write_atomic
 from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
+from hybrid_lightning.fileio import refuse_existing, write_atomic
 from hybrid_lightning.probes.tasks import GenContext, check_tasks, make_sample
 
 PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of the probes file
@@ -42,7 +42,8 @@ def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples
             try:
                 s = make_sample(task, ctx, length, float(depth), i, seed)
             except ValueError as e:  # the generators name the eval keys
-                raise ValueError(str(e).replace("eval.lengths", "--lengths").replace("eval.value_tokens", "--value-tokens")) from None
+                raise ValueError(str(e).replace("eval.lengths", "--lengths")
+                                 .replace("eval.value_tokens", "--value-tokens")) from None
             text = tok.decode(np.concatenate([s.prompt, s.answer]).tolist())
             lines.append(json.dumps({"text": text, "task": task, "length": length, "depth": round(float(depth), 6),
                                      "answer": tok.decode(s.answer.tolist())}))
@@ -65,7 +66,8 @@ def read_probes(path: str | Path) -> list[dict]:
         if missing:
             raise ValueError(f"{path}:{n}: no {missing}; is this a 'hybrid-lightning probes' file?")
         if not row["text"].endswith(row["answer"]):
-            raise ValueError(f"{path}:{n}: the text does not end with its answer; is this a 'hybrid-lightning probes' file?")
+            raise ValueError(f"{path}:{n}: the text does not end with its answer; "
+                             "is this a 'hybrid-lightning probes' file?")
         rows.append(row | {"prompt": row["text"][: len(row["text"]) - len(row["answer"])]})
     if not rows:
         raise ValueError(f"{path}: no probes")

@@ -88,7 +88,8 @@ def assemble(head: Piece, hay: list[np.ndarray], inserts: list[tuple[float, Piec
         out += hay[k0:k]
         pos += int(bounds[k] - bounds[k0])
         out.append(piece.ids)
-        placed[i] = {lab: (s + pos, e + pos) for lab, (s, e) in piece.spans.items()} | {"_": (pos, pos + len(piece.ids))}
+        placed[i] = ({lab: (s + pos, e + pos) for lab, (s, e) in piece.spans.items()}
+                     | {"_": (pos, pos + len(piece.ids))})
         pos += len(piece.ids)
         k0 = k
     out += hay[k0:] + [tail.ids]

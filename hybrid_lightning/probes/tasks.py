@@ -1,37 +1,34 @@
 """Long-context probe generators: passkey retrieval and RULER's needle-in-a-haystack family.
 
-- ``passkey``: Mohtashami & Jaggi 2023 (arXiv 2305.16300): repeated filler sentences, "The pass
-  key is {k}. Remember it. {k} is the pass key.", the question at the end; k in 1..50000.
-- ``niah_*`` and ``vt``: RULER (Hsieh et al. 2024, arXiv 2404.06654, NVIDIA/RULER), in the words
-  of its current templates: needles "One of the special magic {type} for {key} is: {value}." in a
-  noise haystack (the repeated sentence block), an essay haystack (held-out real text of the run's
-  corpus) or a haystack of distractor needles; keys are adjective-noun words (wonderwords' lists,
-  as RULER) or UUIDs, values 7-digit numbers, words or UUIDs. ``vt`` is variable tracking: one
-  chain ``VAR A = 12345``, ``VAR B = VAR A``, ... (4 hops) in noise, preceded by RULER's in-context
-  example (a complete small VT prompt with its answer; ``eval.vt_example: false`` leaves it out);
+- ``passkey``: Mohtashami & Jaggi 2023 (arXiv 2305.16300): repeated filler sentences, "The pass key is {k}. Remember
+  it. {k} is the pass key.", the question at the end; k in 1..50000.
+- ``niah_*`` and ``vt``: RULER (Hsieh et al. 2024, arXiv 2404.06654, NVIDIA/RULER), in the words of its current
+  templates: needles "One of the special magic {type} for {key} is: {value}." in a noise haystack (the repeated
+  sentence block), an essay haystack (held-out real text of the run's corpus) or a haystack of distractor needles;
+  keys are adjective-noun words (wonderwords' lists, as RULER) or UUIDs, values 7-digit numbers, words or UUIDs.
+  ``vt`` is variable tracking: one chain ``VAR A = 12345``, ``VAR B = VAR A``, ... (4 hops) in noise, preceded by
+  RULER's in-context example (a complete small VT prompt with its answer; ``eval.vt_example: false`` leaves it out);
   the answer names every variable of the chain.
 
-Depth. RULER draws a random depth for every needle. Here the queried needle (for multi-query the
-first queried key's, for multi-value the first value drawn) sits at the requested ``depth``, so
-that accuracy can be read by depth; every other needle of the probe (the other values of
-multi-value, the other keys of multi-key and multi-query) gets its own depth, drawn without repeats from RULER's grid of 40 depths (0, 3, 5, 8, ..., 100%). A
-variable-tracking chain is spread over the haystack as RULER spreads it (its statements at
-independent uniform depths, in chain order), one statement, drawn at random, at ``depth``.
+Depth. RULER draws a random depth for every needle. Here the queried needle (for multi-query the first queried
+key's, for multi-value the first value drawn) sits at the requested ``depth``, so that accuracy can be read by
+depth; every other needle of the probe (the other values of multi-value, the other keys of multi-key and
+multi-query) gets its own depth, drawn without repeats from RULER's grid of 40 depths (0, 3, 5, 8, ..., 100%). A
+variable-tracking chain is spread over the haystack as RULER spreads it (its statements at independent uniform
+depths, in chain order), one statement, drawn at random, at ``depth``.
 
-Every sample is exactly ``length`` tokens (prompt + answer). The haystack is made of whole units,
-never cut inside a sentence, up to the token budget left by the fixed text: noise blocks (the
-last one ends after its last sentence that fits), sentences of the essay text (text without a
-sentence end for ``haystack.LONG_SENTENCE`` characters, such as source code, counts its lines as sentences)
-or distractor needles. The tokens still missing (less than a sentence) are single spaces, or blank
-lines after a unit that ends a line, spread over the unit boundaries. Needles sit at the unit
-boundary nearest their depth x haystack tokens. Text is tokenized piece by piece (instruction,
-each key, each value, ...) and the pieces concatenated, so a value has the same tokens in its
-needle and in the answer whatever the tokenizer.
+Every sample is exactly ``length`` tokens (prompt + answer). The haystack is made of whole units, never cut inside a
+sentence, up to the token budget left by the fixed text: noise blocks (the last one ends after its last sentence
+that fits), sentences of the essay text (text without a sentence end for ``haystack.LONG_SENTENCE`` characters, such
+as source code, counts its lines as sentences) or distractor needles. The tokens still missing (less than a
+sentence) are single spaces, or blank lines after a unit that ends a line, spread over the unit boundaries. Needles
+sit at the unit boundary nearest their depth x haystack tokens. Text is tokenized piece by piece (instruction, each
+key, each value, ...) and the pieces concatenated, so a value has the same tokens in its needle and in the answer
+whatever the tokenizer.
 
-Answers with several values list them as " v1, v2, ..." (per queried key in query order, each
-key's values in context order); ``vt`` lists the variables in chain order separated by spaces.
-Each sample also carries the values as text (``references``) and RULER's generation budget for
-its task, for the generation score (scoring.py).
+Answers with several values list them as " v1, v2, ..." (per queried key in query order, each key's values in
+context order); ``vt`` lists the variables in chain order separated by spaces. Each sample also carries the values
+as text (``references``) and RULER's generation budget for its task, for the generation score (scoring.py).
 """
 
 from __future__ import annotations
@@ -142,8 +139,8 @@ def draw_value(kind: str, rng: np.random.Generator, units: int) -> tuple[str, fl
 
 def long_value(kind: str, rng: np.random.Generator, tok, min_tokens: int | None, units: int = 1) -> tuple[str, float]:
     """``draw_value`` lengthened (more units) until " value" takes at least ``min_tokens`` tokens."""
-    for units in range(units, units + MAX_UNITS):
-        text, log_n = draw_value(kind, rng, units)
+    for n in range(units, units + MAX_UNITS):
+        text, log_n = draw_value(kind, rng, n)
         if min_tokens is None or len(tok.encode(" " + text)) >= min_tokens:
             return text, log_n
     raise ValueError(f"eval.value_tokens: {kind} values do not reach {min_tokens} tokens with this tokenizer")
@@ -182,23 +179,25 @@ class Niah:
     def draw(self, ctx: GenContext, rng: np.random.Generator, length: int, depth: float, task: str) -> Sample:
         tok, single = ctx.tok, self.values * self.queries == 1
         plural, kind = self.value, self.value[:-1]
-        end = " " if self.haystack == "essay" else "\n"  # RULER joins essay sentences with spaces, the others with newlines
+        end = " " if self.haystack == "essay" else "\n"  # RULER joins essay sentences with spaces, others with newlines
         keys = _distinct(lambda: long_value(self.key, rng, tok, None)[0], self.keys)
-        facts = [(k, long_value(self.value, rng, tok, ctx.value_tokens, _units(self.value))) for k in keys for _ in range(self.values)]
+        facts = [(k, long_value(self.value, rng, tok, ctx.value_tokens, _units(self.value)))
+                 for k in keys for _ in range(self.values)]
         queried = [keys[i] for i in rng.permutation(self.keys)[: self.queries]]
-        needles = [Piece(tok, ["One of the special magic " + plural + " for", (" " + k, "key"), " is:", (" " + v, "value"), "." + end])
-                   for k, (v, _) in facts]
+        needles = [Piece(tok, ["One of the special magic " + plural + " for", (" " + k, "key"), " is:",
+                               (" " + v, "value"), "." + end]) for k, (v, _) in facts]
         anchor = next(i for i, (k, _) in enumerate(facts) if k == queried[0])  # the queried needle: at ``depth``
         depths = _other_depths(rng, depth, len(facts) - 1)
         depths.insert(anchor, depth)
         query = ", ".join(queried[:-1]) + ", and " + queried[-1] if len(queried) > 1 else queried[0]
         t = kind if single else plural
-        head = Piece(tok, [f"{'A' if single else 'Some'} special magic {t} {'is' if single else 'are'} hidden within the "
-                           f"following text. Make sure to memorize it. I will quiz you about the {t} afterwards.\n"])
+        head = Piece(tok, [f"{'A' if single else 'Some'} special magic {t} {'is' if single else 'are'} hidden "
+                           f"within the following text. Make sure to memorize it. I will quiz you about the {t} "
+                           "afterwards.\n"])
         tail = Piece(tok, [f"\nWhat {'is' if single else 'are all'} the special magic {t} for", " " + query,
                            f" mentioned in the provided text? The special magic {t} for", " " + query,
                            f" mentioned in the provided text {'is' if single else 'are'}"])
-        answered = [facts[i][1][0] for q in queried for i in range(len(facts)) if facts[i][0] == q]  # in any order: same tokens
+        answered = [v for q in queried for k, (v, _) in facts if k == q]  # in any order: same tokens
         budget = _budget(length, task, head, tail, _answer(tok, answered), needles)
         if self.haystack == "noise":
             units = noise_units(tok, "\n")
@@ -206,17 +205,18 @@ class Niah:
             units = essay_units(ctx, rng, budget)
         else:
             units = self._distractors(ctx, rng, keys)
-        order = rng.permutation(len(needles)).tolist()  # needles at one boundary: in shuffled order, as RULER shuffles them
+        order = rng.permutation(len(needles)).tolist()  # needles at one boundary: shuffled, as RULER shuffles them
         prompt, placed = assemble(head, fill(tok, units, budget), [(depths[i], needles[i]) for i in order], tail)
         placed = [placed[order.index(i)] for i in range(len(needles))] + placed[-1:]  # back to fact order
         # per queried key (query order), its values in context order
-        answer_of = [i for q in queried for i in sorted((i for i, f in enumerate(facts) if f[0] == q), key=lambda i: placed[i]["_"])]
+        answer_of = [i for q in queried
+                     for i in sorted((i for i, f in enumerate(facts) if f[0] == q), key=lambda i: placed[i]["_"])]
         values = [facts[i][1][0] for i in answer_of]
         spans = [placed[i]["value"] for i in answer_of]
         needle_order = [anchor] + [i for i in range(len(facts)) if i != anchor]
-        return _sample(task, length, depth, prompt, _answer(tok, values), [placed[i] for i in needle_order] + placed[-1:],
-                       spans, sum(facts[i][1][1] for i in answer_of), _chance(tok, self.value, values), values,
-                       self.generate_tokens)
+        return _sample(task, length, depth, prompt, _answer(tok, values),
+                       [placed[i] for i in needle_order] + placed[-1:], spans, sum(facts[i][1][1] for i in answer_of),
+                       _chance(tok, self.value, values), values, self.generate_tokens)
 
     def _distractors(self, ctx: GenContext, rng: np.random.Generator, keys: list[str]) -> Iterator[list[np.ndarray]]:
         """Endless needles with fresh keys (none of ``keys``) and values, drawn as the haystack consumes them."""
@@ -269,11 +269,12 @@ def _sample(task, length, depth, prompt, answer: Piece, placed, value_spans, cha
         a0, a1 = answer.spans[f"a{n}"]
         assert e - s == a1 - a0
         source[a0:a1] = np.arange(s, e)
-    sample = Sample(task=task, length=length, depth=depth, prompt=prompt, answer=answer.ids,
+    sample = Sample(task=task, length=length, depth=depth, prompt=prompt, answer=answer.ids, answer_source=source,
                     needle_spans=tuple(p["_"] for p in placed[:-1]), value_spans=tuple(value_spans),
-                    answer_source=source, chance_nll=chance_nll, chance_correct=chance_correct, haystack_span=placed[-1]["haystack"],
+                    chance_nll=chance_nll, chance_correct=chance_correct, haystack_span=placed[-1]["haystack"],
                     references=tuple(references), generate_tokens=max(generate_tokens, len(answer.ids)))
-    assert len(sample.prompt) + len(sample.answer) == length and (prompt[source[source >= 0]] == answer.ids[source >= 0]).all()
+    assert len(sample.prompt) + len(sample.answer) == length
+    assert (prompt[source[source >= 0]] == answer.ids[source >= 0]).all()
     return sample
 
 
@@ -290,14 +291,15 @@ class Passkey:
             key, log_n = str(int(rng.integers(lo, hi + 1))), math.log(hi - lo + 1)
         else:
             key, log_n = long_value("numbers", rng, tok, ctx.value_tokens, units=len(str(PASSKEY_RANGE[1])))
-        needle = Piece(tok, ["\nThe pass key is", (" " + key, "value"), ". Remember it.", " " + key, " is the pass key.\n"])
+        needle = Piece(tok, ["\nThe pass key is", (" " + key, "value"), ". Remember it.", " " + key,
+                             " is the pass key.\n"])
         head, tail = Piece(tok, [PASSKEY_HEAD]), Piece(tok, ["\nWhat is the pass key? The pass key is"])
         answer = _answer(tok, [key])
         budget = _budget(length, task, head, tail, answer, needle)
         prompt, placed = assemble(head, fill(tok, noise_units(tok, " "), budget), [(depth, needle)], tail)
         kind = "passkey" if ctx.value_tokens is None else "numbers"
-        return _sample(task, length, depth, prompt, answer, placed, [placed[0]["value"]], log_n, _chance(tok, kind, [key]),
-                       [key], self.generate_tokens)
+        return _sample(task, length, depth, prompt, answer, placed, [placed[0]["value"]], log_n,
+                       _chance(tok, kind, [key]), [key], self.generate_tokens)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,10 @@ event file of its own (``rundir.HPARAMS_SUFFIX``) beside the training's, which a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import json
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.records import Tag
@@ -19,8 +18,8 @@ from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
 STUDY_KEYS = (*LAYOUT_KEYS, "seed")
 # The dashboard shows the first five of each at first: the headline metrics lead, and the hparams that differ
 # between sessions (``_mark_differing``).
-HPARAMS_METRICS = (Tag.SCORE, Tag.SCORE_BEYOND, Tag.LOSS, Tag.VAL_LOSS, Tag.RETRIEVAL_ACC, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS,
-                   Tag.LONGPPL)
+HPARAMS_METRICS = (Tag.SCORE, Tag.SCORE_BEYOND, Tag.LOSS, Tag.VAL_LOSS, Tag.RETRIEVAL_ACC, Tag.TEXT_LOSS,
+                   Tag.SYNTHETIC_LOSS, Tag.LONGPPL)
 
 
 def written(value: Any) -> str:
@@ -65,7 +64,8 @@ def write_session(folder: Path, values: Mapping[str, Any], experiment: Mapping[s
     summaries = []
     if experiment is not None:
         # the experiment names every hparam of the grid, some of which this session lacks (they apply to other arms)
-        summary = hparams({k: v[0] for k, v in experiment.items()}, dict.fromkeys(HPARAMS_METRICS, 0.0), dict(experiment))[0]
+        summary = hparams({k: v[0] for k, v in experiment.items()}, dict.fromkeys(HPARAMS_METRICS, 0.0),
+                          dict(experiment))[0]
         summaries.append(_mark_differing(summary, experiment))
     summaries.append(hparams(dict(values), {})[1])
     Path(folder).mkdir(parents=True, exist_ok=True)

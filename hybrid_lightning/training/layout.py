@@ -20,7 +20,8 @@ SEED_STATS = ("_seed_mean", "_seed_min", "_seed_max")  # suffixes of the tags of
 
 def run_layout() -> dict:
     """The layout as ``SummaryWriter.add_custom_scalars`` takes it: the headline page of multiline charts."""
-    return {HEADLINE_PAGE: {title: ["Multiline", [f"^{re.escape(tag)}$" for tag in tags]] for title, tags in HEADLINE.items()}}
+    return {HEADLINE_PAGE: {title: ["Multiline", [f"^{re.escape(tag)}$" for tag in tags]]
+                            for title, tags in HEADLINE.items()}}
 
 
 def seeds_layout() -> dict:

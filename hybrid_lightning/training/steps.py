@@ -25,7 +25,8 @@ class OnOptimizerSteps(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._step_at_start = trainer.global_step
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
         if self._step_at_start is None or trainer.global_step != self._step_at_start:
             self.on_optimizer_step(trainer, pl_module)
 
@@ -34,11 +35,12 @@ class OnOptimizerSteps(L.Callback):
 
 
 class AfterStepLogged(OnOptimizerSteps):
-    """A callback that reports on an optimizer step once the step's values are in ``trainer.callback_metrics``: Lightning
-    moves what a step logged there only after every callback's ``on_train_batch_end`` (so ``on_optimizer_step`` would
-    read the step before's), and its validation's values after the validation. ``on_step_logged`` runs after the
-    step's validation where it has one, else at the start of the next batch, or when training ends. A subclass that
-    overrides ``on_train_batch_start``, ``on_validation_end`` or ``on_train_end`` calls this class's."""
+    """A callback that reports on an optimizer step once the step's values are in ``trainer.callback_metrics``:
+    Lightning moves what a step logged there only after every callback's ``on_train_batch_end`` (so
+    ``on_optimizer_step`` would read the step before's), and its validation's values after the validation.
+    ``on_step_logged`` runs after the step's validation where it has one, else at the start of the next batch, or
+    when training ends. A subclass that overrides ``on_train_batch_start``, ``on_validation_end`` or ``on_train_end``
+    calls this class's."""
 
     _pending: int | None = None  # the step ended and not yet reported
     _validated: int | None = None  # the step the last validation ran at

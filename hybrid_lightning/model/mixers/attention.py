@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 class Attention(nn.Module):
-    """Args: ``opts`` (heads, key/value heads, head width, QK-norm, RoPE base, kernel); ``spec.window``, ``spec.pos``."""
+    """Args: ``opts`` (heads, key/value heads, head width, QK-norm, RoPE base, kernel); ``spec.window``,
+    ``spec.pos``."""
 
     masks_documents = True  # takes doc_ids itself (Block repacks the documents of mixers without this)
 

@@ -31,7 +31,8 @@ from hybrid_lightning.model.ops.common import (
 
 def gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, scale: float,
-    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None,
+    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule by the implementation ``backend`` selects (see ``ops``).
 
@@ -91,7 +92,8 @@ def chunked_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | Non
             before.append(S)
             pseudo.append(u_c - w_c @ S)  # (B, H, C, V)
             S = decay_c * S + k_c @ pseudo[-1]
-        o = (q * b.exp()[..., None]) @ torch.stack(before, dim=2) + scores @ torch.stack(pseudo, dim=2)  # (B, H, n, C, V)
+        # o: (B, H, n, C, V)
+        o = (q * b.exp()[..., None]) @ torch.stack(before, dim=2) + scores @ torch.stack(pseudo, dim=2)
         return from_chunks(o, T).to(out_dtype), S
 
 
@@ -129,7 +131,8 @@ def chunked_delta_rule_flops(T: int, chunk_size: int, H: int, K: int, V: int) ->
     return 6 * H * per_head * padding
 
 
-def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
+def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None,
+                   cu_seqlens: torch.Tensor | None = None):
     """flash-linear-attention's ``chunk_gated_delta_rule`` Triton kernel (CUDA)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 

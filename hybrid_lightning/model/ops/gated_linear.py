@@ -30,7 +30,8 @@ from hybrid_lightning.model.ops.common import (
 
 def gated_linear_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, scale: float,
-    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None,
+    state: torch.Tensor | None = None, backend: str = "auto", chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The operator by the implementation ``backend`` selects (see ``ops``).
 

@@ -53,9 +53,11 @@ class ShortConv(nn.Module):
     def __init__(self, channels: int, size: int, bias: bool):
         super().__init__()
         self.size = size
-        self.conv = nn.Conv1d(channels, channels, size, groups=channels, bias=bias)  # holds weight (C, 1, size) and bias
+        # holds weight (C, 1, size) and bias
+        self.conv = nn.Conv1d(channels, channels, size, groups=channels, bias=bias)
 
-    def forward(self, x: torch.Tensor, state: dict | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: dict | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, C) -> (B, T, C). ``state["conv"]`` holds the last size-1 inputs (B, size-1, C).
         ``positions`` (B, T), each token's position in its document (packed documents): a tap that would
         reach before the token's document reads zero, as at a sequence's start."""
