@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.integrity import fingerprint
-from hybrid_lightning.data.store import ensure_store
+from hybrid_lightning.data.run_store import ensure_store
 from hybrid_lightning.fileio import IOFailure, RunLock
 from hybrid_lightning.plan.memory import check_fits
 from hybrid_lightning.plan.resolve import default_run_dir, plan_run, provenance
