@@ -27,12 +27,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(dump_config(resolve_config(load(args))))
         return 0
     if args.dry_run:
-        from hybrid_lightning.plan.resolve import default_run_dir, param_table, plan_run
+        from hybrid_lightning.plan.resolve import param_table
         from hybrid_lightning.training.dryrun import dry_run_report
+        from hybrid_lightning.training.preflight import preflight
 
-        cfg, plan = plan_run(load(args))
+        cfg, plan, run_dir = preflight(load(args), args.run_dir)  # what train would refuse, refused here
         print(param_table(plan))
-        print(dry_run_report(cfg, plan, Path(args.run_dir or default_run_dir(cfg))))
+        print(dry_run_report(cfg, plan, run_dir))
         return 0
     from hybrid_lightning.training.run import train
     from hybrid_lightning.training.stop import Stopped

@@ -12,7 +12,7 @@ from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.training.cluster import check_cpu_devices
-from hybrid_lightning.training.resume import check_same_run
+from hybrid_lightning.training.preflight import check_start
 
 
 def submit_grid(
@@ -41,11 +41,7 @@ def submit_grid(
     runner = executor_class(executor)(profile, parallel, overrides)
     runner.check()
     _checked(grid, runner.check_cells, say)
-    for cell in grid.cells:
-        try:
-            check_same_run(cell.run_dir, cell.config)
-        except ValueError as e:
-            raise ValueError(f"grid {grid.name}: cell {cell.name}: {e}") from None
+    check_starts(grid)
 
     with lock(grid):
         rows = cell_states(grid)
@@ -59,12 +55,23 @@ def submit_grid(
     return runner.run(grid, todo, say) if todo else 0
 
 
+def check_starts(grid: Grid) -> None:
+    """What ``train`` refuses of each cell wherever it starts (``training.preflight.check_start``: its run directory,
+    its token store), the refusal naming the grid and the cell."""
+    for cell in grid.cells:
+        try:
+            check_start(cell.config, cell.run_dir, flag="--root")
+        except ValueError as e:
+            raise ValueError(f"grid {grid.name}: cell {cell.name}: {e}") from None
+
+
 def check_plan(grid: Grid, profile: str | Path | None = None, overrides: Sequence[str] = (),
                say: Callable[[str], None] = print) -> None:
-    """``grid plan``'s check of where the cells would run. With a profile or ``--set``: as SLURM would
-    run them (``SlurmExecutor.check_cells``: the profile's world and, where SLURM answers, the
-    partition). Without: on this machine's cores, for cells with ``train.accelerator: cpu`` (``auto``
-    means the GPUs of wherever it runs)."""
+    """``grid plan``'s check that every cell would start: ``check_starts``, and where the cells would run. With a
+    profile or ``--set``: as SLURM would run them (``SlurmExecutor.check_cells``: the profile's world and, where
+    SLURM answers, the partition). Without: on this machine's cores, for cells with ``train.accelerator: cpu``
+    (``auto`` means the GPUs of wherever it runs)."""
+    check_starts(grid)
     if profile is not None or overrides:
         runner = SlurmExecutor(profile, overrides=overrides)
         runner.load()

@@ -13,8 +13,7 @@ from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.integrity import fingerprint
 from hybrid_lightning.data.run_store import ensure_store
 from hybrid_lightning.fileio import IOFailure, RunLock
-from hybrid_lightning.plan.memory import check_fits
-from hybrid_lightning.plan.resolve import default_run_dir, plan_run, provenance
+from hybrid_lightning.plan.resolve import provenance
 from hybrid_lightning.rundir import (
     DATA_KEY,
     find_resume_checkpoint,
@@ -26,6 +25,7 @@ from hybrid_lightning.rundir import (
     write_status,
 )
 from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.training.preflight import preflight
 from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
 from hybrid_lightning.training.stop import Stopped
 
@@ -33,17 +33,6 @@ if TYPE_CHECKING:
     import lightning as L
 
     from hybrid_lightning.training.checkpoints import StopOnSignals
-
-
-def check_devices(cfg: RunConfig) -> None:
-    """Refuses, before anything is prepared, devices that this machine cannot give."""
-    import torch
-
-    t = cfg.train
-    if t.accelerator == "gpu" and not torch.cuda.is_available():
-        raise ValueError("train.accelerator=gpu, but torch sees no GPU on this machine; use train.accelerator=auto or cpu")
-    if t.accelerator == "gpu" and t.devices != "auto" and t.devices > torch.cuda.device_count():
-        raise ValueError(f"train.devices={t.devices}, but this machine has {torch.cuda.device_count()} GPUs")
 
 
 def is_rank_zero() -> bool:
@@ -62,16 +51,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     leaves the run ``interrupted``, to be resumed. SIGTERM and SIGINT, where no one else handles
     them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
     """
-    cfg, plan = plan_run(cfg)  # every derived fact, once; bad probes are refused here
-    check_fits(cfg, plan.memory_estimate)  # a size beyond the machine's memory is refused before anything is allocated
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
-    check_devices(cfg)
+    cfg, plan, run_dir = preflight(cfg, run_dir)  # every refusal a preview makes too (training/preflight.py)
     from hybrid_lightning.training.checkpoints import StopOnSignals
-    from hybrid_lightning.training.cluster import check_launch
-
-    check_launch(cfg.train)  # outside srun in a SLURM allocation, or more CPU processes than cores
 
     signals = StopOnSignals()
     signals.install()
