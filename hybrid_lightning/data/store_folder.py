@@ -98,7 +98,7 @@ def claimed(folder: Path) -> Iterator[list[Path]]:
         try:
             refuse_foreign(folder)
         except ValueError:
-            if created and not is_store(folder):
+            if created:  # the refusal holds for every process: nobody needs the lock file
                 _remove_lock(folder, made)
             raise
         if not is_store(folder):
