@@ -148,6 +148,7 @@ def test_analyze_and_export_never_write_over_a_users_files(world, capsys):
     assert "symbolic link" in refused(world, capsys, "export", str(run), "--out", str(link), "--force")
     line = refused(world, capsys, "export", str(run), "--out", str(mine), "--force")
     assert "not written by hybrid-lightning export" in line and (mine / "model.safetensors").read_text() == "my weights"
+    assert "give a new or empty folder" in refused(world, capsys, "export", str(run), "--out", str(mine))  # not --force
     tokenizer = world / "work" / "tok.json"
     tokenizer.write_text("my tokenizer")
     assert "exists" in refused(world, capsys, "data", "tokenizer", *TINY, "--vocab-size", "300", "--out", str(tokenizer))
