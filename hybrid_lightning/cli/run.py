@@ -23,15 +23,16 @@ def add_preview_args(p: argparse.ArgumentParser) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from hybrid_lightning.plan.resolve import resolve_config
 
+    cfg = load(args)  # a bad key or value is refused here, before torch or Lightning is imported
     if args.print_config:
-        print(dump_config(resolve_config(load(args))))
+        print(dump_config(resolve_config(cfg)))
         return 0
     if args.dry_run:
         from hybrid_lightning.plan.resolve import param_table
         from hybrid_lightning.training.dryrun import dry_run_report
         from hybrid_lightning.training.preflight import preflight
 
-        cfg, plan, run_dir = preflight(load(args), args.run_dir)  # what train would refuse, refused here
+        cfg, plan, run_dir = preflight(cfg, args.run_dir)  # what train would refuse, refused here
         print(param_table(plan))
         print(dry_run_report(cfg, plan, run_dir))
         return 0
@@ -39,7 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hybrid_lightning.training.stop import Stopped
 
     try:
-        run_dir = train(load(args), args.run_dir)
+        run_dir = train(cfg, args.run_dir)
     except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (unless a second signal came)
         where = f" at step {e.step}" if e.step is not None else ""
         print(f"hybrid-lightning train: stopped by {e}{where}; run the same command again to resume", file=sys.stderr)
