@@ -22,7 +22,8 @@ MARKER = ".hybrid-lightning-analysis"  # in an output folder: the files analyze 
 
 
 def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
-            planned: list[tuple[str, Path, str | None]] | None = None, workers: int | None = None, findings: bool = False) -> Path:
+            planned: list[tuple[str, Path, str | None]] | None = None, workers: int | None = None,
+            findings: bool = False) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
 
     Args:

@@ -41,7 +41,8 @@ def test_grid_cancel_with_root_before_the_cells(tmp_path, capsys):
 
 
 def test_a_word_where_a_number_goes_is_told_to_give_a_number():
-    for value, hint in (("big", 'not the string "big"; give a number'), ("16", 'not the string "16"; write it without')):
+    for value, hint in (("big", 'not the string "big"; give a number'),
+                        ("16", 'not the string "16"; write it without')):
         with pytest.raises(ValueError, match=hint):
             validate_config({"model": {"window": value}})
 

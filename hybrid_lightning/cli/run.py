@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hybrid_lightning.cli.args import add_config_args, add_set, command, load
 from hybrid_lightning.config import dump_config

@@ -80,7 +80,8 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
              "memory: estimated peak per device (plan/memory.py); other ckpt: the same with train.activation_checkpointing switched"]
     if on_gpu:
         over = [r for r in on_gpu if not r["fits"]]
-        lines.append(f"GPU-h: {_gpu_hours(sum(r['gpu_hours'] for r in on_gpu))} GPU-hours in all at {gpu.speed()} per GPU "
+        total = _gpu_hours(sum(r["gpu_hours"] for r in on_gpu))
+        lines.append(f"GPU-h: {total} GPU-hours in all at {gpu.speed()} per GPU "
                      f"({gpu.name}, {gpu.source}; a profile's gpu: section, --tflops or --throughput change it)")
         lines.append(f"on {gib(gpu.memory)}: {len(over)} of {len(on_gpu)} cells exceed the GPU's memory" + (
             "; the column names the setting that fits, keeping each cell's tokens per step" if over else ""))

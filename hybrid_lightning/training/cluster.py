@@ -66,7 +66,7 @@ def check_launch(train: TrainConfig) -> None:
         return
     env = os.environ
     if "SLURM_JOB_ID" in env:
-        from lightning.pytorch.plugins.environments import SLURMEnvironment  # here: a preview outside SLURM needs no Lightning
+        from lightning.pytorch.plugins.environments import SLURMEnvironment  # here: a preview needs no Lightning
 
         tasks, nodes = int(env.get("SLURM_NTASKS", "1")), int(env.get("SLURM_JOB_NUM_NODES", "1"))
         # Lightning reads the allocation as the world unless the job is named bash or interactive

@@ -45,7 +45,8 @@ def check_devices(cfg: RunConfig) -> None:
 
     t = cfg.train
     if t.accelerator == "gpu" and not torch.cuda.is_available():
-        raise ValueError("train.accelerator=gpu, but torch sees no GPU on this machine; use train.accelerator=auto or cpu")
+        raise ValueError("train.accelerator=gpu, but torch sees no GPU on this machine; "
+                         "use train.accelerator=auto or cpu")
     if t.accelerator == "gpu" and t.devices != "auto" and t.devices > torch.cuda.device_count():
         raise ValueError(f"train.devices={t.devices}, but this machine has {torch.cuda.device_count()} GPUs")
 
