@@ -67,7 +67,8 @@ def plan_tests(tests: list[Planned]) -> list[Planned]:
         for t in [t for t in tests if t.finding == finding and not t.why]:
             own = [a for (u, _), a in zip(floors, adjusted) if u is t]
             chosen = own[:2] if t.needs == "first two" else own
-            t.adjusted = float(np.nanmin(chosen) if t.needs == "any" else np.max(chosen)) if own else math.nan
+            reached = min((a for a in chosen if not math.isnan(a)), default=math.nan)  # all NaN: none, no warning
+            t.adjusted = float(reached if t.needs == "any" else np.max(chosen)) if own else math.nan
             if t.simulate is not None and m:
                 t.power = t.simulate(t.seeds, ALPHA / m) if not math.isnan(t.adjusted) else 0.0
                 t.needed = pw.seeds_for(lambda n, t=t: t.simulate([n] * len(t.labels), ALPHA / m))

@@ -22,15 +22,16 @@ MARKER = ".hybrid-lightning-analysis"  # in an output folder: the files analyze 
 
 
 def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
-            planned: list[tuple[str, Path]] | None = None, workers: int | None = None, findings: bool = False) -> Path:
+            planned: list[tuple[str, Path, str | None]] | None = None, workers: int | None = None,
+            findings: bool = False) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
 
     Args:
         folder: a grid root or any folder of run directories (searched recursively, ``.grid/`` skipped).
         out: output folder; default ``<folder>/analysis``.
         metric: the long-context score (``analysis.metrics.METRICS``).
-        planned: the cells of a grid as (name, run directory): the report lists those without a run
-            directory (the command line reads them from ``--grid``).
+        planned: the cells of a grid as (name, run directory, why it failed or None): the report lists those
+            without a run directory, failed or not started (the command line reads them from ``--grid``).
         workers: processes reading runs; default up to 4, one per CPU.
         findings: open the report with the verdicts on the paper's three findings (analysis/findings.py).
     Returns: the path of report.md.
@@ -50,8 +51,8 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     return out / "report.md"
 
 
-def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str, planned: list[tuple[str, Path]] | None,
-            findings: bool) -> None:
+def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
+            planned: list[tuple[str, Path, str | None]] | None, findings: bool) -> None:
     """Writes every table, figure and report.md of ``runs`` into ``out``."""
     sections = [f"# Analysis of {folder}\n",
                 f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
@@ -113,13 +114,16 @@ def _scale(configs: pd.DataFrame) -> str:
             f"({n.min():.3g}N-{n.max():.3g}N{unknown})")
 
 
-def _missing(runs: Runs, planned: list[tuple[str, Path]] | None, tag: str) -> str:
+def _missing(runs: Runs, planned: list[tuple[str, Path, str | None]] | None, tag: str) -> str:
     lines = ["## What is missing"]
     if planned is not None:
         found = {Path(p).resolve() for p in runs.configs["path"]}
-        absent = [name for name, run_dir in planned if run_dir.resolve() not in found]
+        absent = [(name, failure) for name, run_dir, failure in planned if run_dir.resolve() not in found]
+        failed = [f"`{n}` ({failure})" for n, failure in absent if failure]
+        idle = [f"`{n}`" for n, failure in absent if not failure]
         lines.append(f"Grid: {len(planned)} planned cells, {len(planned) - len(absent)} with a run directory"
-                     + (f"; not started: {', '.join(f'`{n}`' for n in absent)}." if absent else "."))
+                     + (f"; failed before it: {', '.join(failed)}" if failed else "")
+                     + (f"; not started: {', '.join(idle)}" if idle else "") + ".")
     c = runs.configs
     unfinished = c[c["state"] != "done"]
     logged = runs.metrics.groupby("run")["step"].max()

@@ -476,3 +476,15 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     path.write_text(json.dumps(report))
     verdict = findings(load_runs(find_runs(root), root=root)).set_index("test").loc["ablation"]
     assert verdict["verdict"] == "not testable" and "the top-K fills layer 3 (2 of 2 heads)" in verdict["reason"]
+
+
+def test_report_lists_cells_that_failed_before_a_run_directory(fabricated, tmp_path):
+    from hybrid_lightning.analysis.report import _missing
+    from hybrid_lightning.rundir import runs_under
+
+    root, _ = fabricated
+    runs = load_runs(runs_under(root), root=root, workers=1)
+    planned = [("rope-s0", root / "rope-s0", None), ("a", tmp_path / "a", "exit code 2: error: data.store: refused"),
+               ("b", tmp_path / "b", None)]
+    assert ("Grid: 3 planned cells, 1 with a run directory; failed before it: `a` (exit code 2: error: data.store: "
+            "refused); not started: `b`.") in _missing(runs, planned, "val_longctx/score")

@@ -337,3 +337,25 @@ def test_a_grid_started_in_the_background_stops_its_cells_with_a_checkpoint(tmp_
     status = read_status(cell.run_dir)
     assert status["state"] == "interrupted" and status["error"] == "SIGINT" and time.time() - t0 < 25, (status, out[-2000:])
     assert torch.load(cell.run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == status["step"] >= 3
+
+
+def test_a_cell_that_failed_before_its_run_directory_reads_as_failed(tmp_path):
+    """A local cell whose process exited 2 before it made a run directory (a refused store): `grid status` gives the
+    last line it wrote, and the report lists it as failed with that line, never as not started."""
+    import os
+    import socket
+
+    from hybrid_lightning.cli.analysis import planned_cells
+    from hybrid_lightning.grid.state import add_records
+
+    grid = load_grid(write_grid(tmp_path, axes={"seed": [0, 1]}), resolve=False)
+    failed, idle = grid.cells
+    log = tmp_path / "failed.log"
+    log.write_text("==== grid g: cell seed=0\nerror: data.store: /s is not empty and is not a token store\n\n")
+    add_records(grid, {failed.name: {"executor": "local", "host": socket.gethostname(), "submitter": os.getpid(),
+                                     "pid": 1, "pid_start": "gone", "exit": 2, "log": str(log)}})
+    rows = {r.name: r for r in cell_states(grid)}
+    line = "exit code 2: error: data.store: /s is not empty and is not a token store"
+    assert (rows[failed.name].state, rows[failed.name].reason) == ("failed", line)
+    assert f"failed {failed.name}: {line}" in status_table(list(rows.values()))
+    assert planned_cells(grid) == [(failed.name, failed.run_dir, line), (idle.name, idle.run_dir, None)]

@@ -77,7 +77,7 @@ def test_a_registered_executor_submits_reports_and_cancels(tmp_path, capsys, que
     a, b = (c.name for c in grid.cells)
 
     code, _, err = cli(capsys, "grid", "submit", str(path), "--executor", "queue", "--profile", "p.yaml")
-    assert code == 2 and err.strip() == "hybrid-lightning grid: error: --profile: the queue executor takes none"
+    assert code == 2 and err.strip() == "hybrid-lightning grid submit: error: --profile: the queue executor takes none"
     assert read_jobs(grid) == {}  # checked before anything is submitted
 
     code, out, _ = cli(capsys, "grid", "submit", str(path), "--executor", "queue")

@@ -21,6 +21,7 @@ TRAINING = {"torch", "lightning", "pytorch_lightning", "torchmetrics"}
 ANALYSIS = {"pandas", "matplotlib", "scipy", "tensorboard"}
 PAPER = str(REPO / "ablations" / "paper.yaml")
 QUICKSTART = str(REPO / "ablations" / "quickstart.yaml")
+DEMO = str(REPO / "ablations" / "demo.yaml")
 
 
 def loaded(*args: str, cwd=REPO) -> tuple[int, set[str], str]:
@@ -92,3 +93,19 @@ def test_the_quickstart_prints_its_config_as_train_reads_it(tmp_path):
     rc, _, out = loaded("train", QUICKSTART, "--print-config")
     (tmp_path / "printed.yaml").write_text(out)
     assert load_config(tmp_path / "printed.yaml") == plan_run(load_config(QUICKSTART))[0]
+
+
+@pytest.mark.parametrize("command", [["train"], ["train", "--dry-run"], ["params"], ["data", "prepare"],
+                                     ["grid", "plan", DEMO], ["grid", "submit", DEMO, "--dry-run"]])
+def test_a_mistyped_key_is_refused_before_torch_in_under_a_second_of_cpu(command):
+    """The config is loaded and validated (with --set) before torch or Lightning is imported: the refusal names the
+    key, and the whole process, interpreter start included, takes under 1 s of CPU."""
+    code = ("import json, resource, sys\nfrom hybrid_lightning.cli import main\nrc = main(sys.argv[1:])\n"
+            "use = resource.getrusage(resource.RUSAGE_SELF)\n"
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in %r), use.ru_utime + use.ru_stime]))"
+            % sorted(TRAINING))
+    r = subprocess.run([sys.executable, "-c", code, *command, "--set", "model.windw=5"], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    rc, heavy, cpu = json.loads(r.stdout.splitlines()[-1])
+    assert rc == 2 and "unknown config key 'model.windw'; did you mean 'model.window'?" in r.stderr, r.stderr
+    assert heavy == [] and cpu < 1.0, (heavy, cpu)

@@ -148,6 +148,7 @@ def test_analyze_and_export_never_write_over_a_users_files(world, capsys):
     assert "symbolic link" in refused(world, capsys, "export", str(run), "--out", str(link), "--force")
     line = refused(world, capsys, "export", str(run), "--out", str(mine), "--force")
     assert "not written by hybrid-lightning export" in line and (mine / "model.safetensors").read_text() == "my weights"
+    assert "give a new or empty folder" in refused(world, capsys, "export", str(run), "--out", str(mine))  # not --force
     tokenizer = world / "work" / "tok.json"
     tokenizer.write_text("my tokenizer")
     assert "exists" in refused(world, capsys, "data", "tokenizer", *TINY, "--vocab-size", "300", "--out", str(tokenizer))
@@ -176,3 +177,80 @@ def test_damaged_status_is_named_and_the_run_not_done(world, capsys):
     shutil.rmtree(run / "checkpoints")
     assert main(["analyze", str(run.parent), "--out", str(world / "work" / "a")]) == 0
     assert "status.json does not read as a run status" in capsys.readouterr().err
+
+
+def _store_too_short(world: Path, capsys) -> list[str]:
+    text = world / "work" / "short.txt"
+    text.write_text("a short corpus.\n" * 3)
+    setting = ["--set", f"data.files=[{text}]", "--set", f"data.store={world / 'work' / 'short'}"]
+    assert main(["data", "prepare", *TINY, *setting]) == 0
+    capsys.readouterr()
+    return setting
+
+
+def _foreign_store(world: Path, capsys) -> list[str]:
+    (world / "work" / "mine").mkdir()
+    (world / "work" / "mine" / "notes.txt").write_text("mine")
+    return ["--set", f"data.store={world / 'work' / 'mine'}"]
+
+
+def _binary_source(world: Path, capsys) -> list[str]:
+    (world / "work" / "x.txt").write_bytes(b"\x00\x01binary")
+    return ["--set", f"data.files=[{world / 'work' / 'x.txt'}]"]
+
+
+def _more_gpus_than_here(world: Path, capsys) -> list[str]:
+    import torch
+
+    return ["--set", "train.accelerator=gpu"] + (["--set", f"train.devices={torch.cuda.device_count() + 1}"]
+                                                 if torch.cuda.is_available() else [])
+
+
+def _run_dir_a_file(world: Path, capsys) -> list[str]:
+    (world / "work" / "file").write_text("")
+    return ["--run-dir", str(world / "work" / "file")]
+
+
+def _run_of_another_config(world: Path, capsys) -> list[str]:
+    return ["--run-dir", str(fabricated_run(world)), "--set", "model.window=16"]
+
+
+REFUSALS = {  # what train refuses before it writes anything: (the arguments, or what makes them; a part of the line)
+    "geometry": (["--set", "model.d_model=65"], "must divide model.d_model=65"),
+    "window": (["--set", "model.window=1000000"], "model.window=1000000 is longer"),
+    "memory": (["--set", "train.batch_size=10000000"], "estimated peak memory"),
+    "CPU devices": (["--set", "train.accelerator=cpu", "--set", f"train.devices={len(os.sched_getaffinity(0)) + 1}"],
+                    "training processes on one node"),
+    "GPU": (_more_gpus_than_here, "GPU"),
+    "sources": (_binary_source, "looks binary"),
+    "foreign store": (_foreign_store, "is not empty and is not a token store"),
+    "store too short": (_store_too_short, "fewer than train.seq_len + 1"),
+    "run directory a file": (_run_dir_a_file, "is a file, not a folder"),
+    "run of another config": (_run_of_another_config, "holds a run with another config"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_dry_run_refuses_what_train_refuses_with_the_same_line(world, capsys, case):
+    """train/preflight.py is the one place: `train --dry-run` exits 2 with the line `train` gives, for each refusal."""
+    make, part = REFUSALS[case]
+    extra = make(world, capsys) if callable(make) else make
+    dry = refused(world, capsys, "train", *TINY, *QUIET, *extra, "--dry-run")
+    assert part in dry and dry == refused(world, capsys, "train", *TINY, *QUIET, *extra), dry
+
+
+def test_grid_plan_and_a_grid_preview_refuse_what_train_refuses_of_a_cell(world, capsys):
+    """grid plan and grid submit --dry-run check each cell as train would start it (training/preflight.check_start),
+    naming the grid, the cell and the grid's own option for the run directories."""
+    store = _foreign_store(world, capsys)[1]
+    grid = config(world, yaml.safe_dump({"base": {"model": {"n_layers": 2, "d_model": 64, "n_heads": 2, "pattern": "EF",
+                                                            "window": 32}, "data": {"store": store.split("=", 1)[1]}},
+                                         "axes": {"seed": [0]}}), "g.yaml")
+    for argv in (["grid", "plan", grid], ["grid", "submit", grid, "--dry-run"]):
+        line = refused(world, capsys, *argv)
+        assert "grid g: cell seed=0: data.store:" in line and "is not a token store" in line, line
+    run = world / "work" / "runs" / "g" / "seed=0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_config(load_config(None, ["model.window=16"])))
+    line = refused(world, capsys, "grid", "plan", grid, "--set", "data.store=null")
+    assert "holds a run with another config" in line and line.endswith("use another --root"), line

@@ -26,8 +26,21 @@ class _Parser(argparse.ArgumentParser):
     """A parser whose usage errors are one line on stderr (exit 2) pointing at ``--help``, as every other refusal
     is; its subcommands' parsers are of this class too (``add_subparsers`` takes the parent's class)."""
 
+    _inner = False  # inside parse_known_intermixed_args, which calls parse_known_args itself (before Python 3.13)
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        """A command's positionals and options in any order (``grid cancel GRID --root R CELL``): a parser without
+        subcommands reads its arguments intermixed."""
+        if self._inner or self._subparsers is not None:
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,11 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    name = " ".join(filter(None, (args.command, getattr(args, "grid_command", None))))  # the command that refuses
     try:
         if interpreting():  # TRITON_INTERPRET=1: fla's kernels on CPU, Triton patched once, at the start
             patch()
     except RuntimeError as e:  # versions the patches were not tested with
-        print(f"hybrid-lightning {args.command}: error: {e}", file=sys.stderr)
+        print(f"hybrid-lightning {name}: error: {e}", file=sys.stderr)
         return 2
     try:
         code = args.func(args)
@@ -59,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports it
     except ValueError as e:  # user errors: bad config, missing files; no traceback
-        print(f"hybrid-lightning {args.command}: error: {e}", file=sys.stderr)
+        print(f"hybrid-lightning {name}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a folder without write permission: say what to do, no traceback
         if e.errno not in _ENVIRONMENT_ERRORS:
             raise
-        print(f"hybrid-lightning {args.command}: error: {IOFailure.of(e)}", file=sys.stderr)
+        print(f"hybrid-lightning {name}: error: {IOFailure.of(e)}", file=sys.stderr)
         return 2
 
 

@@ -19,9 +19,13 @@ def demo_grid() -> Path:
     return Path(str(importlib.resources.files("hybrid_lightning.ablations") / "demo.yaml"))
 
 
-def planned_cells(grid) -> list[tuple[str, Path]]:
-    """A grid's cells as analysis takes them: (name, run directory)."""
-    return [(c.name, c.run_dir) for c in grid.cells]
+def planned_cells(grid) -> list[tuple[str, Path, str | None]]:
+    """A grid's cells as analysis takes them: (name, run directory, why it failed where ``grid status`` says it did,
+    else None)."""
+    from hybrid_lightning.grid.state import cell_states
+
+    return [(c.name, c.run_dir, row.reason if row.state == "failed" else None)
+            for c, row in zip(grid.cells, cell_states(grid))]
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

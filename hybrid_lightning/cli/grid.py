@@ -65,6 +65,9 @@ def cmd_grid_submit(args: argparse.Namespace) -> int:
     grid = _grid(args, executor=executor)
     if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
         from hybrid_lightning.grid.report import dry_run_table
+        from hybrid_lightning.grid.submit import check_starts
+
+        check_starts(grid)  # what train would refuse of a cell, refused by the preview too
 
         configs = (f"---\n# cell {c.name}: {c.run_dir}\n{dump_config(c.config)}" for c in grid.cells)
         print("".join(configs) if args.print_config else dry_run_table(grid))

@@ -24,22 +24,24 @@ def add_preview_args(p: argparse.ArgumentParser) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from hybrid_lightning.plan.resolve import resolve_config
 
+    cfg = load(args)  # a bad key or value is refused here, before torch or Lightning is imported
     if args.print_config:
-        print(dump_config(resolve_config(load(args))))
+        print(dump_config(resolve_config(cfg)))
         return 0
     if args.dry_run:
-        from hybrid_lightning.plan.resolve import default_run_dir, param_table, plan_run
+        from hybrid_lightning.plan.resolve import param_table
         from hybrid_lightning.training.dryrun import dry_run_report
+        from hybrid_lightning.training.preflight import preflight
 
-        cfg, plan = plan_run(load(args))
+        cfg, plan, run_dir = preflight(cfg, args.run_dir)  # what train would refuse, refused here
         print(param_table(plan))
-        print(dry_run_report(cfg, plan, Path(args.run_dir or default_run_dir(cfg))))
+        print(dry_run_report(cfg, plan, run_dir))
         return 0
     from hybrid_lightning.training.run import train
     from hybrid_lightning.training.stop import Stopped, stop_message
 
     try:
-        run_dir = train(load(args), args.run_dir, planned=_planned(args.planned))
+        run_dir = train(cfg, args.run_dir, planned=_planned(args.planned))
     except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (a second signal ends the process at once)
         print(stop_message(e.signum, e.step), file=sys.stderr)
         return 128 + e.signum

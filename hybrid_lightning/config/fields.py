@@ -22,6 +22,10 @@ def _a_number(value):
     if isinstance(value, bool):
         raise ValueError(f"input should be a number, not {str(value).lower()}")
     if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:  # a word, not a quoted number
+            raise ValueError(f"takes numbers, not the string {json.dumps(value)}; give a number") from None
         raise ValueError(f"takes numbers, not the string {json.dumps(value)}; write it without quotes")
     return value
 

@@ -23,7 +23,9 @@ store costs the same whatever its size.
 The store lives in ``data.store`` when set, else in ``<cache>/store/<fingerprint>``; the
 fingerprint covers the source files (path, size, mtime), the tokenizer's hash and every setting
 that changes the tokens. Concurrent runs share it: one builds under a file lock, the others wait.
-A run records the store's ``fingerprint`` and resumes only on the same data.
+A run records the store's ``fingerprint`` and resumes only on the same data. A store that a run refuses
+(too short for its windows, other data than it recorded) is refused before it is published, so a store is
+never removed once another process may read it.
 """
 
 from __future__ import annotations
@@ -35,16 +37,17 @@ import multiprocessing
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.config import DataConfig, RunConfig
+from hybrid_lightning.config import DataConfig
 from hybrid_lightning.data.corpus import Unit, cache_root, check_sources, hub_units, plan_units, read_unit, source_files
-from hybrid_lightning.data.integrity import check_same_data, check_shard, fingerprint, sha256_file, wrong_size
+from hybrid_lightning.data.integrity import check_shard, sha256_file, wrong_size
 from hybrid_lightning.data.shards import finished_shards, join, split_lengths, write_shard, write_with
-from hybrid_lightning.data.store_folder import LOCK, claim, discard, missing_folders, refuse_foreign, remove
+from hybrid_lightning.data.store_folder import claimed, discard, is_store, owned, refuse_foreign, remove
 from hybrid_lightning.data.tokenizer import load_tokenizer
 
 FORMAT_VERSION = 3  # 3: the folder carries the marker of data/store_folder.py
@@ -98,10 +101,10 @@ class TokenStream:
 
 class Store:
     """An opened, whole store: its folder, manifest, training stream and validation array (checked
-    when first used). ``made``: the folders that preparing it created, None when it was there."""
+    when first used)."""
 
-    def __init__(self, folder: Path, manifest: dict, made: list[Path] | None = None):
-        self.folder, self.manifest, self.made = folder, manifest, made
+    def __init__(self, folder: Path, manifest: dict):
+        self.folder, self.manifest = folder, manifest
         shards, vocab = manifest["shards"], manifest["vocab_size"]
         self.train = TokenStream([folder / s["file"] for s in shards], [s["tokens"] for s in shards], manifest["dtype"],
                                  [s.get("sha256") for s in shards], vocab)
@@ -134,18 +137,22 @@ class Store:
         return None
 
     def check_fits(self, seq_len: int) -> None:
-        """Both splits must hold at least one window of ``seq_len + 1`` tokens."""
-        for name, size in (("training", self.train.size), ("validation", self.manifest["val"]["tokens"])):
-            if size < seq_len + 1:
-                raise ValueError(
-                    f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = {seq_len + 1}; "
-                    "give more text (data.files) or a shorter train.seq_len"
-                )
+        check_fits(self.manifest, seq_len)
 
     def summary(self) -> str:
         m = self.manifest
         return (f"{self.folder}: {m['train_tokens']:,} training tokens in {len(m['shards'])} shards, "
                 f"{m['val']['tokens']:,} validation tokens, {m['documents']:,} documents, tokenizer {m['identity']['tok']}")
+
+
+def check_fits(manifest: dict, seq_len: int) -> None:
+    """Both splits of the store ``manifest`` describes must hold at least one window of ``seq_len + 1`` tokens."""
+    for name, size in (("training", manifest["train_tokens"]), ("validation", manifest["val"]["tokens"])):
+        if size < seq_len + 1:
+            raise ValueError(
+                f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = {seq_len + 1}; "
+                "give more text (data.files) or a shorter train.seq_len"
+            )
 
 
 def identity(cfg: DataConfig, tokenizer_name: str) -> dict:
@@ -172,47 +179,66 @@ def default_workers() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0))))
 
 
+def locate(cfg: DataConfig, tokenizer=None) -> tuple:
+    """(tokenizer, identity, folder) of the store of ``cfg``."""
+    tok = tokenizer or load_tokenizer(cfg.tokenizer)
+    ident = identity(cfg, tok.name)
+    return tok, ident, store_folder(cfg, ident)
+
+
+def read_whole(folder: Path, ident: dict) -> dict | None:
+    """The manifest of the whole store in ``folder``, None when there is none (or it is not a store); read without
+    the lock, as a whole store is never removed. A store whose marker does not read is refused."""
+    manifest = _read_manifest(folder, ident) if is_store(folder) else None
+    if manifest is not None:
+        owned(folder)  # raises, naming the marker
+    return manifest
+
+
+def _accept(manifest: dict) -> None:
+    """The ``check`` of a caller that takes any store."""
+
+
 def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, tokenizer=None,
-               verify: bool = False) -> Store:
+               verify: bool = False, check: Callable[[dict], None] = _accept) -> Store:
     """The whole store for ``cfg``, prepared first when there is none and ``build`` (one process
     builds under a file lock; the others wait and then read it). Opening reads the manifest and
     checks the shards' sizes: its cost does not grow with the store. ``verify`` (``data prepare``):
-    every shard is checked now, and a damaged store is prepared again."""
+    every shard is checked now, under the lock, and a damaged store is prepared again.
+    ``check(manifest)`` raises a ``ValueError`` for a store the caller refuses: a store this call
+    prepares is then removed before any other process can read it."""
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
-    tok = tokenizer or load_tokenizer(cfg.tokenizer)
-    ident = identity(cfg, tok.name)
-    folder = store_folder(cfg, ident)
-    refuse_foreign(folder)  # a file, or a folder of other files
-    manifest = _read_manifest(folder, ident)
-    if manifest is not None and not verify and (bad := wrong_size(folder, manifest)) is not None:
-        raise ValueError(f"data.store: {bad} is missing or not the size the manifest says; run "
-                         "`hybrid-lightning data prepare` with this config to prepare the store again")
-    if manifest is not None and (not verify or Store(folder, manifest).damaged() is None):
+    tok, ident, folder = locate(cfg, tokenizer)
+    manifest = None if verify else read_whole(folder, ident)
+    if manifest is not None:
+        if (bad := wrong_size(folder, manifest)) is not None:
+            raise ValueError(f"data.store: {bad} is missing or not the size the manifest says; run "
+                             "`hybrid-lightning data prepare` with this config to prepare the store again")
+        check(manifest)
         return Store(folder, manifest)
     if not build:
+        refuse_foreign(folder)
         raise ValueError(f"data: no token store at {folder}; prepare it with `hybrid-lightning data prepare`")
-    return _prepared(cfg, tok, folder, ident, workers or cfg.prepare_workers or default_workers())
+    return _prepared(cfg, tok, folder, ident, workers or cfg.prepare_workers or default_workers(), check)
 
 
-def _prepared(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> Store:
+def _prepared(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int, check) -> Store:
     """The store in ``folder`` prepared under its lock, unless another process did meanwhile; a damaged
-    one is prepared again. On bad input the store is removed, with the folders it created."""
-    from filelock import FileLock
-
+    one is prepared again. On bad input, or a store ``check`` refuses, the store is removed with the
+    folders this call created, before its manifest is written."""
     check_sources(cfg)
-    made = missing_folders(folder)
-    claim(folder)
-    with FileLock(str(folder / LOCK)):
+    with claimed(folder) as made:  # the folder refused, created or adopted under the lock
         manifest = _read_manifest(folder, ident)
         if manifest is not None and (bad := Store(folder, manifest).damaged()) is None:
+            check(manifest)
             return Store(folder, manifest)
         if manifest is not None:
             print(f"data: {bad} is damaged; preparing the store again")
             remove(folder, [MANIFEST, *(s["file"] for s in manifest["shards"]), manifest["val"]["file"]])
         try:
-            return Store(folder, _prepare(cfg, tok, folder, ident, workers), made)
-        except ValueError:  # bad input: leave nothing behind
+            return Store(folder, _prepare(cfg, tok, folder, ident, workers, check))
+        except ValueError:  # bad input, or a store the caller refuses: leave nothing behind
             discard(folder, made)
             raise
 
@@ -284,7 +310,7 @@ class _InProcess:
         pass
 
 
-def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> dict:
+def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int, check) -> dict:
     t0 = time.perf_counter()
     unit_bytes = max(1, int(cfg.shard_mb * 2**20))
     files = source_files(cfg)
@@ -320,12 +346,13 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int) -> d
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             gc.unfreeze()
-    return _finalize(cfg, tok, folder, ident, records, dtype, time.perf_counter() - t0)
+    return _finalize(cfg, tok, folder, ident, records, dtype, check, time.perf_counter() - t0)
 
 
-def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dict], dtype: np.dtype, seconds: float) -> dict:
+def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dict], dtype: np.dtype, check,
+              seconds: float) -> dict:
     """Joins the validation pieces, falls back to a tail split when every document is held out (a
-    corpus of one document), and writes the manifest; then drops the pieces."""
+    corpus of one document), and writes the manifest once ``check`` takes it; then drops the pieces."""
     n = len(records)
     val_pieces = [f"val_{k:05d}.bin" for k in range(n)]
     train_tokens, val_tokens = sum(r["train_tokens"] for r in records), sum(r["val_tokens"] for r in records)
@@ -355,26 +382,11 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
         "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin"),
                 "docs_sha256": sha256_file(folder / "val.docs.npy")},
     }
+    check(manifest)
     write_with(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     remove(folder, val_pieces + [f"val_{k:05d}.docs.npy" for k in range(n)])
     print(f"data: prepared the token store {folder} in {seconds:.1f} s")
     return manifest
-
-
-def ensure_store(cfg: RunConfig, recorded: dict | None = None) -> Store:
-    """The run's store, prepared when missing, checked to hold a window of ``train.seq_len + 1``
-    tokens in each split and, when the run ``recorded`` a ``fingerprint``, to be that data (a
-    difference is refused, naming what differs). A store this call prepared is removed again when
-    it is refused. ``train`` calls it before the run directory exists."""
-    store = open_store(cfg.data)
-    try:
-        store.check_fits(cfg.train.seq_len)
-        check_same_data(recorded, fingerprint(store.manifest))
-    except ValueError:
-        if store.made is not None:
-            discard(store.folder, store.made)
-        raise
-    return store
 
 
 def load_corpus(cfg: DataConfig, tokenizer=None):

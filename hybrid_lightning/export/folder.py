@@ -91,15 +91,15 @@ def check_out(out: Path, force: bool) -> None:
         raise ValueError(f"--out {out} is a file, not a folder")
     if not (out.is_dir() and any(out.iterdir())):
         return
-    if not force:
-        raise ValueError(f"--out {out} is not empty; pass --force to replace an earlier export there")
     mine = owned(out, MARKER) | {MARKER}
     foreign = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
                      if (p.is_file() or p.is_symlink()) and p.relative_to(out).as_posix() not in mine)
-    if foreign:
+    if foreign:  # --force would not help: say what will
         more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise ValueError(f"--out {out}: {foreign[0]}{more} was not written by hybrid-lightning export; --force replaces "
-                         "only an earlier export: give another folder")
+        raise ValueError(f"--out {out}: {foreign[0]}{more} was not written by hybrid-lightning export; give a new or "
+                         "empty folder (--force replaces only an earlier export)")
+    if not force:
+        raise ValueError(f"--out {out} holds an earlier export; pass --force to replace it, or give a new folder")
 
 
 def check_apart(out: Path, sources: list[Path]) -> None:

@@ -117,8 +117,23 @@ class LocalExecutor(Executor):
         return not record.get("pid") and not record.get("cancelled")
 
     def failure(self, record: dict) -> str | None:
+        """The exit code and the last line the cell's process wrote (its one-line error, or a traceback's last)."""
         code = record.get("exit")
-        return f"exit code {code}; see the log" if code not in (None, 0) else None
+        if code in (None, 0):
+            return None
+        line = last_line(Path(record["log"])) if record.get("log") else None
+        return f"exit code {code}: {line}" if line else f"exit code {code}; see the log"
+
+
+def last_line(log: Path, tail: int = 8192) -> str | None:
+    """The last non-empty line of the file ``log`` (its last ``tail`` bytes read), None without one."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), None)
 
 
 def _live_state(record: dict) -> str | None:

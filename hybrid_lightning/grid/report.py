@@ -58,6 +58,11 @@ def _fit(row: dict) -> str:
     return " ".join(f"--set {k}={json.dumps(v)}" for k, v in setting.items()) if setting else "nothing fits"
 
 
+def _gpu_hours(hours: float) -> str:
+    """GPU-hours for people: three significant digits, and below 0.01 (36 GPU-seconds) only that."""
+    return "<0.01" if 0 < hours < 0.01 else figure(hours)
+
+
 def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
     axes = list(grid.axes)
     on_gpu = [r for r in rows if "gpu_hours" in r]
@@ -68,14 +73,15 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
         line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]), si(row["tokens"]),
                 gib(row["peak_memory"]), gib(row["peak_memory_other_checkpointing"])]
         if on_gpu:
-            line += [figure(row["gpu_hours"]) if "gpu_hours" in row else "-", _fit(row)]
+            line += [_gpu_hours(row["gpu_hours"]) if "gpu_hours" in row else "-", _fit(row)]
         table.append(line)
     lines = [format_table(table, left=(0, len(header) - 1) if on_gpu else (0,)),
              f"{len(rows)} cells, {si(sum(r['tokens'] for r in rows))} tokens; run directories in {grid.root}",
              "memory: estimated peak per device (plan/memory.py); other ckpt: the same with train.activation_checkpointing switched"]
     if on_gpu:
         over = [r for r in on_gpu if not r["fits"]]
-        lines.append(f"GPU-h: {figure(sum(r['gpu_hours'] for r in on_gpu))} GPU-hours in all at {gpu.speed()} per GPU "
+        total = _gpu_hours(sum(r["gpu_hours"] for r in on_gpu))
+        lines.append(f"GPU-h: {total} GPU-hours in all at {gpu.speed()} per GPU "
                      f"({gpu.name}, {gpu.source}; a profile's gpu: section, --tflops or --throughput change it)")
         lines.append(f"on {gib(gpu.memory)}: {len(over)} of {len(on_gpu)} cells exceed the GPU's memory" + (
             "; the column names the setting that fits, keeping each cell's tokens per step" if over else ""))

@@ -10,7 +10,7 @@ from hybrid_lightning.grid.executor import executor_class, executor_for
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, record_plan, write_jobs
 from hybrid_lightning.grid.tensorboard import write_hparams
-from hybrid_lightning.training.resume import check_same_run
+from hybrid_lightning.training.preflight import check_start
 
 
 def submit_grid(
@@ -39,11 +39,7 @@ def submit_grid(
     runner = executor_class(executor)(profile, parallel, overrides)
     runner.check()
     _checked(grid, runner.check_cells, say)
-    for cell in grid.cells:
-        try:
-            check_same_run(cell.run_dir, cell.config)
-        except ValueError as e:
-            raise ValueError(f"grid {grid.name}: cell {cell.name}: {e}") from None
+    check_starts(grid)
 
     with lock(grid):
         rows = cell_states(grid)
@@ -59,11 +55,23 @@ def submit_grid(
     return runner.run(grid, todo, say) if todo else 0
 
 
+def check_starts(grid: Grid) -> None:
+    """What ``train`` refuses of each cell wherever it starts (``training.preflight.check_start``: its run directory,
+    its token store), the refusal naming the grid and the cell."""
+    for cell in grid.cells:
+        try:
+            check_start(cell.config, cell.run_dir, flag="--root")
+        except ValueError as e:
+            raise ValueError(f"grid {grid.name}: cell {cell.name}: {e}") from None
+
+
 def check_plan(grid: Grid, executor: str | None = None, profile: str | Path | None = None,
                overrides: Sequence[str] = (), say: Callable[[str], None] = print) -> None:
-    """``grid plan``'s check of where the cells would run, asked of the executor (``executor.executor_for``: the
-    one named; else with a profile or ``--set`` parameters the one that takes a profile, e.g. SLURM's profile world
-    and partition; else this machine's cores for cells with ``train.accelerator: cpu``)."""
+    """``grid plan``'s check that every cell would start (``check_starts``) and of where the cells would run, asked
+    of the executor (``executor.executor_for``: the one named; else with a profile or ``--set`` parameters the one
+    that takes a profile, e.g. SLURM's profile world and partition; else this machine's cores for cells with
+    ``train.accelerator: cpu``)."""
+    check_starts(grid)
     runner = executor_for(executor, profile, overrides)(profile, overrides=overrides)
     _checked(grid, runner.check_plan, say)
 

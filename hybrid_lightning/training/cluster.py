@@ -62,12 +62,12 @@ def check_cpu_devices(train: TrainConfig, on_cpu: bool | None = None, cores: int
 def check_launch(train: TrainConfig) -> None:
     """Refuses, before anything is prepared, a launch that would hang or crowd this machine (see the
     module's docstring)."""
-    from lightning.pytorch.plugins.environments import SLURMEnvironment
-
     if in_srun_step():  # one process per task: SLURM placed them
         return
     env = os.environ
     if "SLURM_JOB_ID" in env:
+        from lightning.pytorch.plugins.environments import SLURMEnvironment  # here: a preview needs no Lightning
+
         tasks, nodes = int(env.get("SLURM_NTASKS", "1")), int(env.get("SLURM_JOB_NUM_NODES", "1"))
         # Lightning reads the allocation as the world unless the job is named bash or interactive
         if (SLURMEnvironment.detect() and tasks > 1) or train.num_nodes > 1:

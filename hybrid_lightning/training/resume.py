@@ -35,19 +35,20 @@ class Resume:
         return None if found is None else cls(found[0], found[1]["step"], found[1]["config"], found[1]["data"])
 
 
-def check_same_run(run_dir: Path, cfg: RunConfig, resume: Resume | None = None) -> None:
+def check_same_run(run_dir: Path, cfg: RunConfig, resume: Resume | None = None, flag: str = "--run-dir") -> None:
     """A run directory belongs to one config; only the keys tagged resumable or bookkeeping
     (config/roles.py) may change between invocations.
 
     The config is compared with ``config.yaml`` and with the config stored in the checkpoint training would
     resume from, so that a lost or edited ``config.yaml`` cannot resume a checkpoint under another model.
+    ``flag``: the option that chose the run directory, named in the refusal (a grid's ``--root``).
     """
     old = read_config_dict(run_dir)
     if old is not None:
         old.pop(PROVENANCE_KEY, None)
-        _check_same(run_dir, old, cfg, CONFIG_FILE)
+        _check_same(run_dir, old, cfg, CONFIG_FILE, flag)
     if resume is not None and resume.config is not None:
-        _check_same(run_dir, resume.config, cfg, f"{CKPT_DIR}/{resume.path.name}")
+        _check_same(run_dir, resume.config, cfg, f"{CKPT_DIR}/{resume.path.name}", flag)
 
 
 def _compared(key: str, value):
@@ -59,13 +60,13 @@ def _compared(key: str, value):
     return value
 
 
-def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str) -> None:
+def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str, flag: str) -> None:
     a, b = flatten(old), flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if _compared(k, a.get(k)) != _compared(k, b.get(k)))
     blocking = [k for k in changed if not may_change_on_resume(k)]
     if blocking:
         diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
-        raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another --run-dir")
+        raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another {flag}")
 
 
 def check_numbering(run_dir: Path, resume: Resume | None) -> None:

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.integrity import fingerprint
-from hybrid_lightning.data.store import ensure_store
-from hybrid_lightning.fileio import IOFailure, RunLock, refuse_file_for_folder
-from hybrid_lightning.plan.memory import check_fits
-from hybrid_lightning.plan.resolve import check_planned, default_run_dir, plan_run, provenance
-from hybrid_lightning.rundir import CKPT_DIR, DATA_KEY, EVAL_DIR, remove_temporaries
+from hybrid_lightning.data.run_store import ensure_store
+from hybrid_lightning.fileio import IOFailure, RunLock
+from hybrid_lightning.plan.resolve import provenance
+from hybrid_lightning.rundir import DATA_KEY, remove_temporaries
 from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.files import write_config, write_plan
 from hybrid_lightning.rundir.status import process_status, read_status, write_status
 from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.training.preflight import preflight
 from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
 from hybrid_lightning.training.stop import EndAtOnce, Stopped
 
@@ -27,17 +27,6 @@ if TYPE_CHECKING:
     import lightning as L
 
     from hybrid_lightning.training.checkpoints import StopOnSignals
-
-
-def check_devices(cfg: RunConfig) -> None:
-    """Refuses, before anything is prepared, devices that this machine cannot give."""
-    import torch
-
-    t = cfg.train
-    if t.accelerator == "gpu" and not torch.cuda.is_available():
-        raise ValueError("train.accelerator=gpu, but torch sees no GPU on this machine; use train.accelerator=auto or cpu")
-    if t.accelerator == "gpu" and t.devices != "auto" and t.devices > torch.cuda.device_count():
-        raise ValueError(f"train.devices={t.devices}, but this machine has {torch.cuda.device_count()} GPUs")
 
 
 def is_rank_zero() -> bool:
@@ -59,20 +48,8 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     ``planned``: the plan made where the run was submitted (a grid's cell, as plain data); a plan made here that
     differs is refused, naming the keys (``plan.resolve.check_planned``).
     """
-    cfg, plan = plan_run(cfg)  # every derived fact, once; bad probes are refused here
-    if planned is not None:
-        check_planned(cfg, plan, planned)
-    check_fits(cfg, plan.memory_estimate)  # a size beyond the machine's memory is refused before anything is allocated
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"--run-dir {run_dir} is a file, not a folder; give a run directory")
-    for folder in (CKPT_DIR, EVAL_DIR):  # folders the run writes into, refused as files before anything is made
-        refuse_file_for_folder(run_dir / folder, f"the run's {folder} folder:")
-    check_devices(cfg)
+    cfg, plan, run_dir = preflight(cfg, run_dir, planned)  # every refusal a preview makes too (training/preflight.py)
     from hybrid_lightning.training.checkpoints import StopOnSignals
-    from hybrid_lightning.training.cluster import check_launch
-
-    check_launch(cfg.train)  # outside srun in a SLURM allocation, or more CPU processes than cores
 
     signals = StopOnSignals()
     signals.install()

@@ -1,0 +1,71 @@
+"""Every refusal ``train`` makes before it writes anything, in one place, so that a preview that passes means the
+job starts: ``train`` and ``train --dry-run`` call ``preflight``; ``grid plan`` calls ``check_start`` for each
+cell, where the cell would start being the executor's to check (``grid/submit.check_plan``).
+
+What a preview cannot know is left to the run: a store not prepared yet (its tokens, hence whether each split
+holds a window, are known once it is), and the checkpoint a run resumes from (read under the run's lock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from hybrid_lightning.config import RunConfig
+from hybrid_lightning.data.run_store import check_store
+from hybrid_lightning.fileio import refuse_file_for_folder
+from hybrid_lightning.plan.resolve import check_planned, default_run_dir, plan_run
+from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR
+from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.training.cluster import check_launch
+from hybrid_lightning.training.resume import check_same_run
+
+
+def preflight(cfg: RunConfig, run_dir: str | Path | None = None,
+              planned: Mapping | None = None) -> tuple[RunConfig, RunPlan, Path]:
+    """(resolved config, its plan, run directory) of a run that would start on this machine, or the
+    ``ValueError`` ``train`` would raise: the config's geometry, windows and probes (``plan_run``), a plan that
+    differs from ``planned``, the one made where a grid's cell was submitted (``plan.resolve.check_planned``), this
+    machine (``check_here``) and the start (``check_start``)."""
+    cfg, plan = plan_run(cfg)  # every derived fact, once; bad probes are refused here
+    if planned is not None:
+        check_planned(cfg, plan, planned)
+    check_here(cfg, plan)
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    check_start(cfg, run_dir)
+    return cfg, plan, run_dir
+
+
+def check_here(cfg: RunConfig, plan: RunPlan) -> None:
+    """Refuses what this machine cannot give: the estimated peak memory (``plan.memory.check_fits``), the devices
+    asked for (``check_devices``), and a launch that would hang or crowd it (``training.cluster.check_launch``)."""
+    from hybrid_lightning.plan.memory import check_fits  # torch: imported when a run is checked, not by grid status
+
+    check_fits(cfg, plan.memory_estimate)  # a size beyond the machine's memory is refused before anything is allocated
+    check_devices(cfg)
+    check_launch(cfg.train)  # outside srun in a SLURM allocation, or more CPU processes than cores
+
+
+def check_devices(cfg: RunConfig) -> None:
+    """Refuses, before anything is prepared, devices that this machine cannot give."""
+    import torch
+
+    t = cfg.train
+    if t.accelerator == "gpu" and not torch.cuda.is_available():
+        raise ValueError("train.accelerator=gpu, but torch sees no GPU on this machine; "
+                         "use train.accelerator=auto or cpu")
+    if t.accelerator == "gpu" and t.devices != "auto" and t.devices > torch.cuda.device_count():
+        raise ValueError(f"train.devices={t.devices}, but this machine has {torch.cuda.device_count()} GPUs")
+
+
+def check_start(cfg: RunConfig, run_dir: Path, flag: str = "--run-dir") -> None:
+    """Refuses, wherever the run starts, a run directory (or its checkpoints or eval folder) that is a file, or
+    that holds a run of another config (``flag`` names the option that chose it), and the token store the run would
+    refuse (``check_store``: its sources, a ``data.store`` that is someone else's folder, a prepared store too short
+    for the windows)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{flag} {run_dir} is a file, not a folder; give a run directory")
+    for folder in (CKPT_DIR, EVAL_DIR):  # folders the run writes into, refused as files before anything is made
+        refuse_file_for_folder(run_dir / folder, f"the run's {folder} folder:")
+    check_same_run(run_dir, cfg, flag=flag)
+    check_store(cfg)
