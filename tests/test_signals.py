@@ -56,7 +56,7 @@ END_AT_ONCE = """
 import signal, sys
 from pathlib import Path
 from hybrid_lightning.fileio import RunLock
-from hybrid_lightning.rundir import write_status
+from hybrid_lightning.rundir.status import write_status
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.stop import EndAtOnce
 

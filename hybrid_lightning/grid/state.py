@@ -188,8 +188,8 @@ def _cell_state(grid: Grid, cell: Cell, record: dict | None, executor: Executor 
         return row
     if record is not None and executor.abandoned(record):
         record = None
-    if status.get("state") != "done":  # stopped: where it resumes, not the step logged last (a rank died after it)
-        row.step = step = resume_step(cell.run_dir)
+    if status and status.get("state") != "done":  # stopped: where it resumes, not the step logged last (a rank
+        row.step = step = resume_step(cell.run_dir)  # may have died after it)
     if status.get("state") == "done":  # done at fewer steps than the grid now asks
         row.state, row.reason = "incomplete", f"trained {status.get('step')} steps; train.max_steps is now {max_steps}"
         return row
