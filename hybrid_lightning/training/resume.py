@@ -60,7 +60,7 @@ def _compared(key: str, value):
     return value
 
 
-def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str, flag: str) -> None:
+def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str, flag: str = "--run-dir") -> None:
     a, b = flatten(old), flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if _compared(k, a.get(k)) != _compared(k, b.get(k)))
     blocking = [k for k in changed if not may_change_on_resume(k)]
