@@ -27,12 +27,18 @@ from hybrid_lightning.config import PROVENANCE_KEY, flatten
 from hybrid_lightning.config.roles import is_identity
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.records import Tag, columns
-from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
-from hybrid_lightning.rundir import CONFIG_FILE, DATA_KEY, SCALARS_FILE, eval_files, find_runs
+from hybrid_lightning.rundir import (
+    CONFIG_FILE,
+    DATA_KEY,
+    SCALARS_FILE,
+    eval_files,
+    find_runs,  # noqa: F401 (re-exported: load_runs(find_runs(root)))
+)
 from hybrid_lightning.rundir.evals import read_eval_record
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_config_dict, read_plan
 from hybrid_lightning.rundir.status import read_status
+from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
 
 # TensorBoard scalars read by default; the others are skipped while reading.
 TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC)
@@ -257,13 +263,13 @@ def _labels(identities: list[dict], plans: list[RunPlan]) -> list[str]:
     varying = _varying(identities)
     labels = _texts(identities, plans, varying, identities)
     for label in _shared(labels, archs):
-        group = [i for i, l in enumerate(labels) if l == label]
+        group = [i for i, text in enumerate(labels) if text == label]
         first = _varying([identities[i] for i in group])
         again = _texts([identities[i] for i in group], [plans[i] for i in group],
                        first + [k for k in varying if k not in first], identities)
         if not _shared(again, [archs[i] for i in group]):
-            for i, l in zip(group, again):
-                labels[i] = l
+            for i, text in zip(group, again):
+                labels[i] = text
     shared = _shared(labels, archs)
     return [f"{label} #{hashlib.sha1(a.encode()).hexdigest()[:4]}" if label in shared else label
             for label, a in zip(labels, archs)]

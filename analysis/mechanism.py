@@ -86,7 +86,7 @@ def _where_at_depth(last: pd.DataFrame) -> tuple[Comparison, str]:
     layers["share"] = layers["retrieval"] / layers["run"].map(layers.groupby("run")["retrieval"].sum())
     strata = [g for _, g in layers.groupby(["window", "layer"], dropna=False) if g["full"].any() and not g["full"].all()]
     differences = []
-    for run, g in layers[layers["full"]].groupby("run"):
+    for _run, g in layers[layers["full"]].groupby("run"):
         terms = [row["share"] - s.loc[~s["full"], "share"].mean() for _, row in g.iterrows()
                  for s in strata if s["layer"].iloc[0] == row["layer"] and row["run"] in set(s["run"])]
         if terms:

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from hybrid_lightning.bench.recurrent import inputs
-from hybrid_lightning.kinds import KINDS
-from hybrid_lightning.plan import layer_plan, resolve_model_config
-from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
 from hybrid_lightning.fileio import refuse_existing
 from hybrid_lightning.interpreter import interpreting, patch
+from hybrid_lightning.kinds import KINDS
+from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
+from hybrid_lightning.plan import layer_plan, resolve_model_config
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.002 per value); sums of thousands of such
 # terms in the kernels land around 1e-2 at worst. A wrong kernel call (swapped g and beta, a missing

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from hybrid_lightning.bench.attention import WINDOWS
 from hybrid_lightning.bench.measure import interleaved_medians, one_thread
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
+from hybrid_lightning.kinds import KINDS, mixer_names
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count_params
-from hybrid_lightning.kinds import KINDS, mixer_names
 
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64
 SEQ_LEN, BATCH = 4096, 1

@@ -15,7 +15,6 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, ValidationInfo, create_model, model_validator
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, Number, Whole, _Frozen, role
-
 from hybrid_lightning.kinds import FULL, KINDS, HeadsSettings, MixerKind, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)

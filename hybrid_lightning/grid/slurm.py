@@ -29,7 +29,13 @@ from hybrid_lightning.config import apply_overrides, config_to_dict, suggest
 from hybrid_lightning.grid.capacity import GPU_KEY
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.geometry import (
-    GPU_KEYS, WORLD_KEYS, World, cell_resources, check_partition, check_profile_world, partition_nodes,
+    GPU_KEYS,
+    WORLD_KEYS,
+    World,
+    cell_resources,
+    check_partition,
+    check_profile_world,
+    partition_nodes,
 )
 from hybrid_lightning.grid.job import CellJob
 from hybrid_lightning.grid.spec import Cell, Grid

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.records import Tag
-from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_plan

@@ -30,11 +30,10 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
-from hybrid_lightning.records import pool
 from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
 from hybrid_lightning.probes.check import check_lengths
-from hybrid_lightning.records import row
+from hybrid_lightning.records import pool, row
 
 SELECTIONS = {"top": "--mask-top", "random": "--mask-random", "list": "--mask"}  # selection -> its CLI option
 MASK_MODES = ("zero", "uniform")  # a masked head's output is 0 / its attention is uniform (logits 0)

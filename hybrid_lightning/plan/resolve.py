@@ -13,11 +13,10 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from hybrid_lightning import __version__
+from hybrid_lightning import __version__, runplan
 from hybrid_lightning.config import EvalConfig, RunConfig, TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning import runplan
 from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan, plan_differences
 from hybrid_lightning.units import format_table
 

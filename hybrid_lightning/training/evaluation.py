@@ -31,6 +31,7 @@ from hybrid_lightning.rundir import eval_files
 from hybrid_lightning.rundir.evals import read_eval_record
 from hybrid_lightning.training.steps import OnOptimizerSteps, say
 
+
 class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
     """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
     training ends at ``max_steps`` (not when a stop ends it earlier); on rank 0 writes its report and logs it

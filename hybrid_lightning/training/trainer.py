@@ -13,13 +13,13 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
-from hybrid_lightning.training.evaluation import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.rundir import CKPT_DIR
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.callbacks import Console, LastStep, PeakMemory, RunSummary, StepProgressBar, Throughput
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.checkpoints import StepCheckpoints
 from hybrid_lightning.training.cluster import set_main_address
+from hybrid_lightning.training.evaluation import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.training.system import LMSystem
 from hybrid_lightning.training.threads import set_threads
 
