@@ -133,8 +133,9 @@ def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, l
     never = [label for label, e in events.items() if not e.any()]
     note = (f". Never emerged by tau: {', '.join(never)} (their times are only known to exceed tau)" if never else "")
     return Test(F, test, [claim, *context], f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null "
-                f"standard errors (level {level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation "
-                f"and at tau = {si(tau)} tokens; " + "; ".join(parts) + note, combine=lambda decided: decided[0])
+                f"standard errors (level {level.min():.3f} to {level.max():.3f}), censored at the run's last "
+                f"evaluation and at tau = {si(tau)} "
+                "tokens; " + "; ".join(parts) + note, combine=lambda decided: decided[0])
 
 
 def _si(v: float) -> str:
@@ -163,8 +164,8 @@ def _convergence(test: str, fam: Family, values: pd.DataFrame, errors: pd.Series
     late_arms = [label for label, runs in fam.runs.items()
                  if not at[end][label].mean() >= SIGNAL_Z * math.sqrt((errors.reindex(runs) ** 2).mean(skipna=False) / len(runs))]
     if late_arms:
-        return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} standard errors "
-                    f"by step {end}", evidence=evidence)
+        return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} standard "
+                    f"errors by step {end}", evidence=evidence)
     gap = Comparison.among(f"arms at step {mid} (the declared gap)", at[mid])
     equivalent = _equivalence(at[end], end)
     moving = Comparison.among(f"change from step {late} to {end}", {k: at[end][k] - at[late][k] for k in fam.labels})

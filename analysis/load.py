@@ -153,7 +153,8 @@ def damaged_records(run_dir: Path) -> list[str]:
             found.append(str(e))
     if (read_status(run_dir) or {}).get("state") == "damaged":
         found.append(read_status(run_dir)["error"])
-    found += [f"{path}: not an evaluation record" for kind, _, path in eval_files(run_dir) if not _readable(kind, read_eval_record(path))]
+    found += [f"{path}: not an evaluation "
+              "record" for kind, _, path in eval_files(run_dir) if not _readable(kind, read_eval_record(path))]
     if (Path(run_dir) / SCALARS_FILE).is_file():
         try:
             pd.read_csv(Path(run_dir) / SCALARS_FILE, dtype={"step": "int64", "metric": str, "value": "float64"})

@@ -186,7 +186,8 @@ def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
                                              d.to_numpy(), p, +1))
         lines.append(f"{label}: " + ", ".join(f"{run} step {step}: {top:.3f} vs {np.mean(v):.3f} ({len(v)} draws)"
                                               for (run, step, _), (top, v) in experiments.items()))
-    untestable = [f"{label}: " + "; ".join(f"{why} ({n} of {len(whys)} checkpoints)" for why, n in Counter(whys).items())
+    untestable = [f"{label}: " + "; ".join(f"{why} ({n} of {len(whys)} "
+                                           "checkpoints)" for why, n in Counter(whys).items())
                   for label, whys in sorted(reasons.items()) if label not in strata]
     evidence = (f"retrieval heads by {used}; controls: same-layer non-retrieval heads outside the top-K. "
                 + "; ".join(lines + [f"not testable: {u}" for u in untestable]))

@@ -51,7 +51,8 @@ def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = 
     for run in done:
         _check_sound(run)
         _check_target(run, out / run.relative_to(root))
-    results = [(d.relative_to(root).as_posix(), f"skipped: {(read_status(d) or {}).get('state', 'no status.json')}, not done")
+    results = [(d.relative_to(root).as_posix(), f"skipped: {(read_status(d) or {}).get('state', 'no status.json')}, "
+                "not done")
                for d in dirs if d not in done]
     for run in done:
         results.append((run.relative_to(root).as_posix(), _pack(run, out / run.relative_to(root), tags)))
@@ -132,10 +133,12 @@ def _check_sound(run: Path) -> None:
 
 def add_parsers(sub, command: Callable[..., argparse.ArgumentParser]) -> None:
     """The ``pack`` and ``unpack`` commands (``command``: the command line's way to add one)."""
-    p = command(sub, "pack", "the finished runs under a folder as packed records (what analyze reads), small enough to commit",
+    p = command(sub, "pack", "the finished runs under a folder as packed records (what analyze reads), small enough to "
+                "commit",
                 "run-directory.md")
     p.add_argument("dir", help="folder searched recursively for run directories; runs not done are skipped")
-    p.add_argument("--out", required=True, help="folder of the packed runs (apart from DIR), one per run at its path under DIR")
+    p.add_argument("--out", required=True, help="folder of the packed runs (apart from DIR), one per run at its path "
+                   "under DIR")
     p.set_defaults(func=_cmd_pack)
     p = command(sub, "unpack", "copy packed runs into a grid's root, which then counts the done ones as done", "run-directory.md")
     p.add_argument("packed", help="folder of packed runs (hybrid-lightning pack --out)")

@@ -62,7 +62,8 @@ class MemoryEstimate:
     def describe(self) -> str:
         other = "with" if not self.checkpointing else "without"
         return (f"{gib(self.peak())} per device (weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
-                f"optimizer {gib(self.optimizer)}, activations {gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
+                f"optimizer {gib(self.optimizer)}, activations "
+                f"{gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
                 f"{gib(self.peak(not self.checkpointing))} {other} train.activation_checkpointing)")
 
 

@@ -220,12 +220,12 @@ def run(quick: bool) -> dict:
     notes = (
         f"Architectures: {'a quick size' if quick else SIZE}, batch {BATCH} x {T} tokens, fp32, AdamW; median of "
         f"{1 if quick else 3} round-robin steps after a warm-up step; hybrids are 3 efficient : 1 full layers (EEEF). "
-        f"CPU, one thread: CPU time per step (forward, loss, backward, clipping, AdamW), medians of "
-        f"{1 if quick else 7} interleaved steps, fp32; 'bf16 speed-up' is fp32 time / bf16-autocast time. The recurrent "
-        f"hybrids take {min(recurrent):.2f}-{max(recurrent):.2f}x full attention's step (target <= {TARGET_RECURRENT_CPU}). "
-        "Lightning vs plain: medians over alternating rounds of the steps after a warm-up; 'tokens per CPU s' "
-        "divides by this process's CPU time, which the other processes of a shared machine do not inflate. "
-        f"G2: the Lightning path reaches {lightning[0]['Lightning / plain']:.3f}x the plain loop's tokens/s "
+        "CPU, one thread: CPU time per step (forward, loss, backward, clipping, AdamW), medians of "
+        f"{1 if quick else 7} interleaved steps, fp32; 'bf16 speed-up' is fp32 time / bf16-autocast time. The "
+        f"recurrent hybrids take {min(recurrent):.2f}-{max(recurrent):.2f}x full attention's step (target <= "
+        f"{TARGET_RECURRENT_CPU}). Lightning vs plain: medians over alternating rounds of the steps after a warm-up; "
+        "'tokens per CPU s' divides by this process's CPU time, which the other processes of a shared machine do not "
+        f"inflate. G2: the Lightning path reaches {lightning[0]['Lightning / plain']:.3f}x the plain loop's tokens/s "
         f"({lightning[0]['Lightning / plain (CPU s)']:.3f}x per CPU second; target >= {TARGET_LIGHTNING})."
     )
     return {

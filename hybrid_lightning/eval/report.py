@@ -107,7 +107,8 @@ def table(report: dict) -> str:
     h = headline(report)
     if h["score"] is not None:
         beyond = "" if h["score_beyond"] is None else f", beyond the training length {h['score_beyond']:.3f}"
-        lines.append("score (answer-token accuracy above chance) " + f"{h['score']:.3f}{beyond}, exact match {h['exact']:.3f}"
+        lines.append("score (answer-token accuracy above chance) " + f"{h['score']:.3f}{beyond}, exact match "
+                     f"{h['exact']:.3f}"
                      + ("" if h["match_all"] is None else f", generation string_match_all {h['match_all']:.3f}"
                         f" / string_match_part {h['match_part']:.3f}"))
     if report["position_loss"]:

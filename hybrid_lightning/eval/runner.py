@@ -178,7 +178,8 @@ class LongContextEval:
             alpha=c.longppl_alpha, beta=c.longppl_beta, longppl=math.exp(key_nll / n_key) if n_key else None,
             key_tokens=int(n_key) if self.keys.key is not None else None, scored_tokens=int(n),
             ppl=math.exp(nll / n), evaluator=self.keys.evaluator,
-            reason=self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key tokens",
+            reason=self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key "
+                                              "tokens",
         )]
         return {"step": step, "tokens": tokens, "window": window, "seq_len": self.seq_len, "records": records,
                 "position_loss": position_rows, "longppl": longppl_rows}

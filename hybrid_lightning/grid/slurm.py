@@ -179,7 +179,8 @@ def check_slurm() -> None:
     """A ``ValueError`` when SLURM's commands are missing or its controller does not answer."""
     for tool in ("sbatch", "squeue", "scancel"):
         if shutil.which(tool) is None:
-            raise ValueError(f"SLURM is not available here: '{tool}' is not on PATH (use --executor local to run without SLURM)")
+            raise ValueError(f"SLURM is not available here: '{tool}' is not on PATH (use --executor local to run "
+                             "without SLURM)")
     squeue_jobs()
 
 
@@ -217,7 +218,8 @@ def load_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...]
 def read_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> tuple[dict, dict[str, str]]:
     """``load_profile``, and where each key was set (``profile PATH`` or ``--set``), for messages."""
     if path is None and not overrides:
-        raise ValueError("--executor slurm needs --profile: a YAML file of submitit AutoExecutor parameters (see slurm/example.yaml)")
+        raise ValueError("--executor slurm needs --profile: a YAML file of submitit AutoExecutor parameters (see "
+                         "slurm/example.yaml)")
     profile: dict = {}
     if path is not None:
         path = Path(path)

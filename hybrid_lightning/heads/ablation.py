@@ -69,8 +69,8 @@ def choose_heads(report: dict, selection: str, k: int | None = None, listed: lis
         if unknown or not listed:
             layers = sorted({layer for layer, _ in heads})
             n_heads = 1 + max((h for _, h in heads), default=-1)
-            raise ValueError(f"--mask: {[f'{a}.{b}' for a, b in unknown] or 'nothing'} is not a list of attention heads "
-                             f"(attention layers {layers}, {n_heads} heads each)")
+            raise ValueError(f"--mask: {[f'{a}.{b}' for a, b in unknown] or 'nothing'} is not a list of attention "
+                             f"heads (attention layers {layers}, {n_heads} heads each)")
         return list(dict.fromkeys(listed))
     if k is None or not 1 <= k <= len(heads):
         raise ValueError(f"{option}: K must be between 1 and {len(heads)} (the model's attention heads), got {k}")
@@ -97,8 +97,8 @@ def check_no_tie(report: dict, k: int, option: str = "--mask-top") -> None:
     tied = [f"{a}.{b}" for (a, b), v in scores.items() if v == ranked[k - 1]]
     above = sum(v > ranked[k - 1] for v in ranked)
     ks = [n for n in (above, above + len(tied)) if 0 < n < len(ranked)]
-    raise ValueError(f"{option} {k}: the top {k} is not defined: heads {' '.join(tied)} tie at score {ranked[k - 1]:.4g} "
-                     f"for places {above + 1} to {above + len(tied)}; "
+    raise ValueError(f"{option} {k}: the top {k} is not defined: heads {' '.join(tied)} tie at score "
+                     f"{ranked[k - 1]:.4g} for places {above + 1} to {above + len(tied)}; "
                      + (f"choose K = {' or '.join(map(str, ks))}, or " if ks else "") + "score more probes")
 
 

@@ -42,8 +42,9 @@ def resolve_config(cfg: RunConfig, sources: bool = True) -> RunConfig:
         return cfg
     steps = budget_steps(cfg)
     if cfg.train.warmup_steps >= steps > 1:
-        raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be below train.max_steps={steps} "
-                         f"(from train.tokens_per_param={cfg.train.tokens_per_param}): set train.warmup_steps to at most {steps - 1}")
+        raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be below train.max_steps={steps} (from "
+                         f"train.tokens_per_param={cfg.train.tokens_per_param}): set train.warmup_steps to at most "
+                         f"{steps - 1}")
     raw = config_to_dict(cfg)
     raw["train"]["max_steps"] = steps
     return validate_config(raw)
@@ -178,8 +179,8 @@ def param_table(plan: RunPlan) -> str:
                       f"non-embedding {p['non_embedding']:,}  embedding {p['embedding']:,}  total {p['total']:,}",
                       f"estimated peak memory at batch {plan.budget.batch_size} x {plan.budget.seq_len}: "
                       f"{plan.memory_estimate.describe()}",
-                      f"reference (pattern {match['reference_pattern']}) non-embedding {match['reference']:,}  this model "
-                      f"{match['matched']:,}  deviation {match['deviation']:+.2%}  {how}"])
+                      f"reference (pattern {match['reference_pattern']}) non-embedding {match['reference']:,}  this "
+                      f"model {match['matched']:,}  deviation {match['deviation']:+.2%}  {how}"])
 
 
 def read_run(run_dir: Path) -> tuple[RunConfig, RunPlan]:

@@ -34,7 +34,8 @@ for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.
     warnings.filterwarnings("ignore", message=_pattern)
 # Lightning's banners ("GPU available: ...", "`Trainer.fit` stopped: ...", the CUDA devices, "Restoring states from the
 # checkpoint ...") say nothing that a run's own start and end lines (callbacks.Console, "resuming from ...") don't.
-_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ", "Restoring states",
+_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ", "Restoring "
+            "states",
             "Restored all states")
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_name).addFilter(lambda record: not str(record.msg).startswith(_BANNERS))
