@@ -174,8 +174,8 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
     if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
         flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
     return {"config": flat, "plan": read_plan(run_dir), "status": status,
-            "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads, "layers": layers,
-            "ablations": ablations, "selections": selections}
+            "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads,
+            "layers": layers, "ablations": ablations, "selections": selections}
 
 
 def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: Iterable[str] = TAGS,
@@ -244,7 +244,8 @@ def _identity(cfg: dict, plan: RunPlan) -> dict:
     unused = [KINDS[m].section for m in KINDS if KINDS[m].section and m not in plan.mixers]
     layout = plan.layout()
     out = {}
-    for k, v in {**dict.fromkeys(LAYOUT_KEYS), **cfg}.items():  # the config's order; the layout keys first where it lacks them
+    # the config's order; the layout keys first where it lacks them
+    for k, v in {**dict.fromkeys(LAYOUT_KEYS), **cfg}.items():
         if k in LAYOUT_KEYS:
             if k in layout:
                 out[k] = layout[k]
@@ -354,10 +355,12 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
         selections.append(pd.DataFrame(r["selections"]).assign(run=name))
     records = _concat(records, ["run", *columns("records")])
     frames.append(record_scores(records, pd.Series({name: r["plan"].budget.seq_len for name, r in zip(names, raw)})))
-    metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[["run", "step", "tokens", "metric", "value"]]
+    metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[
+        ["run", "step", "tokens", "metric", "value"]]
     metrics = metrics.astype({"step": "int64", "tokens": "float64", "value": "float64"})
     metrics = metrics.sort_values(["run", "metric", "step"], kind="stable").reset_index(drop=True)
-    varying = [k for k in configs.columns if k not in {*RUN_COLUMNS, "arch", "label", "seed", "name"} and configs[k].astype(str).nunique() > 1]
+    varying = [k for k in configs.columns
+               if k not in {*RUN_COLUMNS, "arch", "label", "seed", "name"} and configs[k].astype(str).nunique() > 1]
     keep = ["label", "seed", *varying] if len(configs) else []
     metrics = metrics.merge(configs[["run", *keep]], on="run", how="left")
     return (metrics,
