@@ -83,7 +83,8 @@ def seeded_step(model_cfg: dict) -> PlainStep:
 
 
 def architecture_rows(quick: bool) -> list[dict]:
-    size, T, windows = ({"n_layers": 4, "d_model": 64, "n_heads": 2}, 256, (32, 64, 128)) if quick else (SIZE, SEQ_LEN, WINDOWS)
+    size, T, windows = (({"n_layers": 4, "d_model": 64, "n_heads": 2}, 256, (32, 64, 128)) if quick
+                        else (SIZE, SEQ_LEN, WINDOWS))
     batch = random_batch(BATCH, T)
     steps, params = {}, {}
     for name, arch in architectures(windows).items():
@@ -123,7 +124,8 @@ def cpu_rows(quick: bool) -> list[dict]:
                     steps[name, bf16]()  # warm-up
             secs = interleaved_medians(steps, 1 if quick else 7)
             rows += [{"part": "CPU, one thread", "setting": f"{name}, {label}, batch {CPU_BATCH} x {T}",
-                      "CPU ms/step": 1e3 * secs[name, False].cpu, "step / full's": secs[name, False].cpu / secs["full", False].cpu,
+                      "CPU ms/step": 1e3 * secs[name, False].cpu,
+                      "step / full's": secs[name, False].cpu / secs["full", False].cpu,
                       "bf16 speed-up": secs[name, False].cpu / secs[name, True].cpu}
                      for name in architectures((32,))]
     return rows

@@ -44,8 +44,9 @@ def _section(kind: MixerKind) -> type[_Frozen]:
     """The ``model.<kind.section>`` section, derived from the kind's settings dataclass (``kinds/``): a field
     per setting with its default, bounds and doc, and the dataclass's ``check(model)`` run by ``ModelConfig``."""
     hints = typing.get_type_hints(kind.settings)
-    fields = {f.name: (_setting_type(hints[f.name]), Field(f.default, description=f.metadata["doc"],
-                                                          **{b: f.metadata[b] for b in ("ge", "gt") if b in f.metadata}))
+    fields = {f.name: (_setting_type(hints[f.name]),
+                       Field(f.default, description=f.metadata["doc"],
+                             **{b: f.metadata[b] for b in ("ge", "gt") if b in f.metadata}))
               for f in dataclasses.fields(kind.settings)}
     return create_model(kind.settings.__name__.removesuffix("Settings") + "Config", __base__=_Frozen,
                         __doc__=kind.settings.__doc__, __module__=__name__, **fields)
