@@ -115,7 +115,8 @@ def masked(model, heads: list[tuple[int, int]], mode: str = "zero"):
             mixer = layers[layer]
             device = mixer.wo.weight.device
             if mode == "zero":
-                mixer.head_mask = torch.ones(mixer.n_heads, device=device) if mixer.head_mask is None else mixer.head_mask.clone()
+                mixer.head_mask = (torch.ones(mixer.n_heads, device=device) if mixer.head_mask is None
+                                   else mixer.head_mask.clone())
                 mixer.head_mask[head] = 0.0
             else:
                 mixer.uniform_heads = (torch.zeros(mixer.n_heads, dtype=torch.bool, device=device)
@@ -163,8 +164,8 @@ def selection_report(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, sc
     seed = selection_seed(cfg)
     if seed == cfg.seed:
         return scored
-    return RetrievalHeads(cfg.model_copy(update={"seed": seed}), tokenizer, held_out).run(model, step=step, tokens=tokens,
-                                                                                        dtype=dtype)
+    return RetrievalHeads(cfg.model_copy(update={"seed": seed}), tokenizer, held_out).run(model, step=step,
+                                                                                        tokens=tokens, dtype=dtype)
 
 
 def harm(rows: list[dict]) -> float:
@@ -247,8 +248,8 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
     check_lengths(cfg, tokenizer)
     out = {"ablation": [], "ablation_tests": []}
     if selection is not None:  # chosen first: a bad choice fails before any evaluation
-        chooser = report if selection == "list" else selection_report(model, cfg, tokenizer, held_out, report, step=step,
-                                                                       tokens=tokens, dtype=dtype)
+        chooser = report if selection == "list" else selection_report(model, cfg, tokenizer, held_out, report,
+                                                                       step=step, tokens=tokens, dtype=dtype)
         heads = choose_heads(chooser, selection, k, listed, seed)
         if selection != "list":
             out["selection"] = {"seed": selection_seed(cfg), "heads": [
@@ -260,8 +261,8 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
                         step=step, tokens=tokens, dtype=dtype, base=base, mode=mode)
         out["ablation"] += chosen
         if selection == "top" and controls:
-            rows, tests = control_test(model, ev, chooser, heads, chosen, base, controls=controls, seed=[seed, run_key, step],
-                                       step=step, tokens=tokens, dtype=dtype, mode=mode)
+            rows, tests = control_test(model, ev, chooser, heads, chosen, base, controls=controls,
+                                       seed=[seed, run_key, step], step=step, tokens=tokens, dtype=dtype, mode=mode)
             out["ablation"] += rows
             out["ablation_tests"] += [test | {"selection_seed": selection_seed(cfg)} for test in tests]
     if each:

@@ -14,7 +14,8 @@ from hybrid_lightning.rundir import eval_path
 from hybrid_lightning.rundir.evals import write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
-# Fields that identify an ablation test (the rows' key is records.ABLATION_KEY); a newer one replaces an older one with the same key.
+# Fields that identify an ablation test (the rows' key is records.ABLATION_KEY); a newer one replaces an older one
+# with the same key.
 TEST_KEY = ("k", "mode", "masked", "seed", "match", "draws", "selection_seed")
 ANNOTATE_HEADS = 4  # the image prints each score where a layer has at most this many heads (a card is 340 pixels wide)
 
@@ -40,7 +41,8 @@ def heads_scalars(report: dict, layers: set[int] = frozenset()) -> dict[str, flo
     out = {f"{HEADS_TAGS}/{k}": float(v) for k, v in report["total"].items() if v is not None}
     for layer in report["layers"]:
         if layer["applicable"] and layer["layer"] in layers:
-            out |= {f"{HEADS_TAGS}/layer_{layer['layer']:02d}/{k}": float(layer[k]) for k in MEASURES if layer[k] is not None}
+            out |= {f"{HEADS_TAGS}/layer_{layer['layer']:02d}/{k}": float(layer[k])
+                    for k in MEASURES if layer[k] is not None}
     for k in ("accuracy", "token_accuracy"):
         if report[k] is not None:
             out[f"{HEADS_TAGS}/probe_{k}"] = report[k]
@@ -79,8 +81,8 @@ def score_image(report: dict):
     ax.set_xlabel("head", fontsize=8)
     ax.set_ylabel("layer", fontsize=8)
     fig.colorbar(image, ax=ax, shrink=0.9).ax.tick_params(labelsize=7)
-    ax.set_title(f"retrieval score, step {report['step']}" + (" (C copy, L locator)" if n_heads <= ANNOTATE_HEADS else ""),
-                 fontsize=8)
+    ax.set_title(f"retrieval score, step {report['step']}"
+                 + (" (C copy, L locator)" if n_heads <= ANNOTATE_HEADS else ""), fontsize=8)
     return fig
 
 
@@ -161,8 +163,8 @@ def single_table(report: dict) -> str:
     for r in report["ablation"]:
         if r["selection"] == "single":
             by_head.setdefault(head_name(*r["masked"][0]), []).append(r)
-    return "single-head ablation, token accuracy drop: " + "  ".join(f"{h} "
-                                                                     f"{harm(rows):+.3f}" for h, rows in by_head.items())
+    return "single-head ablation, token accuracy drop: " + "  ".join(
+        f"{h} {harm(rows):+.3f}" for h, rows in by_head.items())
 
 
 def heads_path(run_dir: Path, step: int) -> Path:

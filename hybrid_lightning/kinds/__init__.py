@@ -37,8 +37,8 @@ from hybrid_lightning.kinds.lightning import KIND as LIGHTNING  # noqa: F401
 # isort: on
 
 __all__ = ["EFFICIENT_LETTER", "FULL", "KINDS", "AttentionOptions", "HeadsSettings", "LayerSpec", "MixerKind",
-           "MixerOptions", "ModelOptions", "RecurrentOptions", "by_letter", "canonical_pattern", "check_pattern", "expand",
-           "kind", "layer_traits", "mixer_names", "pattern_mixers", "register", "setting", "spec_from_dict"]
+           "MixerOptions", "ModelOptions", "RecurrentOptions", "by_letter", "canonical_pattern", "check_pattern",
+           "expand", "kind", "layer_traits", "mixer_names", "pattern_mixers", "register", "setting", "spec_from_dict"]
 
 
 def kind(name: str) -> MixerKind:
