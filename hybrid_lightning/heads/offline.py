@@ -29,6 +29,7 @@ def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overri
     if selection is not None or each:
         report |= ablations(run.model, run.cfg.eval, tok, held_out, report, selection=selection, k=k, listed=listed,
                             seed=seed, controls=controls, each=each, step=run.step, tokens=run.tokens, dtype=run.dtype,
-                            mode=mode, run_key=zlib.crc32(Path(run_dir).resolve().name.encode()), window=run.plan.window)
+                            mode=mode, run_key=zlib.crc32(Path(run_dir).resolve().name.encode()),
+                            window=run.plan.window)
     write_heads(run_dir, report)
     return report
