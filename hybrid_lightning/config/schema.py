@@ -8,14 +8,13 @@ Reading YAML, overrides and turning validation errors into one ``ValueError`` li
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, create_model, model_validator
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, Number, Whole, _Frozen, role
-from hybrid_lightning.kinds import FULL, KINDS, HeadsSettings, MixerKind, check_pattern, mixer_names, pattern_mixers
+from hybrid_lightning.config.sections import SECTIONS
+from hybrid_lightning.kinds import FULL, KINDS, HeadsSettings, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
 MAX_STEPS = 10**12  # more optimizer steps than any budget can mean (the paper's largest: under 10^12 tokens)
@@ -29,30 +28,6 @@ class PosConfig(_Frozen):
                                                "(SWA)")
 
 
-def _setting_type(annotation: Any) -> Any:
-    """A settings dataclass's field type as the schema types it: numbers as written (``Whole``, ``Number``),
-    switches strict, ``X | None`` kept optional."""
-    strict = {int: Whole, float: Number, bool: StrictBool}
-    args = typing.get_args(annotation)
-    if type(None) in args:
-        (inner,) = [a for a in args if a is not type(None)]
-        return strict.get(inner, inner) | None
-    return strict.get(annotation, annotation)
-
-
-def _section(kind: MixerKind) -> type[_Frozen]:
-    """The ``model.<kind.section>`` section, derived from the kind's settings dataclass (``kinds/``): a field
-    per setting with its default, bounds and doc, and the dataclass's ``check(model)`` run by ``ModelConfig``."""
-    hints = typing.get_type_hints(kind.settings)
-    fields = {f.name: (_setting_type(hints[f.name]),
-                       Field(f.default, description=f.metadata["doc"],
-                             **{b: f.metadata[b] for b in ("ge", "gt") if b in f.metadata}))
-              for f in dataclasses.fields(kind.settings)}
-    return create_model(kind.settings.__name__.removesuffix("Settings") + "Config", __base__=_Frozen,
-                        __doc__=kind.settings.__doc__, __module__=__name__, **fields)
-
-
-SECTIONS = {k.section: _section(k) for k in KINDS.values() if k.section}  # section name -> its schema
 # The registered mixers as the docs of model.pattern and model.mixer name them.
 _LETTERS = ", ".join(f"`{k.letter}` = {k.title}" for k in KINDS.values() if k.name != FULL)
 _EFFICIENT = ", ".join(f"`{name}`" for name in mixer_names(efficient_only=True))
