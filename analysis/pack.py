@@ -137,9 +137,8 @@ def _check_sound(run: Path) -> None:
 
 def add_parsers(sub, command: Callable[..., argparse.ArgumentParser]) -> None:
     """The ``pack`` and ``unpack`` commands (``command``: the command line's way to add one)."""
-    p = command(sub, "pack", "the finished runs under a folder as packed records (what analyze reads), small enough to "
-                "commit",
-                "run-directory.md")
+    p = command(sub, "pack", "the finished runs under a folder as packed records (what analyze reads), small enough "
+                "to commit", "run-directory.md")
     p.add_argument("dir", help="folder searched recursively for run directories; runs not done are skipped")
     p.add_argument("--out", required=True, help="folder of the packed runs (apart from DIR), one per run at its path "
                    "under DIR")

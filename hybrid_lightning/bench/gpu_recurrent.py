@@ -195,8 +195,8 @@ def main(argv: list[str] | tuple[str, ...] = ()) -> int:
     if args.interpret:
         patch()  # this process's explicit opt-in (hybrid_lightning/interpreter.py)
     if not args.interpret and (not torch.cuda.is_available() or not fla_available()):
-        print("gpu_recurrent: needs a CUDA device and flash-linear-attention (pip install -e "
-              "'.[gpu]')", file=sys.stderr)
+        print("gpu_recurrent: needs a CUDA device and flash-linear-attention (pip install -e '.[gpu]')",
+              file=sys.stderr)
         return 2
     rows = interpreter_rows() if args.interpret else gpu_rows(args.quick)
     for row in rows:

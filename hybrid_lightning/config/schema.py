@@ -61,8 +61,8 @@ class _ModelLayout(_Frozen):
     recurrent_backend: Literal["auto", "chunked", "compiled", "recurrent", "fla"] = Field(
         "auto", description="recurrent mixers: `auto` = fla on CUDA when installed, else `chunked`; `compiled` = "
         "`chunked` under torch.compile (docs/training.md, Recurrent mixers)", **role(BOOKKEEPING))
-    recurrent_chunk: Whole = Field(64, ge=1, description="steps per chunk of the chunked recurrent "
-                                   "backend", **role(BOOKKEEPING))
+    recurrent_chunk: Whole = Field(64, ge=1, description="steps per chunk of the chunked recurrent backend",
+                                   **role(BOOKKEEPING))
     require_fast_kernels: StrictBool | None = Field(
         None, description="on CUDA, refuse to train when `auto` would fall back because fla or flash-attn failed to "
         "import (false: warn and train); null = true when the run trains on CUDA (docs/training.md, Fast paths)",
@@ -242,12 +242,12 @@ class TrainConfig(_Frozen):
                                              "processes on the node (training/threads.py)", **role(BOOKKEEPING))
     checkpoint_every_n_steps: Whole = Field(100, ge=1, description="a checkpoint `checkpoints/step_<N>.ckpt` (and "
                                           "`last.ckpt`) every N steps, and at the last step", **role(BOOKKEEPING))
-    keep_checkpoints: Whole = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = "
-                                    "all", **role(BOOKKEEPING))
+    keep_checkpoints: Whole = Field(5, ge=-1, description="periodic checkpoints kept besides last.ckpt; -1 = all",
+                                    **role(BOOKKEEPING))
     log_every_n_steps: Whole = Field(10, ge=1, description="TensorBoard scalars (and, without a progress bar, a "
                                    "console line) every N steps and at the last step", **role(BOOKKEEPING))
-    val_every_n_steps: Whole = Field(100, ge=1, description="validation every N steps and at the last "
-                                     "step", **role(BOOKKEEPING))
+    val_every_n_steps: Whole = Field(100, ge=1, description="validation every N steps and at the last step",
+                                     **role(BOOKKEEPING))
     val_batches: Whole = Field(8, ge=1, description="batches per validation", **role(BOOKKEEPING))
     progress_bar: StrictBool = Field(True, description="a progress bar over optimizer steps; false prints a text line "
                                "every `log_every_n_steps` instead (the grids' setting)", **role(BOOKKEEPING))
@@ -264,8 +264,8 @@ class TrainConfig(_Frozen):
         if self.devices != "auto" and self.devices < 1:
             raise ValueError(f"train.devices must be at least 1 (or auto), got {self.devices}")
         if self.tokens_per_param is not None and self.devices == "auto":
-            raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step depend on "
-                             "it")
+            raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step "
+                             "depend on it")
         return self
 
 
