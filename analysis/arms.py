@@ -15,7 +15,8 @@ import pandas as pd
 from hybrid_lightning.kinds import KINDS
 
 # The identity keys that describe the efficient layers (besides their mixer's options section).
-EFFICIENT_KEYS = ("model.mixer", "model.window", "model.pos.efficient", "model.match_params", "model.efficient_mlp_hidden")
+EFFICIENT_KEYS = ("model.mixer", "model.window", "model.pos.efficient", "model.match_params",
+                  "model.efficient_mlp_hidden")
 SECTIONS = tuple(f"model.{k.section}." for k in KINDS.values() if k.section)
 
 
@@ -36,7 +37,8 @@ def swa_hybrids(c: pd.DataFrame) -> pd.Series:
 
 
 def nope_pairs(c: pd.DataFrame) -> list[dict[str, str]]:
-    """SWA-hybrid architectures differing only in ``model.pos.full``, RoPE against NoPE: {"rope": label, "nope": label}."""
+    """SWA-hybrid architectures differing only in ``model.pos.full``, RoPE against NoPE:
+    {"rope": label, "nope": label}."""
     hybrids = c[swa_hybrids(c)].drop_duplicates("label").set_index("label")["arch"].map(json.loads)
     groups: dict[str, dict[str, str]] = {}
     for label, identity in hybrids.items():

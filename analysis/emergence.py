@@ -127,14 +127,16 @@ def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, l
     context = [Comparison.among("share of runs emerged by tau", {k: e.to_numpy(float) for k, e in events.items()})]
     every = {label: samples[label] for label, e in events.items() if e.all()}
     if len(every) >= 2:
-        context.append(Comparison.among("restricted mean tokens among the arms every run of which emerged", every, "tokens"))
+        context.append(Comparison.among("restricted mean tokens among the arms every run of which emerged", every,
+                                        "tokens"))
     for c in context:
         c.claim = False
     never = [label for label, e in events.items() if not e.any()]
     note = (f". Never emerged by tau: {', '.join(never)} (their times are only known to exceed tau)" if never else "")
     return Test(F, test, [claim, *context], f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null "
-                f"standard errors (level {level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation "
-                f"and at tau = {si(tau)} tokens; " + "; ".join(parts) + note, combine=lambda decided: decided[0])
+                f"standard errors (level {level.min():.3f} to {level.max():.3f}), censored at the run's last "
+                f"evaluation and at tau = {si(tau)} "
+                "tokens; " + "; ".join(parts) + note, combine=lambda decided: decided[0])
 
 
 def _si(v: float) -> str:
@@ -157,14 +159,16 @@ def _convergence(test: str, fam: Family, values: pd.DataFrame, errors: pd.Series
         return Test(F, test, verdict="not tested", evidence=f"fewer than three common evaluations of family {fam.name} "
                     f"at distinct shares {CONVERGENCE_STEPS} and 1 of the last")
     mid, late, end = steps
-    at = {s: {label: common[s].reindex(runs).dropna().to_numpy(float) for label, runs in fam.runs.items()} for s in steps}
+    at = {s: {label: common[s].reindex(runs).dropna().to_numpy(float) for label, runs in fam.runs.items()}
+          for s in steps}
     means = ", ".join(f"{label}: " + " / ".join(f"{at[s][label].mean():.3f}" for s in steps) for label in fam.labels)
     evidence = f"family {fam.name}: arm means at the declared steps {mid} / {late} / {end}: {means}"
     late_arms = [label for label, runs in fam.runs.items()
-                 if not at[end][label].mean() >= SIGNAL_Z * math.sqrt((errors.reindex(runs) ** 2).mean(skipna=False) / len(runs))]
+                 if not at[end][label].mean()
+                 >= SIGNAL_Z * math.sqrt((errors.reindex(runs) ** 2).mean(skipna=False) / len(runs))]
     if late_arms:
-        return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} standard errors "
-                    f"by step {end}", evidence=evidence)
+        return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} standard "
+                    f"errors by step {end}", evidence=evidence)
     gap = Comparison.among(f"arms at step {mid} (the declared gap)", at[mid])
     equivalent = _equivalence(at[end], end)
     moving = Comparison.among(f"change from step {late} to {end}", {k: at[end][k] - at[late][k] for k in fam.labels})

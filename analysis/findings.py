@@ -105,17 +105,21 @@ def _combine(decided: list[Decided]) -> Decided:
 def markdown(tests: pd.DataFrame, comparisons: pd.DataFrame) -> str:
     """The findings table (verdict, effect with its CI, p and Holm p, seeds per arm, reason) and, below it,
     the details: each test's evidence and every comparison it made."""
-    lines = ["| finding | test | verdict | effect [95% CI] | p (Holm) | seeds per arm | reason |", "|---|---|---|---|---|---|---|"]
+    lines = ["| finding | test | verdict | effect [95% CI] | p (Holm) | seeds per arm | reason |",
+             "|---|---|---|---|---|---|---|"]
     for t in tests.itertuples(index=False):
         numbers = ["", "", ""] if not t.compared else [
-            f"{_num(t.effect)}{_unit(t.unit)} [{_num(t.ci_low)}, {_num(t.ci_high)}]", f"{t.p:.3g} ({t.p_holm:.3g})", t.seeds]
+            f"{_num(t.effect)}{_unit(t.unit)} [{_num(t.ci_low)}, {_num(t.ci_high)}]", f"{t.p:.3g} "
+                                                       f"({t.p_holm:.3g})", t.seeds]
         lines.append(f"| {t.finding} | {t.test} | {t.verdict} | {' | '.join(numbers)} | {t.reason} |")
     lines += ["", "### Details", ""]
     for t in tests.itertuples(index=False):
         lines.append(f"- **{t.finding}, {t.test}**: {t.evidence}.")
-        for c in comparisons[(comparisons["finding"] == t.finding) & (comparisons["test"] == t.test)].itertuples(index=False):
-            lines.append(f"  - {c.compared}: {_num(c.effect)}{_unit(c.unit)} [95% CI {_num(c.ci_low)}, {_num(c.ci_high)}], "
-                         f"p {c.p:.3g}, Holm {c.p_holm:.3g}, seeds {c.seeds}: {c.verdict}" + (f"; {c.reason}" if c.reason else ""))
+        for c in comparisons[(comparisons["finding"] == t.finding)
+                             & (comparisons["test"] == t.test)].itertuples(index=False):
+            lines.append(f"  - {c.compared}: {_num(c.effect)}{_unit(c.unit)} [95% CI {_num(c.ci_low)}, "
+                         f"{_num(c.ci_high)}], p {c.p:.3g}, Holm {c.p_holm:.3g}, seeds {c.seeds}: "
+                         f"{c.verdict}" + (f"; {c.reason}" if c.reason else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -68,8 +68,10 @@ def _window_pair(small: pd.DataFrame, large: pd.DataFrame, ws: int, wl: int) -> 
     laziness predicts; Welch's interval."""
     tau = min(small["scored_until"].min(), large["scored_until"].min())
     a, b = np.minimum(small["time"], tau).to_numpy(float), np.minimum(large["time"], tau).to_numpy(float)
-    z, p = logrank((small["time"].to_numpy(), small["event"].to_numpy()), (large["time"].to_numpy(), large["event"].to_numpy()))
-    what = f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z) else f"W={wl} - W={ws}"
+    z, p = logrank((small["time"].to_numpy(), small["event"].to_numpy()),
+                   (large["time"].to_numpy(), large["event"].to_numpy()))
+    what = (f"W={wl} - W={ws} restricted mean first-head step (log-rank z {z:+.2f})" if not math.isnan(z)
+            else f"W={wl} - W={ws}")
     return Comparison(what, float(b.mean() - a.mean()), stats.interval(b, a), p, +1, (len(b), len(a)), "steps")
 
 

@@ -27,12 +27,18 @@ from hybrid_lightning.config import PROVENANCE_KEY, flatten
 from hybrid_lightning.config.roles import is_identity
 from hybrid_lightning.kinds import FULL, KINDS
 from hybrid_lightning.records import Tag, columns
-from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
-from hybrid_lightning.rundir import CONFIG_FILE, DATA_KEY, SCALARS_FILE, eval_files, find_runs
+from hybrid_lightning.rundir import (
+    CONFIG_FILE,
+    DATA_KEY,
+    SCALARS_FILE,
+    eval_files,
+    find_runs,  # noqa: F401 (re-exported: load_runs(find_runs(root)))
+)
 from hybrid_lightning.rundir.evals import read_eval_record
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_config_dict, read_plan
 from hybrid_lightning.rundir.status import read_status
+from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
 
 # TensorBoard scalars read by default; the others are skipped while reading.
 TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC)
@@ -147,7 +153,8 @@ def damaged_records(run_dir: Path) -> list[str]:
             found.append(str(e))
     if (read_status(run_dir) or {}).get("state") == "damaged":
         found.append(read_status(run_dir)["error"])
-    found += [f"{path}: not an evaluation record" for kind, _, path in eval_files(run_dir) if not _readable(kind, read_eval_record(path))]
+    found += [f"{path}: not an evaluation "
+              "record" for kind, _, path in eval_files(run_dir) if not _readable(kind, read_eval_record(path))]
     if (Path(run_dir) / SCALARS_FILE).is_file():
         try:
             pd.read_csv(Path(run_dir) / SCALARS_FILE, dtype={"step": "int64", "metric": str, "value": "float64"})
@@ -167,8 +174,8 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
     if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
         flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
     return {"config": flat, "plan": read_plan(run_dir), "status": status,
-            "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads, "layers": layers,
-            "ablations": ablations, "selections": selections}
+            "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads,
+            "layers": layers, "ablations": ablations, "selections": selections}
 
 
 def load_runs(dirs: Iterable[str | Path], root: str | Path | None = None, tags: Iterable[str] = TAGS,
@@ -237,7 +244,8 @@ def _identity(cfg: dict, plan: RunPlan) -> dict:
     unused = [KINDS[m].section for m in KINDS if KINDS[m].section and m not in plan.mixers]
     layout = plan.layout()
     out = {}
-    for k, v in {**dict.fromkeys(LAYOUT_KEYS), **cfg}.items():  # the config's order; the layout keys first where it lacks them
+    # the config's order; the layout keys first where it lacks them
+    for k, v in {**dict.fromkeys(LAYOUT_KEYS), **cfg}.items():
         if k in LAYOUT_KEYS:
             if k in layout:
                 out[k] = layout[k]
@@ -257,13 +265,13 @@ def _labels(identities: list[dict], plans: list[RunPlan]) -> list[str]:
     varying = _varying(identities)
     labels = _texts(identities, plans, varying, identities)
     for label in _shared(labels, archs):
-        group = [i for i, l in enumerate(labels) if l == label]
+        group = [i for i, text in enumerate(labels) if text == label]
         first = _varying([identities[i] for i in group])
         again = _texts([identities[i] for i in group], [plans[i] for i in group],
                        first + [k for k in varying if k not in first], identities)
         if not _shared(again, [archs[i] for i in group]):
-            for i, l in zip(group, again):
-                labels[i] = l
+            for i, text in zip(group, again):
+                labels[i] = text
     shared = _shared(labels, archs)
     return [f"{label} #{hashlib.sha1(a.encode()).hexdigest()[:4]}" if label in shared else label
             for label, a in zip(labels, archs)]
@@ -347,10 +355,12 @@ def _tables(names: list[str], raw: list[dict], configs: pd.DataFrame) -> tuple[p
         selections.append(pd.DataFrame(r["selections"]).assign(run=name))
     records = _concat(records, ["run", *columns("records")])
     frames.append(record_scores(records, pd.Series({name: r["plan"].budget.seq_len for name, r in zip(names, raw)})))
-    metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[["run", "step", "tokens", "metric", "value"]]
+    metrics = _concat(frames, ["run", "step", "tokens", "metric", "value"])[
+        ["run", "step", "tokens", "metric", "value"]]
     metrics = metrics.astype({"step": "int64", "tokens": "float64", "value": "float64"})
     metrics = metrics.sort_values(["run", "metric", "step"], kind="stable").reset_index(drop=True)
-    varying = [k for k in configs.columns if k not in {*RUN_COLUMNS, "arch", "label", "seed", "name"} and configs[k].astype(str).nunique() > 1]
+    varying = [k for k in configs.columns
+               if k not in {*RUN_COLUMNS, "arch", "label", "seed", "name"} and configs[k].astype(str).nunique() > 1]
     keep = ["label", "seed", *varying] if len(configs) else []
     metrics = metrics.merge(configs[["run", *keep]], on="run", how="left")
     return (metrics,

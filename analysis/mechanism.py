@@ -52,7 +52,8 @@ def where(runs: Runs) -> Test:
         last = last[last["reach_steps"] > 0]
     retrieval = last["reach_retrieval" if reach else "retrieval"].astype(bool)
     last = last.assign(retrieval=retrieval, full=last["kind"].eq(FULL), window=last["run"].map(tables.windows(c)))
-    per_run = pd.DataFrame({"heads": last["full"].groupby(last["run"]).mean(), "retrieval": retrieval.groupby(last["run"]).sum(),
+    per_run = pd.DataFrame({"heads": last["full"].groupby(last["run"]).mean(),
+                            "retrieval": retrieval.groupby(last["run"]).sum(),
                             "retrieval_full": (retrieval & last["full"]).groupby(last["run"]).sum()})
     with_heads = per_run[per_run["retrieval"] > 0]
     among = "among the heads that could reach a copy source" if reach else "among all heads (no reachability recorded)"
@@ -63,7 +64,8 @@ def where(runs: Runs) -> Test:
         return Test(F, WHERE.name, verdict="no signal", evidence=evidence)
     ci = st.binomtest(k, n).proportion_ci(stats.LEVEL, method="exact")
     mine = last[last["run"].isin(with_heads.index)]
-    mixed = with_heads[(with_heads["heads"] > 0) & (with_heads["heads"] < 1)]  # runs whose reachable heads are of both kinds
+    # runs whose reachable heads are of both kinds
+    mixed = with_heads[(with_heads["heads"] > 0) & (with_heads["heads"] < 1)]
     excess = mixed["retrieval_full"] / mixed["retrieval"] - mixed["heads"]
     head_p = stats.stratified_p([(g["full"].to_numpy(), g["retrieval"].to_numpy()) for _, g in mine.groupby("run")])
     heads = Comparison.paired("share of retrieval heads in full layers - share of heads there (head-level null)",
@@ -84,9 +86,10 @@ def _where_at_depth(last: pd.DataFrame) -> tuple[Comparison, str]:
     layers = last.groupby(["run", "layer"]).agg(full=("full", "any"), retrieval=("retrieval", "sum"),
                                                 window=("window", "first")).reset_index()
     layers["share"] = layers["retrieval"] / layers["run"].map(layers.groupby("run")["retrieval"].sum())
-    strata = [g for _, g in layers.groupby(["window", "layer"], dropna=False) if g["full"].any() and not g["full"].all()]
+    strata = [g for _, g in layers.groupby(["window", "layer"], dropna=False)
+              if g["full"].any() and not g["full"].all()]
     differences = []
-    for run, g in layers[layers["full"]].groupby("run"):
+    for _run, g in layers[layers["full"]].groupby("run"):
         terms = [row["share"] - s.loc[~s["full"], "share"].mean() for _, row in g.iterrows()
                  for s in strata if s["layer"].iloc[0] == row["layer"] and row["run"] in set(s["run"])]
         if terms:
@@ -124,7 +127,8 @@ def _retrieval_marks(runs: Runs) -> tuple[dict, str]:
     the run's ``eval.heads.threshold``), else by the scored report; and which was used, in words."""
     thresholds = runs.configs.set_index("run")["eval.heads.threshold"]
     s = runs.selections
-    marks = {key: set(zip(g.loc[g["score"] > thresholds[key[0]], "layer"], g.loc[g["score"] > thresholds[key[0]], "head"]))
+    marks = {key: set(zip(g.loc[g["score"] > thresholds[key[0]], "layer"],
+                          g.loc[g["score"] > thresholds[key[0]], "head"]))
              for key, g in s.groupby(["run", "step"])}
     scored = {key: set(zip(g.loc[g["retrieval"].astype(bool), "layer"], g.loc[g["retrieval"].astype(bool), "head"]))
               for key, g in runs.heads.groupby(["run", "step"])}
@@ -141,7 +145,8 @@ def _experiment(top: set, draws: pd.DataFrame, per_layer: Counter, retrieval: se
         return [], "no retrieval head in the top-K"
     full = [layer for layer, c in wanted.items() if c >= per_layer[layer]]
     if full:
-        return [], f"the top-K fills layer {', '.join(map(str, sorted(full)))} ({len(top)} of {per_layer[full[0]]} heads)"
+        return [], (f"the top-K fills layer {', '.join(map(str, sorted(full)))} "
+                    f"({len(top)} of {per_layer[full[0]]} heads)")
     taken = Counter(layer for layer, _ in top | retrieval)
     short = [layer for layer, c in wanted.items() if per_layer[layer] - taken[layer] < c]
     if short:
@@ -157,7 +162,8 @@ def ablation(runs: Runs) -> Test:
     if a.empty or "top" not in set(a["selection"]):
         return Test(F, ABLATION.name, verdict="not tested", evidence="no run has a top-K head ablation")
     a = a[a["within"]]  # within the training length, where retrieval can have formed
-    draws = a.groupby(["run", "label", "step", "k", "selection", "seed", "draw", "heads"], dropna=False)["token_drop"].mean().reset_index()
+    draws = a.groupby(["run", "label", "step", "k", "selection", "seed", "draw", "heads"],
+                      dropna=False)["token_drop"].mean().reset_index()
     marks, used = _retrieval_marks(runs)
     per_layer = {key: Counter(g) for key, g in runs.heads.groupby(["run", "step"])["layer"]}  # heads per layer
     strata, reasons = {}, {}
@@ -180,13 +186,15 @@ def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
     for label, experiments in sorted(strata.items()):
         per_run = pd.Series({key: top - np.mean(valid) for key, (top, valid) in experiments.items()})
         d = per_run.groupby(level=0).mean()
-        p = stats.stratified_p([(np.r_[top, valid], np.r_[True, np.zeros(len(valid), bool)]) for top, valid in experiments.values()])
+        p = stats.stratified_p([(np.r_[top, valid], np.r_[True, np.zeros(len(valid), bool)])
+                                for top, valid in experiments.values()])
         ks = ", ".join(sorted({str(int(k)) for _, _, k in experiments}))
         comparisons.append(Comparison.paired(f"{label}: top-K drop - drop of same-layer non-retrieval draws (K = {ks})",
                                              d.to_numpy(), p, +1))
         lines.append(f"{label}: " + ", ".join(f"{run} step {step}: {top:.3f} vs {np.mean(v):.3f} ({len(v)} draws)"
                                               for (run, step, _), (top, v) in experiments.items()))
-    untestable = [f"{label}: " + "; ".join(f"{why} ({n} of {len(whys)} checkpoints)" for why, n in Counter(whys).items())
+    untestable = [f"{label}: " + "; ".join(f"{why} ({n} of {len(whys)} "
+                                           "checkpoints)" for why, n in Counter(whys).items())
                   for label, whys in sorted(reasons.items()) if label not in strata]
     evidence = (f"retrieval heads by {used}; controls: same-layer non-retrieval heads outside the top-K. "
                 + "; ".join(lines + [f"not testable: {u}" for u in untestable]))

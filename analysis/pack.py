@@ -4,8 +4,9 @@
 A packed run is a run directory without checkpoints or TensorBoard events: ``config.yaml``,
 ``status.json`` and ``eval/*.json`` as training wrote them, and the TensorBoard scalars that
 analysis reads (``load.TAGS``) as ``scalars.csv`` (``SCALARS_FILE``: step, metric, value, each
-value the float TensorBoard stored, written exactly). A packed run packs again into itself. ``analyze`` reads a packed run as it reads the run;
-a grid counts a packed ``done`` run copied into its root as done and trains only the other cells.
+value the float TensorBoard stored, written exactly). A packed run packs again into itself. ``analyze`` reads a
+packed run as it reads the run; a grid counts a packed ``done`` run copied into its root as done and trains only
+the other cells.
 
     pack_runs("runs/cpu_replica", "analysis/results/cpu_replica/runs")
 """
@@ -51,7 +52,8 @@ def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = 
     for run in done:
         _check_sound(run)
         _check_target(run, out / run.relative_to(root))
-    results = [(d.relative_to(root).as_posix(), f"skipped: {(read_status(d) or {}).get('state', 'no status.json')}, not done")
+    results = [(d.relative_to(root).as_posix(), f"skipped: {(read_status(d) or {}).get('state', 'no status.json')}, "
+                "not done")
                for d in dirs if d not in done]
     for run in done:
         results.append((run.relative_to(root).as_posix(), _pack(run, out / run.relative_to(root), tags)))
@@ -62,7 +64,8 @@ def packed_files(run: Path, tags: tuple[str, ...]) -> dict[str, bytes]:
     """The packed run of run directory ``run``: relative path -> content."""
     from hybrid_lightning.analysis.load import read_scalars
 
-    files = {name: (run / name).read_bytes() for name in (CONFIG_FILE, PLAN_FILE, STATUS_FILE) if (run / name).is_file()}
+    files = {name: (run / name).read_bytes() for name in (CONFIG_FILE, PLAN_FILE, STATUS_FILE)
+             if (run / name).is_file()}
     files |= {f"{EVAL_DIR}/{path.name}": path.read_bytes() for _, _, path in eval_files(run)}
     # repr of each stored float: read back, it is the same number
     files[SCALARS_FILE] = read_scalars(run, tags).to_csv(index=False, float_format=lambda v: repr(float(v))).encode()
@@ -82,7 +85,8 @@ def _pack(run: Path, target: Path, tags: tuple[str, ...]) -> str:
 
 
 def _existing(target: Path) -> dict[str, bytes]:
-    return {p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()} if target.is_dir() else {}
+    return ({p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+            if target.is_dir() else {})
 
 
 def _check_target(run: Path, target: Path) -> None:
@@ -90,7 +94,8 @@ def _check_target(run: Path, target: Path) -> None:
     if target.exists() and not target.is_dir():
         raise ValueError(f"--out: {target} is a file; pack writes the packed run {run} there as a folder")
     existing = _existing(target)
-    foreign = sorted(n for n in existing if n not in PACKED and not (n.startswith(f"{EVAL_DIR}/") and n.endswith(".json")))
+    foreign = sorted(n for n in existing
+                     if n not in PACKED and not (n.startswith(f"{EVAL_DIR}/") and n.endswith(".json")))
     if foreign:
         raise ValueError(f"--out: {target} holds {foreign[0]}, which pack did not write; pack {run} elsewhere")
     if CONFIG_FILE in existing and existing[CONFIG_FILE] != (run / CONFIG_FILE).read_bytes():
@@ -132,12 +137,14 @@ def _check_sound(run: Path) -> None:
 
 def add_parsers(sub, command: Callable[..., argparse.ArgumentParser]) -> None:
     """The ``pack`` and ``unpack`` commands (``command``: the command line's way to add one)."""
-    p = command(sub, "pack", "the finished runs under a folder as packed records (what analyze reads), small enough to commit",
-                "run-directory.md")
+    p = command(sub, "pack", "the finished runs under a folder as packed records (what analyze reads), small enough "
+                "to commit", "run-directory.md")
     p.add_argument("dir", help="folder searched recursively for run directories; runs not done are skipped")
-    p.add_argument("--out", required=True, help="folder of the packed runs (apart from DIR), one per run at its path under DIR")
+    p.add_argument("--out", required=True, help="folder of the packed runs (apart from DIR), one per run at its path "
+                   "under DIR")
     p.set_defaults(func=_cmd_pack)
-    p = command(sub, "unpack", "copy packed runs into a grid's root, which then counts the done ones as done", "run-directory.md")
+    p = command(sub, "unpack", "copy packed runs into a grid's root, which then counts the done ones as done",
+                "run-directory.md")
     p.add_argument("packed", help="folder of packed runs (hybrid-lightning pack --out)")
     p.add_argument("--into", required=True, help="the grid's root; a run directory already there is left as it is")
     p.set_defaults(func=_cmd_unpack)

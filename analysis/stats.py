@@ -99,7 +99,8 @@ def stratified_p(strata: list[tuple[np.ndarray, np.ndarray]]) -> float:
     if math.prod(math.comb(len(v), int(m.sum())) for v, m in strata) <= EXACT_LIMIT:
         values, extra = np.zeros(1), 0
         for v, m in strata:  # every combination's statistic: the outer sum of the strata's terms
-            terms = np.array([v[list(c)].mean() for c in itertools.combinations(range(len(v)), int(m.sum()))]) - v.mean()
+            terms = (np.array([v[list(c)].mean() for c in itertools.combinations(range(len(v)), int(m.sum()))])
+                     - v.mean())
             values = np.add.outer(values, terms).ravel()
         values = values / len(strata)
     else:
@@ -167,7 +168,8 @@ class Comparison:
     def of(cls, what: str, arms: list[np.ndarray], expected: int, unit: str = "") -> Comparison:
         """Mean of arm 0 minus mean of arm 1 over seeds, Welch's ``interval`` and the permutation p."""
         a, b = (np.asarray(x, dtype=float) for x in arms)
-        return cls(what, float(a.mean() - b.mean()), interval(a, b), permutation_p([a, b]), expected, (len(a), len(b)), unit)
+        return cls(what, float(a.mean() - b.mean()), interval(a, b), permutation_p([a, b]), expected,
+                   (len(a), len(b)), unit)
 
     @classmethod
     def among(cls, what: str, arms: dict[str, np.ndarray], unit: str = "") -> Comparison:

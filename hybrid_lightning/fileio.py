@@ -151,7 +151,8 @@ def write_owned(folder: Path, marker: str, name: str, text: str | bytes, flag: s
     folder = Path(folder)
     mine, target = owned(folder, marker), folder / name
     if target.is_symlink() or (target.exists() and name not in mine):
-        raise ValueError(f"{flag} {folder}: {name} is there and was not written by hybrid-lightning; give another folder")
+        raise ValueError(f"{flag} {folder}: {name} is there and was not written by hybrid-lightning; give another "
+                         "folder")
     folder.mkdir(parents=True, exist_ok=True)
     if name not in mine:
         own(folder, marker, mine | {name})
@@ -162,7 +163,8 @@ def refuse_existing(path: Path, flag: str) -> None:
     """A ``ValueError`` naming ``flag`` when ``path`` exists (or is a link): a file output never replaces one."""
     path = Path(path)
     if path.exists() or path.is_symlink():
-        raise ValueError(f"{flag} {path} exists; give a new path (the package never writes over a file it did not write)")
+        raise ValueError(f"{flag} {path} exists; give a new path (the package never writes over a file it did not "
+                         "write)")
 
 
 def io_error_hint(code: int | None, path: Path | str | None = None) -> str:
@@ -284,14 +286,17 @@ class RunLock:
                 holder = self._read_record(fd)
                 stale = self._stale(holder, me, held)
                 if held is False and stale:
-                    print(f"{self.run_dir}: taking over the lock of an earlier run of this job ({_describe_holder(holder)})")
+                    print(f"{self.run_dir}: taking over the lock of an earlier run of this job "
+                          f"({_describe_holder(holder)})")
                     self.path.unlink(missing_ok=True)  # it holds a lock on the old file; ours is a new one
                     continue
                 if not stale:
-                    raise ValueError(f"{self.run_dir} is in use by another command ({_describe_holder(holder)}); "
-                                     f"wait for it to end, or use another --run-dir (if that process is gone, delete {self.path})")
+                    raise ValueError(f"{self.run_dir} is in use by another command ({_describe_holder(holder)}); wait "
+                                     "for it to end, or use another --run-dir (if that process is gone, delete "
+                                     f"{self.path})")
                 if holder:
-                    print(f"{self.run_dir}: taking over a stale lock ({_describe_holder(holder)}; that process is gone)")
+                    print(f"{self.run_dir}: taking over a stale lock ({_describe_holder(holder)}; that process is "
+                          "gone)")
                 since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
                 record = json.dumps({**me, "since": since}).encode()
                 os.ftruncate(fd, 0)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, canonical_pattern, spec_from_dict
 
 PLAN_VERSION = 2  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
-# How a run numbers its steps (TensorBoard, eval/step_<k>.json, heads_step_<k>.json, the console, checkpoints): from plan
-# version 2 a step is the optimizer steps completed when it is recorded; runs written before (plan version 1, or no
+# How a run numbers its steps (TensorBoard, eval/step_<k>.json, heads_step_<k>.json, the console, checkpoints): from
+# plan version 2 a step is the optimizer steps completed when it is recorded; runs written before (plan version 1, or no
 # plan.json: a rebuilt plan) recorded evaluations and TensorBoard scalars at the 0-based index of the step's last
 # batch, one less (their checkpoints and console already counted steps completed).
 STEPS_COMPLETED, STEPS_INDEXED = "completed", "index"
@@ -57,12 +57,14 @@ class MemoryEstimate:
     def peak(self, checkpointing: bool | None = None) -> int:
         """The peak with the run's checkpointing setting, or with the one given."""
         on = self.checkpointing if checkpointing is None else checkpointing
-        return self.weights + self.gradients + self.optimizer + self.transient + (self.checkpointed if on else self.activations)
+        return (self.weights + self.gradients + self.optimizer + self.transient
+                + (self.checkpointed if on else self.activations))
 
     def describe(self) -> str:
         other = "with" if not self.checkpointing else "without"
         return (f"{gib(self.peak())} per device (weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
-                f"optimizer {gib(self.optimizer)}, activations {gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
+                f"optimizer {gib(self.optimizer)}, activations "
+                f"{gib(self.peak() - self.weights - self.gradients - self.optimizer)}; "
                 f"{gib(self.peak(not self.checkpointing))} {other} train.activation_checkpointing)")
 
 
@@ -207,7 +209,8 @@ class RunPlan:
 
     @property
     def pattern(self) -> str:
-        """The plan's pattern however the config spelled it (``kinds.canonical_pattern``): one architecture, one pattern."""
+        """The plan's pattern however the config spelled it (``kinds.canonical_pattern``): one architecture, one
+        pattern."""
         return canonical_pattern([layer.mixer for layer in self.layers])
 
     @property
@@ -233,7 +236,8 @@ class RunPlan:
     def position(self, full: bool) -> str | None:
         """The positional encoding of the full layers (``full``) or of the efficient layers that take one;
         None where the plan has no such layer (several encodings: joined by ``+``)."""
-        found = dict.fromkeys(layer.pos for layer in self.layers if (layer.mixer == FULL) == full and layer.pos is not None)
+        found = dict.fromkeys(layer.pos for layer in self.layers
+                              if (layer.mixer == FULL) == full and layer.pos is not None)
         return "+".join(found) or None
 
     def layout(self) -> dict:

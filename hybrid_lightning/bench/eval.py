@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.datamodule import LMDataModule
-from hybrid_lightning.heads.retrieval import RetrievalHeads
 from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.heads.retrieval import RetrievalHeads
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.resolve import plan_run
 
@@ -64,7 +64,7 @@ def run(quick: bool) -> dict:
              "seconds": step, "training steps": 1.0}]
     for name, call in calls.items():
         call(model, step=0, tokens=0)  # warm-up: word lists, first calls
-        seconds = _median_seconds(lambda: call(model, step=0, tokens=0), 1 if quick else 3)
+        seconds = _median_seconds(lambda call=call: call(model, step=0, tokens=0), 1 if quick else 3)
         rows.append({"measure": name, "seconds": seconds, "training steps": seconds / step})
     seconds = [r["seconds"] for r in rows]
     generation = max(0.0, seconds[4] - seconds[2])  # what decoding adds to the probes

@@ -11,8 +11,9 @@ For each operator (on bf16 inputs; the reference computes in fp32 on the same va
 recurrent mixer (under bf16 autocast, the same weights through both backends) it compares outputs,
 final states and every gradient, checks that the fla path fed in pieces with carried state
 equals one call, and that packed documents through fla's ``cu_seqlens`` equal each document run alone
-(the chunked path's ``by_document``), outputs and gradients. Errors are relative: ||a - b|| / ||b||. A few minutes on one H200; exit status 0
-when every check passes, 1 when one fails, 2 when there is no CUDA device or fla.
+(the chunked path's ``by_document``), outputs and gradients. Errors are relative: ||a - b|| / ||b||. A few
+minutes on one H200; exit status 0 when every check passes, 1 when one fails, 2 when there is no CUDA device
+or fla.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pathlib import Path
 import torch
 
 from hybrid_lightning.bench.recurrent import inputs
-from hybrid_lightning.kinds import KINDS
-from hybrid_lightning.plan import layer_plan, resolve_model_config
-from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
 from hybrid_lightning.fileio import refuse_existing
 from hybrid_lightning.interpreter import interpreting, patch
+from hybrid_lightning.kinds import KINDS
+from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
+from hybrid_lightning.plan import layer_plan, resolve_model_config
 
 # bf16 keeps 8 mantissa bits (relative rounding 2^-9 ≈ 0.002 per value); sums of thousands of such
 # terms in the kernels land around 1e-2 at worst. A wrong kernel call (swapped g and beta, a missing
@@ -55,7 +56,8 @@ def op_inputs(B, T, H, K, V, device, seed=0) -> dict[str, torch.Tensor]:
 def call_op(op: str, x: dict, backend: str):
     scale = x["q"].shape[-1] ** -0.5
     if op == "gated_delta_rule":
-        return gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale, state=x["state"], backend=backend)
+        return gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale, state=x["state"],
+                                backend=backend)
     return gated_linear_attention(x["q"], x["k"], x["v"], x["g"], scale=scale, state=x["state"], backend=backend)
 
 
@@ -70,7 +72,8 @@ def op_checks(device: str, candidate: str, reference: str, dtype: torch.dtype, s
             results = {}
             for backend, cast in ((candidate, dtype), (reference, torch.float32)):
                 x = {n: t.to(dtype).to(cast).requires_grad_() for n, t in base.items()}
-                x["g"], x["state"] = x["g"].float().detach().requires_grad_(), x["state"].float().detach().requires_grad_()
+                x["g"], x["state"] = (x["g"].float().detach().requires_grad_(),
+                                      x["state"].float().detach().requires_grad_())
                 o, s = call_op(op, x, backend)
                 w = torch.randn(o.shape, generator=torch.Generator(device="cpu").manual_seed(1)).to(device)
                 ((o.float() * w).sum() + s.float().pow(2).sum()).backward()
@@ -113,7 +116,8 @@ def mixer_checks(device: str, candidate: str, reference: str, dtype: torch.dtype
 
 
 def compare_backends(mixer, x: torch.Tensor, candidate: str, reference: str, dtype: torch.dtype,
-                     doc_ids: torch.Tensor | None = None, finals: dict | None = None) -> tuple[torch.Tensor, float, float]:
+                     doc_ids: torch.Tensor | None = None,
+                     finals: dict | None = None) -> tuple[torch.Tensor, float, float]:
     """The mixer's forward (on ``doc_ids``' documents, if given) and backward through ``candidate`` and
     ``reference``, same weights, under ``dtype`` autocast unless fp32: (the candidate's output, the output
     error, the worst parameter-gradient error). ``finals``, when given, gets each backend's carried states."""
@@ -191,7 +195,8 @@ def main(argv: list[str] | tuple[str, ...] = ()) -> int:
     if args.interpret:
         patch()  # this process's explicit opt-in (hybrid_lightning/interpreter.py)
     if not args.interpret and (not torch.cuda.is_available() or not fla_available()):
-        print("gpu_recurrent: needs a CUDA device and flash-linear-attention (pip install -e '.[gpu]')", file=sys.stderr)
+        print("gpu_recurrent: needs a CUDA device and flash-linear-attention (pip install -e '.[gpu]')",
+              file=sys.stderr)
         return 2
     rows = interpreter_rows() if args.interpret else gpu_rows(args.quick)
     for row in rows:
@@ -200,7 +205,8 @@ def main(argv: list[str] | tuple[str, ...] = ()) -> int:
         device = "CPU (Triton interpreter)" if args.interpret else torch.cuda.get_device_name()
         args.out.write_text(json.dumps({"device": device, "rows": rows}, indent=1))
     failed = [r["check"] for r in rows if r.get("ok") is False]
-    tols = f"output and state {FP32_TOL}, grad {FP32_TOL}" if args.interpret else f"output {OUTPUT_TOL}, grad {GRAD_TOL}"
+    tols = (f"output and state {FP32_TOL}, grad {FP32_TOL}" if args.interpret
+            else f"output {OUTPUT_TOL}, grad {GRAD_TOL}")
     print(f"gpu_recurrent: {len(failed)} of {sum('ok' in r for r in rows)} checks failed {failed}" if failed
           else f"gpu_recurrent: all {sum('ok' in r for r in rows)} checks passed (tolerances: {tols})")
     return 1 if failed else 0
@@ -210,7 +216,8 @@ def gpu_rows(quick: bool) -> list[dict]:
     """The checks on the CUDA device in bf16, then the timings."""
     shapes = [(2, 300, 4, 64, 64)] if quick else [(2, 1000, 4, 64, 64), (1, 4096, 8, 128, 128), (3, 37, 2, 64, 128)]
     rows = op_checks("cuda", "fla", "chunked", torch.bfloat16, shapes)
-    rows += mixer_checks("cuda", "fla", "chunked", torch.bfloat16, T=300 if quick else 2000, d_model=256 if quick else 1024)
+    rows += mixer_checks("cuda", "fla", "chunked", torch.bfloat16, T=300 if quick else 2000,
+                         d_model=256 if quick else 1024)
     return rows + timings("cuda", 2048 if quick else 8192)
 
 

@@ -17,7 +17,8 @@ from hybrid_lightning.records import Tag
 from hybrid_lightning.rundir import CKPT_DIR, step_checkpoint_name
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 
-# killed just after the step-20 checkpoint (every 10 steps); 80 steps to spare, so that a fast device cannot finish first
+# killed just after the step-20 checkpoint (every 10 steps); 80 steps to spare, so that a fast device cannot finish
+# first
 MAX_STEPS, KILL_AFTER = 100, 20
 TOLERANCE = 1e-6  # largest weight difference allowed: float reordering leaves ~1e-7, a wrong step ~lr
 ARGS = [

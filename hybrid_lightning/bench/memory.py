@@ -12,7 +12,8 @@ from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.resolve import make_plan
 
 MODELS = {  # four kinds of hybrid at the sizes of the CPU replica
-    "SWA-64 EEEF, d=128": {"n_layers": 4, "d_model": 128, "n_heads": 4, "pattern": "EEEF", "mixer": "swa", "window": 64},
+    "SWA-64 EEEF, d=128": {"n_layers": 4, "d_model": 128, "n_heads": 4, "pattern": "EEEF", "mixer": "swa",
+                           "window": 64},
     "Gated DeltaNet EF, d=64": {"n_layers": 4, "d_model": 64, "n_heads": 2, "pattern": "EF", "mixer": "gated_deltanet"},
     "Mamba-2 EF, d=64": {"n_layers": 2, "d_model": 64, "n_heads": 2, "pattern": "EF", "mixer": "mamba2",
                          "mamba2": {"head_dim": 32, "d_state": 16}},

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from hybrid_lightning.bench.attention import WINDOWS
 from hybrid_lightning.bench.measure import interleaved_medians, one_thread
 from hybrid_lightning.config import RunConfig, config_to_dict, validate_config
+from hybrid_lightning.kinds import KINDS, mixer_names
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count_params
-from hybrid_lightning.kinds import KINDS, mixer_names
 
 SIZE = {"n_layers": 4, "d_model": 256, "n_heads": 4}  # one size for all seven; Dh = 64
 SEQ_LEN, BATCH = 4096, 1
@@ -83,7 +83,8 @@ def seeded_step(model_cfg: dict) -> PlainStep:
 
 
 def architecture_rows(quick: bool) -> list[dict]:
-    size, T, windows = ({"n_layers": 4, "d_model": 64, "n_heads": 2}, 256, (32, 64, 128)) if quick else (SIZE, SEQ_LEN, WINDOWS)
+    size, T, windows = (({"n_layers": 4, "d_model": 64, "n_heads": 2}, 256, (32, 64, 128)) if quick
+                        else (SIZE, SEQ_LEN, WINDOWS))
     batch = random_batch(BATCH, T)
     steps, params = {}, {}
     for name, arch in architectures(windows).items():
@@ -123,7 +124,8 @@ def cpu_rows(quick: bool) -> list[dict]:
                     steps[name, bf16]()  # warm-up
             secs = interleaved_medians(steps, 1 if quick else 7)
             rows += [{"part": "CPU, one thread", "setting": f"{name}, {label}, batch {CPU_BATCH} x {T}",
-                      "CPU ms/step": 1e3 * secs[name, False].cpu, "step / full's": secs[name, False].cpu / secs["full", False].cpu,
+                      "CPU ms/step": 1e3 * secs[name, False].cpu,
+                      "step / full's": secs[name, False].cpu / secs["full", False].cpu,
                       "bf16 speed-up": secs[name, False].cpu / secs[name, True].cpu}
                      for name in architectures((32,))]
     return rows
@@ -220,12 +222,12 @@ def run(quick: bool) -> dict:
     notes = (
         f"Architectures: {'a quick size' if quick else SIZE}, batch {BATCH} x {T} tokens, fp32, AdamW; median of "
         f"{1 if quick else 3} round-robin steps after a warm-up step; hybrids are 3 efficient : 1 full layers (EEEF). "
-        f"CPU, one thread: CPU time per step (forward, loss, backward, clipping, AdamW), medians of "
-        f"{1 if quick else 7} interleaved steps, fp32; 'bf16 speed-up' is fp32 time / bf16-autocast time. The recurrent "
-        f"hybrids take {min(recurrent):.2f}-{max(recurrent):.2f}x full attention's step (target <= {TARGET_RECURRENT_CPU}). "
-        "Lightning vs plain: medians over alternating rounds of the steps after a warm-up; 'tokens per CPU s' "
-        "divides by this process's CPU time, which the other processes of a shared machine do not inflate. "
-        f"G2: the Lightning path reaches {lightning[0]['Lightning / plain']:.3f}x the plain loop's tokens/s "
+        "CPU, one thread: CPU time per step (forward, loss, backward, clipping, AdamW), medians of "
+        f"{1 if quick else 7} interleaved steps, fp32; 'bf16 speed-up' is fp32 time / bf16-autocast time. The "
+        f"recurrent hybrids take {min(recurrent):.2f}-{max(recurrent):.2f}x full attention's step (target <= "
+        f"{TARGET_RECURRENT_CPU}). Lightning vs plain: medians over alternating rounds of the steps after a warm-up; "
+        "'tokens per CPU s' divides by this process's CPU time, which the other processes of a shared machine do not "
+        f"inflate. G2: the Lightning path reaches {lightning[0]['Lightning / plain']:.3f}x the plain loop's tokens/s "
         f"({lightning[0]['Lightning / plain (CPU s)']:.3f}x per CPU second; target >= {TARGET_LIGHTNING})."
     )
     return {

@@ -139,7 +139,8 @@ class LMDataModule(L.LightningDataModule):
         """The documents of ``data.text_val_files``, tokenized and joined by end-of-document tokens."""
         d = self.cfg.data
         docs = iter_documents(d.model_copy(update={"files": d.text_val_files, "hub": None}))
-        tokens = np.concatenate([np.r_[self.tokenizer.encode(doc), self.tokenizer.eos_id] for doc in docs] or [np.zeros(0)])
+        tokens = np.concatenate([np.r_[self.tokenizer.encode(doc), self.tokenizer.eos_id] for doc in docs]
+                                or [np.zeros(0)])
         if tokens.size < self.cfg.train.seq_len + 1:
             raise ValueError(f"data.text_val_files: {tokens.size} tokens, fewer than one sequence of train.seq_len + 1 "
                              f"= {self.cfg.train.seq_len + 1}")
@@ -152,7 +153,8 @@ class LMDataModule(L.LightningDataModule):
         sampler = StepSampler(self.cfg.train.batch_size, start, rank, world, self.cfg.train.accumulate_grad_batches)
         syn = self.cfg.data.synthetic
         synth = RetrievalSynth(self.tokenizer, self.train_tokens, syn) if syn.fraction > 0 else None
-        dataset = MixedSequences(self.train_tokens, self.cfg.train.seq_len, self.cfg.seed, synth, syn.fraction, TRAIN_STREAM)
+        dataset = MixedSequences(self.train_tokens, self.cfg.train.seq_len, self.cfg.seed, synth, syn.fraction,
+                                 TRAIN_STREAM)
         return DataLoader(
             dataset,
             batch_sampler=sampler,
@@ -179,7 +181,8 @@ class LMDataModule(L.LightningDataModule):
         return [self._val_loader(name) for name in self.val_sets()]
 
     def _val_loader(self, name: str) -> DataLoader:
-        B, n, T = self.cfg.train.batch_size, self.cfg.train.val_batches * self.cfg.train.batch_size, self.cfg.train.seq_len
+        B, n, T = (self.cfg.train.batch_size, self.cfg.train.val_batches * self.cfg.train.batch_size,
+                   self.cfg.train.seq_len)
         if name == VAL_HELD_OUT:
             return DataLoader(self._windows(self.val_tokens), batch_size=B)
         if name == VAL_TEXT:

@@ -64,7 +64,8 @@ def select_key_tokens(model, sequences: list[np.ndarray], cfg: EvalConfig, dtype
         for i in range(0, len(sequences), cfg.batch_size):
             ids = torch.from_numpy(np.stack(sequences[i : i + cfg.batch_size])).to(device)  # (B, T)
             nll = token_nll(model, ids, cfg.chunk_tokens, dtype)[0]  # (B, T-1)
-            short = short_context_nll(model, ids, cfg.longppl_context, cfg.chunk_tokens, dtype, cfg.batch_size)  # (B, T-1), NaN below 2K
+            # (B, T-1), NaN below 2K
+            short = short_context_nll(model, ids, cfg.longppl_context, cfg.chunk_tokens, dtype, cfg.batch_size)
             out.append((~short.isnan() & (short - nll > cfg.longppl_alpha) & (-nll > cfg.longppl_beta)).cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, 0), bool)
 

@@ -40,12 +40,15 @@ def scalars(report: dict) -> dict[str, float]:
         p = pool(records, task=task)
         out[f"{TASKS_TAGS}/{task}/exact"] = p["accuracy"]
         out.update({f"{TASKS_TAGS}/{task}/{k}": p[k] for k in ("match_all", "match_part") if p[k] is not None})
-        out[f"{TASKS_TAGS}/{task}/chance_token_acc"], out[f"{TASKS_TAGS}/{task}/chance_loss"] = p["chance_token_accuracy"], p["chance_loss"]
-        splits = {"": {}} if report["window"] is None else {"_in_window": {"in_window": True}, "_out_window": {"in_window": False}}
+        out[f"{TASKS_TAGS}/{task}/chance_token_acc"], out[f"{TASKS_TAGS}/{task}/chance_loss"] = (
+            p["chance_token_accuracy"], p["chance_loss"])
+        splits = ({"": {}} if report["window"] is None
+                  else {"_in_window": {"in_window": True}, "_out_window": {"in_window": False}})
         for suffix, where in splits.items():
             p = pool(records, task=task, **where)
             if p is not None:
-                out[f"{TASKS_TAGS}/{task}/token_acc{suffix}"], out[f"{TASKS_TAGS}/{task}/answer_loss{suffix}"] = p["token_accuracy"], p["answer_loss"]
+                out[f"{TASKS_TAGS}/{task}/token_acc{suffix}"], out[f"{TASKS_TAGS}/{task}/answer_loss{suffix}"] = (
+                    p["token_accuracy"], p["answer_loss"])
     out.update({f"{LONGCTX_TAGS}/{k}": v for k, v in headline(report).items() if v is not None})  # Tag.SCORE, ...
     for row in report["position_loss"]:
         out[f"{TASKS_TAGS}/position_loss/{row['position_lo']:06d}-{row['position_hi'] - 1:06d}"] = row["loss"]
@@ -107,11 +110,13 @@ def table(report: dict) -> str:
     h = headline(report)
     if h["score"] is not None:
         beyond = "" if h["score_beyond"] is None else f", beyond the training length {h['score_beyond']:.3f}"
-        lines.append("score (answer-token accuracy above chance) " + f"{h['score']:.3f}{beyond}, exact match {h['exact']:.3f}"
+        lines.append("score (answer-token accuracy above chance) " + f"{h['score']:.3f}{beyond}, exact match "
+                     f"{h['exact']:.3f}"
                      + ("" if h["match_all"] is None else f", generation string_match_all {h['match_all']:.3f}"
                         f" / string_match_part {h['match_part']:.3f}"))
     if report["position_loss"]:
-        lines.append("loss by position: " + "  ".join(f"{r['position_lo']}+: {r['loss']:.3f}" for r in report["position_loss"]))
+        lines.append("loss by position: "
+                     + "  ".join(f"{r['position_lo']}+: {r['loss']:.3f}" for r in report["position_loss"]))
     for r in report["longppl"]:
         if r.get("key_tokens") is None:
             lines.append(f"LongPPL not reported: {r.get('reason')}; perplexity {r['ppl']:.3f}")

@@ -65,7 +65,8 @@ def probe_batches(specs: list[tuple], ctx: GenContext, batch_size: int, seed: in
         for i in range(0, len(mine), batch_size):
             batch = mine[i : i + batch_size]
             samples = [make(spec, ctx, seed) for spec, _ in batch]
-            yield [spec for spec, _ in batch], samples, torch.tensor([w for _, w in batch], dtype=torch.float64, device=device)
+            yield ([spec for spec, _ in batch], samples,
+                   torch.tensor([w for _, w in batch], dtype=torch.float64, device=device))
 
 
 class LongContextEval:
@@ -86,7 +87,8 @@ class LongContextEval:
                  seq_len: int | None = None, *, window: int | None):
         self.seq_len, self.window = seq_len, window
         self.cfg, self.ctx = cfg, GenContext(tokenizer, held_out, cfg.value_tokens, cfg.vt_example)
-        self.specs = [(t, L, d, i) for L in cfg.lengths for t in cfg.tasks for d in cfg.depths for i in range(cfg.samples)]
+        self.specs = [(t, L, d, i) for L in cfg.lengths for t in cfg.tasks for d in cfg.depths
+                      for i in range(cfg.samples)]
         n, T = cfg.position_sequences, cfg.position_len + 1
         starts = np.linspace(0, max(0, len(held_out) - T), n).astype(np.int64) if n else []
         self.sequences = [np.take(held_out, np.arange(s, s + T), mode="wrap").astype(np.int64) for s in starts]
@@ -112,7 +114,8 @@ class LongContextEval:
         """
         device, window = next(model.parameters()).device, self.window
         with evaluating(model):
-            tables = self._probes(model, dtype, window, rank, world, device, generate) + self._held_out(model, dtype, rank, world, device)
+            tables = (self._probes(model, dtype, window, rank, world, device, generate)
+                      + self._held_out(model, dtype, rank, world, device))
         # every rank reaches these computes (they all-reduce); a table nobody updated stays zero
         totals = [m.compute().cpu() if m.update_count else m.total.cpu() for m in tables]
         return self.report(*totals, step, tokens, window)
@@ -138,7 +141,8 @@ class LongContextEval:
         for i in range(0, len(mine), c.batch_size):
             batch = [j for j, _ in mine[i : i + c.batch_size]]
             ids = torch.from_numpy(np.stack([self.sequences[j] for j in batch])).to(device)  # (B, T)
-            weight = torch.tensor([w for _, w in mine[i : i + c.batch_size]], dtype=torch.float64, device=device)[:, None]  # (B, 1)
+            weight = torch.tensor([w for _, w in mine[i : i + c.batch_size]], dtype=torch.float64,
+                                  device=device)[:, None]  # (B, 1)
             nll = token_nll(model, ids, c.chunk_tokens, dtype)[0].double() * weight  # (B, T-1): column p-1 predicts p
             sums = torch.stack([nll[:, lo - 1 : hi - 1].sum() for lo, hi in self.buckets])
             counts = torch.tensor([(hi - lo) * weight.sum().item() for lo, hi in self.buckets], dtype=torch.float64)
@@ -178,7 +182,8 @@ class LongContextEval:
             alpha=c.longppl_alpha, beta=c.longppl_beta, longppl=math.exp(key_nll / n_key) if n_key else None,
             key_tokens=int(n_key) if self.keys.key is not None else None, scored_tokens=int(n),
             ppl=math.exp(nll / n), evaluator=self.keys.evaluator,
-            reason=self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key tokens",
+            reason=self.keys.reason if self.keys.key is None else None if n_key else "the evaluator found no key "
+                                              "tokens",
         )]
         return {"step": step, "tokens": tokens, "window": window, "seq_len": self.seq_len, "records": records,
                 "position_loss": position_rows, "longppl": longppl_rows}

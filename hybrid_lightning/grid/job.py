@@ -38,12 +38,12 @@ class CellJob(submitit.helpers.Checkpointable):
         self.name, self.run_dir, self.config, self.grace_s, self.planned = name, run_dir, config, grace_s, planned
 
     def __call__(self) -> str:
+        import torch
+
         from hybrid_lightning.config import validate_config
         from hybrid_lightning.rundir.status import read_status
         from hybrid_lightning.training.checkpoints import SigtermStaysWithTheJob, StopOnRequest
         from hybrid_lightning.training.run import train
-
-        import torch
 
         env = submitit.JobEnvironment()
         set_job_identity({"slurm_job_id": os.environ["SLURM_JOB_ID"]})  # a requeue takes over its earlier start's lock

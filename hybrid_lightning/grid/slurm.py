@@ -29,7 +29,13 @@ from hybrid_lightning.config import apply_overrides, config_to_dict, suggest
 from hybrid_lightning.grid.capacity import GPU_KEY
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.geometry import (
-    GPU_KEYS, WORLD_KEYS, World, cell_resources, check_partition, check_profile_world, partition_nodes,
+    GPU_KEYS,
+    WORLD_KEYS,
+    World,
+    cell_resources,
+    check_partition,
+    check_profile_world,
+    partition_nodes,
 )
 from hybrid_lightning.grid.job import CellJob
 from hybrid_lightning.grid.spec import Cell, Grid
@@ -41,7 +47,8 @@ _CONSTRUCTOR_KEYS = {"slurm_max_num_timeout", "slurm_max_pickle_size_gb", "slurm
 _KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 # slurmstepd's last words in a job's log when it is killed: "*** JOB 12 ON node CANCELLED AT <time> [DUE TO ...] ***"
 _KILLED = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*")
-# srun's word on tasks that ended badly: "srun: error: n2: task 1: Killed", "srun: error: n1: tasks 0-1: Exited with exit code 1"
+# srun's word on tasks that ended badly: "srun: error: n2: task 1: Killed",
+# "srun: error: n1: tasks 0-1: Exited with exit code 1"
 _TASK_ENDED = re.compile(r"^srun: error: (\S+): task(s?) ([\d,\-]+): (.+)$", re.M)
 # submitit's line at every start of a task: what follows the last one in the log is the job's current run
 _STARTED = "Starting with JobEnvironment"
@@ -173,7 +180,8 @@ def check_slurm() -> None:
     """A ``ValueError`` when SLURM's commands are missing or its controller does not answer."""
     for tool in ("sbatch", "squeue", "scancel"):
         if shutil.which(tool) is None:
-            raise ValueError(f"SLURM is not available here: '{tool}' is not on PATH (use --executor local to run without SLURM)")
+            raise ValueError(f"SLURM is not available here: '{tool}' is not on PATH (use --executor local to run "
+                             "without SLURM)")
     squeue_jobs()
 
 
@@ -211,7 +219,8 @@ def load_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...]
 def read_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> tuple[dict, dict[str, str]]:
     """``load_profile``, and where each key was set (``profile PATH`` or ``--set``), for messages."""
     if path is None and not overrides:
-        raise ValueError("--executor slurm needs --profile: a YAML file of submitit AutoExecutor parameters (see slurm/example.yaml)")
+        raise ValueError("--executor slurm needs --profile: a YAML file of submitit AutoExecutor parameters (see "
+                         "slurm/example.yaml)")
     profile: dict = {}
     if path is not None:
         path = Path(path)
@@ -240,7 +249,8 @@ def read_profile(path: str | Path | None, overrides: list[str] | tuple[str, ...]
             raise ValueError(f"{origin[key]}: {key} must be a whole number >= {least}, got {value!r}")
     # submitit checks the names and types; its local flavour does so without SLURM on this machine.
     folder = Path(path).parent if path is not None else Path.cwd()
-    _executor(folder, profile, (1, 1, profile.get("gpus_per_node", 0)), "check", f"profile {path or '(--set)'}", "local")
+    _executor(folder, profile, (1, 1, profile.get("gpus_per_node", 0)), "check", f"profile {path or '(--set)'}",
+              "local")
     return profile, origin
 
 
@@ -249,7 +259,8 @@ def _executor(
 ) -> submitit.AutoExecutor:
     nodes, tasks, gpus = resources
     params = {"name": name, "stderr_to_stdout": True}  # one log per task: the researcher reads one file
-    params.update({k: v for k, v in profile.items() if k not in _CONSTRUCTOR_KEYS | WORLD_KEYS.keys() | {"gpus_per_node"}})
+    params.update({k: v for k, v in profile.items()
+                   if k not in _CONSTRUCTOR_KEYS | WORLD_KEYS.keys() | {"gpus_per_node"}})
     params.update(nodes=nodes, tasks_per_node=tasks, gpus_per_node=gpus or None)
     srun_args = list(profile.get("slurm_srun_args") or [])
     if not any(a.startswith(("--kill-on-bad-exit", "-K")) for a in srun_args):

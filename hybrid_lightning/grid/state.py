@@ -24,10 +24,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.grid.executor import Executor, executor_class
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.records import Tag
-from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_plan
@@ -47,7 +47,8 @@ class CellState:
     state: str
     live: bool
     step: int | None
-    max_steps: int | None  # None: a budget in train.tokens_per_param of a cell not planned and never trained (planned_steps)
+    # None: a budget in train.tokens_per_param of a cell not planned and never trained (planned_steps)
+    max_steps: int | None
     loss: float | None
     longctx: float | None  # the last val_longctx/score (probe lengths up to train.seq_len)
     longctx_beyond: float | None  # the last val_longctx/score_beyond (longer probe lengths)
@@ -202,7 +203,9 @@ def _cell_state(grid: Grid, cell: Cell, record: dict | None, executor: Executor 
     if record.get("cancelled") or (ending is not None and ending[1] == ""):
         row.state, row.reason = "cancelled", f"cancelled at {ending[0]}" if ending else "cancelled"
     elif status.get("state") == "failed":  # on another rank's failure, rank 0's error is a consequence: the rank first
-        row.state, row.reason = "failed", "; then ".join(filter(None, (executor.lost_task(record), status.get("error")))) or None
+        row.state, row.reason = ("failed",
+                                 "; then ".join(filter(None, (executor.lost_task(record), status.get("error"))))
+                                 or None)
     elif ending is not None:
         row.state, row.reason = "failed", f"killed: {ending[1].lower()} (at step {step or 0}/{max_steps})"
     elif status.get("state") == "interrupted":  # e.g. the local executor stopped by Ctrl-C

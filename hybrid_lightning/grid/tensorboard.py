@@ -91,4 +91,5 @@ def _headline(run_dir: Path) -> dict[str, dict[int, float]]:
     if acc is None:
         return {}
     present = set(acc.Tags()["scalars"])
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tags in HEADLINE.values() for tag in tags if tag in present}
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)}
+            for tags in HEADLINE.values() for tag in tags if tag in present}

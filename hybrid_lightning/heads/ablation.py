@@ -30,11 +30,10 @@ import numpy as np
 import torch
 
 from hybrid_lightning.config import EvalConfig
-from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
-from hybrid_lightning.records import pool
 from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.heads.retrieval import RetrievalHeads, attention_layers
 from hybrid_lightning.probes.check import check_lengths
-from hybrid_lightning.records import row
+from hybrid_lightning.records import pool, row
 
 SELECTIONS = {"top": "--mask-top", "random": "--mask-random", "list": "--mask"}  # selection -> its CLI option
 MASK_MODES = ("zero", "uniform")  # a masked head's output is 0 / its attention is uniform (logits 0)
@@ -70,8 +69,8 @@ def choose_heads(report: dict, selection: str, k: int | None = None, listed: lis
         if unknown or not listed:
             layers = sorted({layer for layer, _ in heads})
             n_heads = 1 + max((h for _, h in heads), default=-1)
-            raise ValueError(f"--mask: {[f'{a}.{b}' for a, b in unknown] or 'nothing'} is not a list of attention heads "
-                             f"(attention layers {layers}, {n_heads} heads each)")
+            raise ValueError(f"--mask: {[f'{a}.{b}' for a, b in unknown] or 'nothing'} is not a list of attention "
+                             f"heads (attention layers {layers}, {n_heads} heads each)")
         return list(dict.fromkeys(listed))
     if k is None or not 1 <= k <= len(heads):
         raise ValueError(f"{option}: K must be between 1 and {len(heads)} (the model's attention heads), got {k}")
@@ -98,8 +97,8 @@ def check_no_tie(report: dict, k: int, option: str = "--mask-top") -> None:
     tied = [f"{a}.{b}" for (a, b), v in scores.items() if v == ranked[k - 1]]
     above = sum(v > ranked[k - 1] for v in ranked)
     ks = [n for n in (above, above + len(tied)) if 0 < n < len(ranked)]
-    raise ValueError(f"{option} {k}: the top {k} is not defined: heads {' '.join(tied)} tie at score {ranked[k - 1]:.4g} "
-                     f"for places {above + 1} to {above + len(tied)}; "
+    raise ValueError(f"{option} {k}: the top {k} is not defined: heads {' '.join(tied)} tie at score "
+                     f"{ranked[k - 1]:.4g} for places {above + 1} to {above + len(tied)}; "
                      + (f"choose K = {' or '.join(map(str, ks))}, or " if ks else "") + "score more probes")
 
 
@@ -116,7 +115,8 @@ def masked(model, heads: list[tuple[int, int]], mode: str = "zero"):
             mixer = layers[layer]
             device = mixer.wo.weight.device
             if mode == "zero":
-                mixer.head_mask = torch.ones(mixer.n_heads, device=device) if mixer.head_mask is None else mixer.head_mask.clone()
+                mixer.head_mask = (torch.ones(mixer.n_heads, device=device) if mixer.head_mask is None
+                                   else mixer.head_mask.clone())
                 mixer.head_mask[head] = 0.0
             else:
                 mixer.uniform_heads = (torch.zeros(mixer.n_heads, dtype=torch.bool, device=device)
@@ -164,8 +164,8 @@ def selection_report(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, sc
     seed = selection_seed(cfg)
     if seed == cfg.seed:
         return scored
-    return RetrievalHeads(cfg.model_copy(update={"seed": seed}), tokenizer, held_out).run(model, step=step, tokens=tokens,
-                                                                                        dtype=dtype)
+    return RetrievalHeads(cfg.model_copy(update={"seed": seed}), tokenizer, held_out).run(model, step=step,
+                                                                                        tokens=tokens, dtype=dtype)
 
 
 def harm(rows: list[dict]) -> float:
@@ -248,8 +248,8 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
     check_lengths(cfg, tokenizer)
     out = {"ablation": [], "ablation_tests": []}
     if selection is not None:  # chosen first: a bad choice fails before any evaluation
-        chooser = report if selection == "list" else selection_report(model, cfg, tokenizer, held_out, report, step=step,
-                                                                       tokens=tokens, dtype=dtype)
+        chooser = report if selection == "list" else selection_report(model, cfg, tokenizer, held_out, report,
+                                                                       step=step, tokens=tokens, dtype=dtype)
         heads = choose_heads(chooser, selection, k, listed, seed)
         if selection != "list":
             out["selection"] = {"seed": selection_seed(cfg), "heads": [
@@ -261,8 +261,8 @@ def ablations(model, cfg: EvalConfig, tokenizer, held_out: np.ndarray, report: d
                         step=step, tokens=tokens, dtype=dtype, base=base, mode=mode)
         out["ablation"] += chosen
         if selection == "top" and controls:
-            rows, tests = control_test(model, ev, chooser, heads, chosen, base, controls=controls, seed=[seed, run_key, step],
-                                       step=step, tokens=tokens, dtype=dtype, mode=mode)
+            rows, tests = control_test(model, ev, chooser, heads, chosen, base, controls=controls,
+                                       seed=[seed, run_key, step], step=step, tokens=tokens, dtype=dtype, mode=mode)
             out["ablation"] += rows
             out["ablation_tests"] += [test | {"selection_seed": selection_seed(cfg)} for test in tests]
     if each:

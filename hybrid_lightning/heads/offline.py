@@ -24,10 +24,12 @@ def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overri
     run = load_checkpoint(run_dir, ckpt, overrides)
     tok, held_out = run.data.tokenizer, run.data.val_tokens
     check_heads_probes(run.cfg.eval, tok)  # the overrides' probes
-    report = RetrievalHeads(run.cfg.eval, tok, held_out).run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
+    report = RetrievalHeads(run.cfg.eval, tok, held_out).run(run.model, step=run.step, tokens=run.tokens,
+                                                             dtype=run.dtype)
     if selection is not None or each:
-        report |= ablations(run.model, run.cfg.eval, tok, held_out, report, selection=selection, k=k, listed=listed, seed=seed,
-                            controls=controls, each=each, step=run.step, tokens=run.tokens, dtype=run.dtype, mode=mode,
-                            run_key=zlib.crc32(Path(run_dir).resolve().name.encode()), window=run.plan.window)
+        report |= ablations(run.model, run.cfg.eval, tok, held_out, report, selection=selection, k=k, listed=listed,
+                            seed=seed, controls=controls, each=each, step=run.step, tokens=run.tokens, dtype=run.dtype,
+                            mode=mode, run_key=zlib.crc32(Path(run_dir).resolve().name.encode()),
+                            window=run.plan.window)
     write_heads(run_dir, report)
     return report

@@ -14,7 +14,8 @@ from hybrid_lightning.rundir import eval_path
 from hybrid_lightning.rundir.evals import write_eval_record
 
 MEASURES = ("retrieval_heads", "copy_heads", "locator_heads", "max_score", "mean_score")
-# Fields that identify an ablation test (the rows' key is records.ABLATION_KEY); a newer one replaces an older one with the same key.
+# Fields that identify an ablation test (the rows' key is records.ABLATION_KEY); a newer one replaces an older one
+# with the same key.
 TEST_KEY = ("k", "mode", "masked", "seed", "match", "draws", "selection_seed")
 ANNOTATE_HEADS = 4  # the image prints each score where a layer has at most this many heads (a card is 340 pixels wide)
 
@@ -40,7 +41,8 @@ def heads_scalars(report: dict, layers: set[int] = frozenset()) -> dict[str, flo
     out = {f"{HEADS_TAGS}/{k}": float(v) for k, v in report["total"].items() if v is not None}
     for layer in report["layers"]:
         if layer["applicable"] and layer["layer"] in layers:
-            out |= {f"{HEADS_TAGS}/layer_{layer['layer']:02d}/{k}": float(layer[k]) for k in MEASURES if layer[k] is not None}
+            out |= {f"{HEADS_TAGS}/layer_{layer['layer']:02d}/{k}": float(layer[k])
+                    for k in MEASURES if layer[k] is not None}
     for k in ("accuracy", "token_accuracy"):
         if report[k] is not None:
             out[f"{HEADS_TAGS}/probe_{k}"] = report[k]
@@ -79,8 +81,8 @@ def score_image(report: dict):
     ax.set_xlabel("head", fontsize=8)
     ax.set_ylabel("layer", fontsize=8)
     fig.colorbar(image, ax=ax, shrink=0.9).ax.tick_params(labelsize=7)
-    ax.set_title(f"retrieval score, step {report['step']}" + (" (C copy, L locator)" if n_heads <= ANNOTATE_HEADS else ""),
-                 fontsize=8)
+    ax.set_title(f"retrieval score, step {report['step']}"
+                 + (" (C copy, L locator)" if n_heads <= ANNOTATE_HEADS else ""), fontsize=8)
     return fig
 
 
@@ -92,8 +94,8 @@ def heads_table(report: dict, top: int = 5) -> str:
     """Plain text: the probes, the score grid (``*`` retrieval head, C copy, L locator), totals and
     the ``top`` heads by score with their copy/locate records."""
     s, t = report["settings"], report["total"]
-    lines = [f"step {report['step']}  tokens {report['tokens']:,}  probes {report['samples']} (scored {report['kept']})  "
-             f"exact {_num(report['accuracy'])}  token acc {_num(report['token_accuracy'])}",
+    lines = [f"step {report['step']}  tokens {report['tokens']:,}  probes {report['samples']} (scored "
+             f"{report['kept']})  exact {_num(report['accuracy'])}  token acc {_num(report['token_accuracy'])}",
              f"retrieval score by layer and head (* above {s['threshold']:g}; C copy, L locator):"]
     grid = score_grid(report)
     cells = {(r["layer"], r["head"]): r for r in report["heads"]}
@@ -110,15 +112,17 @@ def heads_table(report: dict, top: int = 5) -> str:
                 row += f"{r['score']:>7.3f}{mark:<2}"
         lines.append(row)
     lines.append(f"retrieval heads {t['retrieval_heads']} (copy {t['copy_heads']}, locator {t['locator_heads']}) of "
-                 f"{len(report['heads'])} attention heads; max score {_num(t['max_score'])}, mean {_num(t['mean_score'])}")
-    lines.append(f"heads that could reach a copy source (inside their window): {t['reaching_heads']}, of which above the "
-                 f"threshold there: {t['reach_retrieval_heads']}")
+                 f"{len(report['heads'])} attention heads; max score {_num(t['max_score'])}, mean "
+                 f"{_num(t['mean_score'])}")
+    lines.append(f"heads that could reach a copy source (inside their window): {t['reaching_heads']}, of which above "
+                 f"the threshold there: {t['reach_retrieval_heads']}")
     ranked = sorted((r for r in report["heads"] if r["score"] is not None), key=lambda r: -r["score"])[:top]
     if ranked:
         lines.append("top heads:  score  token score  in-span  copy precision  span mass  source mass  role")
         for r in ranked:
-            lines.append(f"{head_name(r['layer'], r['head']):>9}  {r['score']:.3f}  {r['token_score']:11.3f}  {r['in_span']:7.3f}  "
-                         f"{_num(r['copy_precision']):>14}  {r['span_mass']:9.3f}  {r['source_mass']:11.3f}  {r['role'] or '-'}")
+            lines.append(f"{head_name(r['layer'], r['head']):>9}  {r['score']:.3f}  {r['token_score']:11.3f}  "
+                         f"{r['in_span']:7.3f}  {_num(r['copy_precision']):>14}  {r['span_mass']:9.3f}  "
+                         f"{r['source_mass']:11.3f}  {r['role'] or '-'}")
     return "\n".join(lines)
 
 
@@ -131,10 +135,10 @@ def ablation_table(report: dict) -> str:
     lines = [f"ablation: mask {what}: " + " ".join(head_name(*h) for h in first["masked"]),
              f"{'task':<18}{'length':>8}{'n':>5}{'exact (change)':>28}{'token acc (chance)':>27}{'answer loss':>20}"]
     for r in rows:
-        lines.append(f"{r['task']:<18}{r['length']:>8}{r['n']:>5}"
-                     f"{r['accuracy']:>9.3f} -> {r['masked_accuracy']:.3f} ({r['masked_accuracy'] - r['accuracy']:+.3f})"
-                     f"{r['token_accuracy']:>10.3f} -> {r['masked_token_accuracy']:.3f} ({r['chance_token_accuracy']:.3f})"
-                     f"{r['answer_loss']:>10.3f} -> {r['masked_answer_loss']:.3f}")
+        lines.append(f"{r['task']:<18}{r['length']:>8}{r['n']:>5}{r['accuracy']:>9.3f} -> {r['masked_accuracy']:.3f} "
+                     f"({r['masked_accuracy'] - r['accuracy']:+.3f}){r['token_accuracy']:>10.3f} -> "
+                     f"{r['masked_token_accuracy']:.3f} ({r['chance_token_accuracy']:.3f}){r['answer_loss']:>10.3f} -> "
+                     f"{r['masked_answer_loss']:.3f}")
     base = sum(r["accuracy"] for r in rows) / len(rows)
     masked = sum(r["masked_accuracy"] for r in rows) / len(rows)
     lines.append(f"score {base:.3f} -> {masked:.3f} (drop {base - masked:.3f})")
@@ -145,9 +149,10 @@ def control_table(test: dict) -> str:
     """Plain text: an ablation test, the top K against random draws (layer-matched, or of non-retrieval heads)."""
     harms = test["draw_harms"]
     against = {"layer": "from the same layers", "non-retrieval": "of non-retrieval heads"}[test["match"]]
-    return (f"top-{test['k']} ({' '.join(head_name(*h) for h in test['masked'])}, chosen on probe seed {test['selection_seed']}) "
-            f"vs {test['draws']} random draws {against}, masked {test.get('mode', 'zero')}: token accuracy drop {test['harm']:.3f} vs "
-            f"{min(harms):.3f}-{max(harms):.3f} (mean {sum(harms) / len(harms):.3f}); permutation p = {test['p']:.3f}")
+    return (f"top-{test['k']} ({' '.join(head_name(*h) for h in test['masked'])}, chosen on probe seed "
+            f"{test['selection_seed']}) vs {test['draws']} random draws {against}, masked {test.get('mode', 'zero')}: "
+            f"token accuracy drop {test['harm']:.3f} vs {min(harms):.3f}-{max(harms):.3f} (mean "
+            f"{sum(harms) / len(harms):.3f}); permutation p = {test['p']:.3f}")
 
 
 def single_table(report: dict) -> str:
@@ -158,7 +163,8 @@ def single_table(report: dict) -> str:
     for r in report["ablation"]:
         if r["selection"] == "single":
             by_head.setdefault(head_name(*r["masked"][0]), []).append(r)
-    return "single-head ablation, token accuracy drop: " + "  ".join(f"{h} {harm(rows):+.3f}" for h, rows in by_head.items())
+    return "single-head ablation, token accuracy drop: " + "  ".join(
+        f"{h} {harm(rows):+.3f}" for h, rows in by_head.items())
 
 
 def heads_path(run_dir: Path, step: int) -> Path:

@@ -16,17 +16,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybrid_lightning.kinds.base import (
-    EFFICIENT_LETTER, KINDS, HeadsSettings, MixerKind, MixerOptions, ModelOptions, RecurrentOptions, register, setting,
+    EFFICIENT_LETTER,
+    KINDS,
+    HeadsSettings,
+    MixerKind,
+    MixerOptions,
+    ModelOptions,
+    RecurrentOptions,
+    register,
+    setting,
 )
+
 # The package's mixers, one registration line per definition file (importing it registers its mixers).
+# Unsorted on purpose: their order is the order of KINDS (attention, mamba2, gated_deltanet, lightning).
+# isort: off
 from hybrid_lightning.kinds.attention import FULL, AttentionOptions  # full, swa
 from hybrid_lightning.kinds.mamba2 import KIND as MAMBA2  # noqa: F401
 from hybrid_lightning.kinds.gated_deltanet import KIND as GATED_DELTANET  # noqa: F401
 from hybrid_lightning.kinds.lightning import KIND as LIGHTNING  # noqa: F401
+# isort: on
 
 __all__ = ["EFFICIENT_LETTER", "FULL", "KINDS", "AttentionOptions", "HeadsSettings", "LayerSpec", "MixerKind",
-           "MixerOptions", "ModelOptions", "RecurrentOptions", "by_letter", "canonical_pattern", "check_pattern", "expand",
-           "kind", "layer_traits", "mixer_names", "pattern_mixers", "register", "setting", "spec_from_dict"]
+           "MixerOptions", "ModelOptions", "RecurrentOptions", "by_letter", "canonical_pattern", "check_pattern",
+           "expand", "kind", "layer_traits", "mixer_names", "pattern_mixers", "register", "setting", "spec_from_dict"]
 
 
 def kind(name: str) -> MixerKind:

@@ -21,7 +21,8 @@ class Mamba2Settings:
     def check(self, model: Any) -> None:
         inner = self.expand * model.d_model
         if inner % self.head_dim:
-            raise ValueError(f"model.mamba2.head_dim={self.head_dim} must divide model.mamba2.expand * model.d_model = {inner}")
+            raise ValueError(f"model.mamba2.head_dim={self.head_dim} must divide model.mamba2.expand * model.d_model = "
+                             f"{inner}")
 
 
 @dataclass(frozen=True)

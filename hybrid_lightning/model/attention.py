@@ -18,7 +18,8 @@ Backends (``model.attn_backend``):
 - ``flex``: FlexAttention (Dong et al. 2024, arXiv 2412.05496), compiled, with a block-sparse mask;
   on CUDA for training, on CPU forward-only (evaluation under ``torch.no_grad``).
 - ``auto``: on CUDA ``flash`` when flash-attn is installed and the inputs are fp16/bf16, else ``sdpa``
-  for full attention and ``flex`` for windows or packed documents; on CPU ``sdpa`` for full attention, ``blocked`` for windows.
+  for full attention and ``flex`` for windows or packed documents; on CPU ``sdpa`` for full attention, ``blocked``
+  for windows.
 
 Packed documents (``doc_ids`` (B, T), see ``documents.py``; no KV cache): a query sees only keys of its
 own document, in every backend: ``reference`` and ``sdpa`` by a (B, T, T) mask, ``blocked`` by a
@@ -137,7 +138,8 @@ def causal_mask(
     return allowed if doc_ids is None else (allowed & same_document(doc_ids))[:, None]
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None,
+                    doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention weights (B, H, Tq, Tk), in at least fp32, of queries q (B, H, Tq, Dh) over keys
     k (B, Hkv, Tk, Dh), Hkv dividing H: causal, within ``window``, queries aligned to the end of the keys,
     within their document when ``doc_ids`` (B, T) are given."""
@@ -165,7 +167,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: i
     return out.transpose(1, 2)  # (B, Tq, H, Dh) -> (B, H, Tq, Dh)
 
 
-def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, doc_ids: torch.Tensor) -> torch.Tensor:
+def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                 doc_ids: torch.Tensor) -> torch.Tensor:
     """flash-attn's varlen interface over the documents of the B rows laid end to end (``cu_seqlens``):
     each document attends causally within itself, in its own window."""
     from flash_attn import flash_attn_varlen_func
@@ -178,7 +181,8 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int 
     return out.view(B, T, H, Dh).transpose(1, 2)
 
 
-def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+         doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Compiled FlexAttention with the block mask of (Tq, Tk, window), cached per shape; with ``doc_ids`` a
     block mask of those documents, made for this call."""
     if doc_ids is None:

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hybrid_lightning.model.documents import by_document
 from hybrid_lightning.kinds import KINDS, LayerSpec, ModelOptions
+from hybrid_lightning.model.documents import by_document
 
 
 class SwiGLU(nn.Module):

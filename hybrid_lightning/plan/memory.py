@@ -122,7 +122,8 @@ def _saved_bytes(run: Callable[[], object], dtype: torch.dtype | None) -> int:
     return sum(n for _, n in saved.values())
 
 
-def _along_t(count: Callable[[int, int, torch.dtype | None], int], window: int, B: int, T: int, dtype: torch.dtype | None) -> int:
+def _along_t(count: Callable[[int, int, torch.dtype | None], int], window: int, B: int, T: int,
+             dtype: torch.dtype | None) -> int:
     """``count(B, T, dtype)``, for a long T from the line through two lengths that hold ``window`` twice over (a
     multiple of every chunk and block size)."""
     short = max(MEASURED_LENGTH // 2, 1024 * -(-2 * (window + 1) // 1024))
@@ -172,7 +173,8 @@ def machine_memory(cfg: Any) -> tuple[int, str]:
     import psutil
 
     total, processes = psutil.virtual_memory().total, t.devices if isinstance(t.devices, int) else 1
-    return total // processes, f"this machine's {gib(total)} of RAM" + (f" shared by {processes} processes" if processes > 1 else "")
+    return total // processes, (f"this machine's {gib(total)} of RAM"
+                                + (f" shared by {processes} processes" if processes > 1 else ""))
 
 
 def check_fits(cfg: Any, estimate: MemoryEstimate) -> None:

@@ -13,11 +13,10 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from hybrid_lightning import __version__
+from hybrid_lightning import __version__, runplan
 from hybrid_lightning.config import EvalConfig, RunConfig, TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.data.corpus import check_sources
 from hybrid_lightning.data.tokenizer import load_tokenizer
-from hybrid_lightning import runplan
 from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan, plan_differences
 from hybrid_lightning.units import format_table
 
@@ -43,8 +42,9 @@ def resolve_config(cfg: RunConfig, sources: bool = True) -> RunConfig:
         return cfg
     steps = budget_steps(cfg)
     if cfg.train.warmup_steps >= steps > 1:
-        raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be below train.max_steps={steps} "
-                         f"(from train.tokens_per_param={cfg.train.tokens_per_param}): set train.warmup_steps to at most {steps - 1}")
+        raise ValueError(f"train.warmup_steps={cfg.train.warmup_steps} must be below train.max_steps={steps} (from "
+                         f"train.tokens_per_param={cfg.train.tokens_per_param}): set train.warmup_steps to at most "
+                         f"{steps - 1}")
     raw = config_to_dict(cfg)
     raw["train"]["max_steps"] = steps
     return validate_config(raw)
@@ -69,7 +69,8 @@ def budget_steps(cfg: RunConfig) -> int:
     """Optimizer steps for ``train.tokens_per_param`` x the non-embedding parameters (``runplan.budget_steps``)."""
     from hybrid_lightning.plan.matching import non_embedding_params
 
-    return runplan.budget_steps(cfg.train.tokens_per_param, non_embedding_params(cfg.model), budget(cfg.train).tokens_per_step)
+    return runplan.budget_steps(cfg.train.tokens_per_param, non_embedding_params(cfg.model),
+                                budget(cfg.train).tokens_per_step)
 
 
 def make_plan(cfg: RunConfig) -> RunPlan:
@@ -90,7 +91,8 @@ def make_plan(cfg: RunConfig) -> RunPlan:
     precision = resolve_precision(t, m)
     plan = RunPlan(layers, tokens, model=dataclasses.asdict(opts), params=counts.totals(),
                    flops_per_token=counts.flops[t.seq_len], precision=precision, kernels=kernels_here(cfg, precision),
-                   match={**dataclasses.asdict(match), "deviation": match.deviation, "applied": m.match_params is not None},
+                   match={**dataclasses.asdict(match), "deviation": match.deviation,
+                          "applied": m.match_params is not None},
                    probes=_probes(cfg.eval, cfg.data.tokenizer, t.seq_len))
     estimate = estimate_memory(plan, t.activation_checkpointing)  # from the plan's layers, parameters and precision
     return dataclasses.replace(plan, memory=dataclasses.asdict(estimate))
@@ -152,7 +154,8 @@ def git_revision() -> str | None:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if rev.returncode:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,
+                               text=True, timeout=10)
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -170,7 +173,8 @@ def param_table(plan: RunPlan) -> str:
     scripts read), the comparison with its reference (``matching.param_report``)."""
     rows = [["layer", "kind", "window", "pos", "mixer", "mlp", "mlp width", "norm", "total"]]
     rows += [[str(layer.index), layer.mixer, str(layer.window or "-"), layer.pos or "-", f"{layer.params['mixer']:,}",
-              f"{layer.params['mlp']:,}", str(layer.mlp_hidden), f"{layer.params['norm']:,}", f"{layer.params['total']:,}"]
+              f"{layer.params['mlp']:,}", str(layer.mlp_hidden), f"{layer.params['norm']:,}",
+              f"{layer.params['total']:,}"]
              for layer in plan.layers]
     p, match = plan.params, plan.match
     how = (f"non-full SwiGLU width {match['width']}, matched from {match['base_width']}" if match["applied"]
@@ -179,8 +183,8 @@ def param_table(plan: RunPlan) -> str:
                       f"non-embedding {p['non_embedding']:,}  embedding {p['embedding']:,}  total {p['total']:,}",
                       f"estimated peak memory at batch {plan.budget.batch_size} x {plan.budget.seq_len}: "
                       f"{plan.memory_estimate.describe()}",
-                      f"reference (pattern {match['reference_pattern']}) non-embedding {match['reference']:,}  this model "
-                      f"{match['matched']:,}  deviation {match['deviation']:+.2%}  {how}"])
+                      f"reference (pattern {match['reference_pattern']}) non-embedding {match['reference']:,}  this "
+                      f"model {match['matched']:,}  deviation {match['deviation']:+.2%}  {how}"])
 
 
 def read_run(run_dir: Path) -> tuple[RunConfig, RunPlan]:
@@ -193,5 +197,6 @@ def read_run(run_dir: Path) -> tuple[RunConfig, RunPlan]:
     if not plan.rebuilt:
         return cfg, plan
     if cfg.model.vocab_size is None:  # a config written by hand, not by training
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"vocab_size": load_tokenizer(cfg.data.tokenizer).vocab_size})})
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"vocab_size": load_tokenizer(cfg.data.tokenizer).vocab_size})})
     return cfg, dataclasses.replace(make_plan(cfg), step_numbering=plan.step_numbering)

@@ -36,7 +36,7 @@ def write_eval_record(run_dir: Path, kind: str, record: dict, merge: Mapping[str
     merged, merge = dict(record), merge or {}
     old = (read_eval_record(path) or {}) if merge else {}
     for name, keys in merge.items():
-        def key(row: dict) -> tuple:
+        def key(row: dict, keys: Sequence[str] = keys) -> tuple:
             return tuple(json.dumps(row.get(k)) for k in keys)  # JSON: fields may hold lists; a row may lack some
 
         new = record.get(name, [])

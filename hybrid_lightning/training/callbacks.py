@@ -173,7 +173,8 @@ class RunSummary(L.Callback):
             return
         text = dump_config(self.cfg).rstrip("\n")
         text += f"\n\n# precision {self.plan.precision}, {self.plan.describe_kernels()}"
-        trainer.logger.experiment.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)  # Markdown code
+        # Markdown code
+        trainer.logger.experiment.add_text("config", "    " + text.replace("\n", "\n    "), trainer.global_step)
         trainer.logger.experiment.add_custom_scalars(run_layout())
         values = study_hparams(self.cfg, self.plan)
         write_session(self.run_dir, values, {k: [v] for k, v in values.items()})

@@ -149,7 +149,8 @@ class StopOnSignals(StopOnRequest):
 
     def any_rank(self, trainer: L.Trainer, pl_module: L.LightningModule, asked: bool) -> bool:
         """Whether any rank received a signal; the one received (the largest number) becomes ``signum``."""
-        received = trainer.strategy.reduce(torch.tensor(float(self.signum or 0), device=pl_module.device), reduce_op="max")
+        received = trainer.strategy.reduce(torch.tensor(float(self.signum or 0), device=pl_module.device),
+                                           reduce_op="max")
         if int(received) and self.signum is None:
             self.signum = int(received)
         return asked or bool(int(received))

@@ -21,8 +21,10 @@ from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.threads import set_threads, thread_count
 
 WARMUP_STEPS = 2  # untimed optimizer steps of each run first (allocations, lazy initialisation, a compilation)
-MEASURED_STEPS = 7  # then timed rounds, one step of every run measured together in each: a run's median is its step time
-MEASURED_TOKENS = 4096  # at most this many tokens per measured step: the run's batch, cut to fit (one sequence at least)
+# then timed rounds, one step of every run measured together in each: a run's median is its step time
+MEASURED_STEPS = 7
+# at most this many tokens per measured step: the run's batch, cut to fit (one sequence at least)
+MEASURED_TOKENS = 4096
 MEMORY_SHARE = 0.5  # of this machine's (or GPU's) memory, what the runs measured together may hold
 
 
@@ -88,7 +90,8 @@ def estimates(runs: list[tuple[RunConfig, RunPlan]]) -> list[Estimate]:
     out = []
     for key, (cfg, plan) in zip(keys, runs):
         b = plan.budget
-        out.append(Estimate(b.max_steps, b.tokens, rates[key] * b.world_size, _batch(cfg), device, thread_count(cfg.train)))
+        out.append(Estimate(b.max_steps, b.tokens, rates[key] * b.world_size, _batch(cfg), device,
+                            thread_count(cfg.train)))
     return out  # one device each: its own batch
 
 
@@ -104,7 +107,8 @@ def _step_key(cfg: RunConfig, plan: RunPlan) -> str:
     return json.dumps([raw, {**plan.as_dict(), "budget": None, "probes": None}], sort_keys=True)
 
 
-def _groups(runs: list[tuple[str, tuple[RunConfig, RunPlan]]], device: str) -> list[list[tuple[str, tuple[RunConfig, RunPlan]]]]:
+def _groups(runs: list[tuple[str, tuple[RunConfig, RunPlan]]],
+            device: str) -> list[list[tuple[str, tuple[RunConfig, RunPlan]]]]:
     """``runs`` in groups whose plans' memory estimates together stay within ``MEMORY_SHARE`` of the device's."""
     from hybrid_lightning.plan.memory import machine_memory
 

@@ -31,6 +31,7 @@ from hybrid_lightning.rundir import eval_files
 from hybrid_lightning.rundir.evals import read_eval_record
 from hybrid_lightning.training.steps import OnOptimizerSteps, say
 
+
 class PeriodicEvaluation(OnOptimizerSteps, abc.ABC):
     """Runs ``evaluate`` every ``every`` optimizer steps (0 = never) and, with ``at_end``, when
     training ends at ``max_steps`` (not when a stop ends it earlier); on rank 0 writes its report and logs it
@@ -123,8 +124,8 @@ class LongContextEvaluation(PeriodicEvaluation):
             self._eval.keys = evaluator_key_tokens(self.cfg, self._eval.sequences, pl_module.device,
                                                    autocast_dtype(trainer.precision))
         return self._eval.run(pl_module.model, step=step, tokens=pl_module.tokens_at(trainer.global_step),
-                              dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size,
-                              generate=bool(generate))
+                              dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank,
+                              world=trainer.world_size, generate=bool(generate))
 
     def write_record(self, report: dict) -> None:
         write_report(self.run_dir, report)
@@ -157,14 +158,16 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
         if self._heads is None:
             self._heads = RetrievalHeads(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens)
         return self._heads.run(pl_module.model, step=step, tokens=pl_module.tokens_at(trainer.global_step),
-                               dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank, world=trainer.world_size)
+                               dtype=autocast_dtype(trainer.precision), rank=trainer.global_rank,
+                               world=trainer.world_size)
 
     def write_record(self, report: dict) -> None:
         write_heads(self.run_dir, report)
 
     def log_report(self, writer, report: dict, step: int) -> None:
         if self._scored is None:  # a resumed run: the layers its earlier records saw score
-            earlier = (read_eval_record(path) for kind, k, path in eval_files(self.run_dir) if kind == "heads" and k < step)
+            earlier = (read_eval_record(path) for kind, k, path in eval_files(self.run_dir)
+                       if kind == "heads" and k < step)
             self._scored = set().union(*(scored_layers(r) for r in earlier if r is not None))
         self._scored |= scored_layers(report)
         for tag, value in heads_scalars(report, self._scored).items():

@@ -132,7 +132,8 @@ class LMSystem(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokens_seen"] = self.tokens_at(self.global_step)  # for evaluations of the checkpoint
-        checkpoint[DATA_FINGERPRINT] = getattr(self.trainer.datamodule, "fingerprint", None)  # resumed on this data only
+        # resumed on this data only
+        checkpoint[DATA_FINGERPRINT] = getattr(self.trainer.datamodule, "fingerprint", None)
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         checkpoint["rng"] = {  # plain types and tensors only, so weights-only loading accepts them
             "torch": torch.get_rng_state(),

@@ -13,13 +13,13 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from hybrid_lightning.config import RunConfig, config_to_dict
 from hybrid_lightning.data.datamodule import LMDataModule
-from hybrid_lightning.training.evaluation import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.rundir import CKPT_DIR
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.callbacks import Console, LastStep, PeakMemory, RunSummary, StepProgressBar, Throughput
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.checkpoints import StepCheckpoints
 from hybrid_lightning.training.cluster import set_main_address
+from hybrid_lightning.training.evaluation import LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.training.system import LMSystem
 from hybrid_lightning.training.threads import set_threads
 
@@ -34,8 +34,8 @@ for _pattern in (".*not resumable.*", ".*does not have many workers.*", ".*srun.
     warnings.filterwarnings("ignore", message=_pattern)
 # Lightning's banners ("GPU available: ...", "`Trainer.fit` stopped: ...", the CUDA devices, "Restoring states from the
 # checkpoint ...") say nothing that a run's own start and end lines (callbacks.Console, "resuming from ...") don't.
-_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ", "Restoring states",
-            "Restored all states")
+_BANNERS = ("💡", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped", "LOCAL_RANK: ",
+            "Restoring states", "Restored all states")
 for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_name).addFilter(lambda record: not str(record.msg).startswith(_BANNERS))
 
@@ -74,7 +74,8 @@ def build_trainer(
         callbacks.append(RetrievalHeadsEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
-    callbacks.append(Console(run_dir, plan, None if t.progress_bar else t.log_every_n_steps))  # after the evaluations: it reports them
+    # after the evaluations: it reports them
+    callbacks.append(Console(run_dir, plan, None if t.progress_bar else t.log_every_n_steps))
     plugins = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         set_main_address()  # a first node whose name does not resolve: its NodeAddr

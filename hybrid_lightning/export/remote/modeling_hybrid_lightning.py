@@ -48,7 +48,8 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: HybridLightningConfig):
         super().__init__(config)
-        self.model = HybridLM(ModelOptions(**config.hybrid_model), tuple(spec_from_dict(layer) for layer in config.layers))
+        self.model = HybridLM(ModelOptions(**config.hybrid_model),
+                              tuple(spec_from_dict(layer) for layer in config.layers))
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:
@@ -74,7 +75,8 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
                     continue
                 owner, _, leaf = name.rpartition(".")
                 old = block.mixer.get_buffer(name)
-                block.mixer.get_submodule(owner).register_buffer(leaf, buffer.to(old.device, old.dtype), persistent=False)
+                block.mixer.get_submodule(owner).register_buffer(leaf, buffer.to(old.device, old.dtype),
+                                                                 persistent=False)
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed
@@ -88,7 +90,8 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 state: HybridState | None = None, use_cache: bool | None = None,
-                labels: torch.LongTensor | None = None, return_dict: bool | None = None, **kwargs) -> HybridLightningOutput:
+                labels: torch.LongTensor | None = None, return_dict: bool | None = None,
+                **kwargs) -> HybridLightningOutput:
         """input_ids: (B, T) -> logits (B, T, vocab). With ``use_cache`` (or a ``state``), ``input_ids``
         continue the tokens ``state`` has seen and the returned ``state`` holds them all."""
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -114,7 +117,8 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
             input_ids = input_ids[:, state.seen :]
         return {"input_ids": input_ids, "state": state, "attention_mask": attention_mask, "use_cache": use_cache}
 
-    def _update_model_kwargs_for_generation(self, outputs: HybridLightningOutput, model_kwargs: dict, *args, **kwargs) -> dict:
+    def _update_model_kwargs_for_generation(self, outputs: HybridLightningOutput, model_kwargs: dict, *args,
+                                            **kwargs) -> dict:
         model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
         model_kwargs["state"] = outputs.state
         return model_kwargs

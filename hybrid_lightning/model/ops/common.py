@@ -69,8 +69,8 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
             )
         if not patched():
             raise ValueError("model.recurrent_backend='fla' on CPU: Triton's interpreter needs the package's patches, "
-                             "applied at the start of the process: hybrid-lightning applies them when TRITON_INTERPRET=1 is "
-                             "set; a script calls hybrid_lightning.interpreter.patch() first")
+                             "applied at the start of the process: hybrid-lightning applies them when "
+                             "TRITON_INTERPRET=1 is set; a script calls hybrid_lightning.interpreter.patch() first")
     if backend == "fla" and not fla_available():
         raise ValueError(
             "model.recurrent_backend='fla' needs flash-linear-attention (pip install -e '.[gpu]'), "
