@@ -9,8 +9,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.plan.resolve import budget_steps, resolve_config
 from hybrid_lightning.data.datamodule import StepSampler
+from hybrid_lightning.plan.resolve import budget_steps, resolve_config
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.checkpoints import StopOnRequest
 from hybrid_lightning.training.run import train

@@ -10,11 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import REPO
 from hybrid_lightning.analysis import power, verdict
 from hybrid_lightning.analysis.stats import holm
 from hybrid_lightning.cli import main
-
-from conftest import REPO
 from test_findings import arm
 
 BASE = {"model": {"pattern": "EEEF", "mixer": "swa"},  # the model of test_analysis.run_config, the pilots' below

@@ -13,7 +13,6 @@ from hybrid_lightning.analysis.emergence import CONVERGENCE, EQUIVALENCE_MARGIN,
 from hybrid_lightning.analysis.findings import verdicts as both
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.cli import main
-
 from test_analysis import TOKENS_PER_STEP
 from test_findings import arm, assert_reproduced, assert_verdict, verdicts
 

@@ -12,13 +12,13 @@ from conftest import on_ranks
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
-from hybrid_lightning.eval.report import headline as report_headline
 from hybrid_lightning.eval.longppl import KeyTokens, select_key_tokens
+from hybrid_lightning.eval.report import headline as report_headline
 from hybrid_lightning.eval.report import scalars
-from hybrid_lightning.records import pool
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.eval.scoring import STATS, ruler_output, score_samples, string_match_all, string_match_part
 from hybrid_lightning.probes.tasks import GenContext, make_sample
+from hybrid_lightning.records import pool
 
 TOK = ByteTokenizer()
 HELD_OUT = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())

@@ -14,13 +14,13 @@ from conftest import TINY, run_cli
 
 transformers = pytest.importorskip("transformers", reason="the export extra (transformers, safetensors) is not installed")
 
+from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E402
 from hybrid_lightning.config import dump_config, load_config  # noqa: E402
 from hybrid_lightning.data.tokenizer import ByteTokenizer  # noqa: E402
-from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E402
-from hybrid_lightning.probes.files import read_probes  # noqa: E402
 from hybrid_lightning.export.folder import load_native, write_folder  # noqa: E402
 from hybrid_lightning.plan import build_model  # noqa: E402
 from hybrid_lightning.plan.resolve import read_run  # noqa: E402
+from hybrid_lightning.probes.files import read_probes  # noqa: E402
 
 PROMPT, NEW = 40, 12
 SMALL = {"d_model": 64, "n_heads": 4, "mamba2": {"head_dim": 16, "d_state": 16}, "recurrent_chunk": 16}
@@ -126,8 +126,8 @@ def test_tokenizers_json_file_is_carried(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from hybrid_lightning.data.tokenizer import JsonTokenizer, load_tokenizer
-    from hybrid_lightning.probes.haystack import NOISE
     from hybrid_lightning.export.tokenizer import write_tokenizer
+    from hybrid_lightning.probes.haystack import NOISE
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()

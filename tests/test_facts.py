@@ -19,7 +19,6 @@ from hybrid_lightning.plan.resolve import check_planned, plan_run
 from hybrid_lightning.rundir.evals import write_eval_record
 from hybrid_lightning.rundir.files import read_plan
 from hybrid_lightning.training.run import train
-
 from test_grid import TINY_BASE, write_grid
 
 

@@ -16,11 +16,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import TINY, run_cli
 from hybrid_lightning.fileio import LOCK_FILE
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 from hybrid_lightning.rundir.status import read_status
-
-from conftest import TINY, run_cli
 
 QUIET = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
          "--set", "eval.heads.at_end=false", "--set", "train.warmup_steps=2", "--set", "train.val_every_n_steps=1000",

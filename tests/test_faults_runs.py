@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid_lightning.grid import load_grid
-from hybrid_lightning.fileio import LOCK_FILE
-from hybrid_lightning.rundir.status import read_status
-
 from conftest import run_cli
+from hybrid_lightning.fileio import LOCK_FILE
+from hybrid_lightning.grid import load_grid
+from hybrid_lightning.rundir.status import read_status
 from test_faults import args, loss_steps, mounts, one_line_error, start, stored_step, train, wait_for_step  # noqa: F401 (mounts: a fixture)
-
 
 COSINE = ("--set", "train.schedule=cosine")
 

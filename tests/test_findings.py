@@ -4,7 +4,6 @@ effect at 5 seeds is reproduced with p < 0.05, the same at 3 seeds is inconclusi
 3 + 3 seeds falls below 0.1, no effect is inconclusive, the reversed effect is refuted; times that never come
 are censored; and the statistics on constructed cases with exact values."""
 
-import json
 import math
 
 import numpy as np
@@ -15,8 +14,7 @@ from hybrid_lightning.analysis import permutation, stats, survival
 from hybrid_lightning.analysis.findings import findings
 from hybrid_lightning.analysis.findings import verdicts as both
 from hybrid_lightning.analysis.load import find_runs, load_runs
-
-from test_analysis import EVAL_STEPS, TOKENS_PER_STEP, ablation_row, fabricate, run_config, tokens_scalars
+from test_analysis import EVAL_STEPS, fabricate, run_config, tokens_scalars
 
 
 def arm(root, name, seeds, window=16, pos_full="rope", token_acc=lambda s: (0.1, 0.2, 0.3, 0.4), beyond=lambda s: 0.0,

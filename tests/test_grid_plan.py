@@ -6,6 +6,7 @@ import json
 import pytest
 import yaml
 
+from conftest import REPO
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.grid.capacity import DEFAULT_GPU, plan_gpu, profile_gpu
@@ -14,8 +15,6 @@ from hybrid_lightning.grid.spec import load_grid
 from hybrid_lightning.plan.memory import fitting_setting
 from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.units import figure
-
-from conftest import REPO
 from test_grid import TINY_BASE, write_grid
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO, run_cli
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.slurm import squeue_jobs
 from hybrid_lightning.grid.spec import format_value
@@ -31,8 +32,6 @@ from hybrid_lightning.grid.state import read_jobs
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.hparams import STUDY_KEYS
-
-from conftest import REPO, run_cli
 from test_grid import TINY_BASE, loss_steps, write_grid
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,6 @@
 head can score; heads to ablate are chosen on held-out probes; the top K is tested against random
 draws of non-retrieval heads from its own layers with a permutation p; every head can be masked alone."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -11,11 +11,11 @@ from conftest import on_ranks
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
+from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.heads.ablation import ablate, choose_heads, masked, parse_heads
+from hybrid_lightning.heads.report import ablation_table, heads_scalars, heads_table, score_grid, scored_layers
 from hybrid_lightning.heads.retrieval import RetrievalHeads, answer_targets
 from hybrid_lightning.probes.check import check_heads_probes
-from hybrid_lightning.heads.report import ablation_table, heads_scalars, heads_table, score_grid, scored_layers
-from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.probes.tasks import make_sample
 
 TOK = ByteTokenizer()

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid_lightning.rundir.status import read_status
-
-from test_faults import QUIET, loss_steps, one_line_error, start, train
 from conftest import TINY
+from hybrid_lightning.rundir.status import read_status
+from test_faults import QUIET, loss_steps, one_line_error, start, train
 
 STEPS, EVERY = 12, 2
 

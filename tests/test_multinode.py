@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import run_cli
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.grid import load_grid
@@ -29,8 +30,6 @@ from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.cluster import machine_cores
 from hybrid_lightning.training.run import train
-
-from conftest import run_cli
 from test_accumulation import rel, weights
 from test_faults import one_line_error
 from test_grid import loss_steps, write_grid

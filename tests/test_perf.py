@@ -11,13 +11,12 @@ import sys
 import pytest
 import torch
 
+from conftest import REPO
 from hybrid_lightning import build_model
-from hybrid_lightning.plan.count import count
 from hybrid_lightning.bench.training import PlainStep, architectures
 from hybrid_lightning.config import config_to_dict, validate_config
 from hybrid_lightning.kinds import KINDS, mixer_names
-
-from conftest import REPO
+from hybrid_lightning.plan.count import count
 
 
 def test_architectures_are_the_papers_seven_over_the_registered_mixers():

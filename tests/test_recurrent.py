@@ -6,10 +6,10 @@ import torch.nn.functional as F
 
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model.mixers.lightning import decay_rates
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
+from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.plan.layers import layer_plan
 
 RECURRENT = ["mamba2", "gated_deltanet", "lightning"]

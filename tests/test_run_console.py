@@ -4,13 +4,12 @@ model TFLOP/s, MFU where the peak is known) and peak memory."""
 
 import pytest
 
+from conftest import TINY, run_cli
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.precision import peak_bf16_tflops
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_plan
 from hybrid_lightning.training.run import train
-
-from conftest import TINY, run_cli
 
 NO_EVAL = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
            "--set", "eval.heads.at_end=false"]

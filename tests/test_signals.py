@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REPO
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.report import status_table
 from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.status import read_status, write_status
-
-from conftest import REPO
 from test_grid import write_grid
 from test_kill_loops import run_args, state, worst
 

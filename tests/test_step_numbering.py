@@ -10,6 +10,7 @@ import shutil
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import REPO, TINY, run_cli
 from hybrid_lightning.analysis.load import load_runs
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import plan_run
@@ -18,8 +19,6 @@ from hybrid_lightning.rundir.files import read_plan, write_plan
 from hybrid_lightning.rundir.legacy import plan_of_record
 from hybrid_lightning.runplan import PLAN_VERSION, STEPS_COMPLETED, STEPS_INDEXED
 from hybrid_lightning.training.resume import Resume, check_numbering
-
-from conftest import REPO, TINY, run_cli
 
 EVALUATIONS = ["--set", "eval.every_n_steps=4", "--set", "eval.tasks=[passkey]", "--set", "eval.lengths=[256]",
                "--set", "eval.depths=[0.5]", "--set", "eval.position_sequences=0", "--set", "eval.heads.every_n_steps=4",

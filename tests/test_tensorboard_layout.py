@@ -8,6 +8,7 @@ import re
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
+from conftest import TINY
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import load_config
 from hybrid_lightning.eval.report import CARD_PX, heatmap, scalars
@@ -19,8 +20,6 @@ from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_T
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.training.hparams import study_hparams
 from hybrid_lightning.training.layout import HEADLINE_PAGE, SEED_STATS, SEEDS_PAGE, run_layout, seeds_layout
-
-from conftest import TINY
 from test_grid import write_grid
 
 TASKS = ("passkey", "niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multivalue", "niah_multiquery", "vt")

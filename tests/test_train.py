@@ -8,13 +8,12 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import TINY, run_cli
 from hybrid_lightning.config import PROVENANCE_KEY
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 from hybrid_lightning.rundir.files import read_config_dict, read_plan, read_run_config
 from hybrid_lightning.rundir.status import read_status
-
-from conftest import TINY, run_cli
 
 
 def scalars(run_dir, tag):

@@ -5,10 +5,9 @@ preparing again a truncated shard of a store it owns."""
 import hashlib
 import os
 
+from conftest import run_cli
 from hybrid_lightning.fileio import temporary_beside
 from hybrid_lightning.rundir import remove_temporaries
-
-from conftest import run_cli
 from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
 from test_faults import args, one_line_error, train
 from test_faults_data import cli, write_jsonl
