@@ -81,7 +81,8 @@ def test_unpack_into_a_file_is_one_line(fabricated, tmp_path):  # noqa: F811
 def test_prepare_prepares_a_truncated_shard_again(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "src" / "c.jsonl", documents(60))
     store = tmp_path / "store"
-    argv = ["data", "prepare", "--set", f"data.files=[{corpus}]", "--set", f"data.store={store}", "--set", "data.shard_mb=0.004"]
+    argv = ["data", "prepare", "--set", f"data.files=[{corpus}]", "--set", f"data.store={store}",
+            "--set", "data.shard_mb=0.004"]
     assert cli(capsys, *argv)[0] == 0
     shard = store / "train_00001.bin"
     whole = shard.read_bytes()
