@@ -9,8 +9,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.plan.resolve import budget_steps, resolve_config
 from hybrid_lightning.data.datamodule import StepSampler
+from hybrid_lightning.plan.resolve import budget_steps, resolve_config
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.checkpoints import StopOnRequest
 from hybrid_lightning.training.run import train
@@ -66,8 +66,10 @@ def test_accumulated_micro_batches_equal_one_batch_of_8_over_20_steps(tmp_path, 
     assert max(abs(loss_a[s] - loss_b[s]) / loss_a[s] for s in loss_a) <= tol
     assert scalars(one, "train/tokens") == scalars(two, "train/tokens")  # both count 8 x 64 tokens a step
     assert scalars(two, "train/tokens")[20] == 20 * 8 * 64
-    assert sorted(scalars(two, "val/loss")) == sorted(scalars(one, "val/loss")) == [10, 20]  # on optimizer steps, counted
-    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["last.ckpt", "step_0000010.ckpt", "step_0000020.ckpt"]
+    # on optimizer steps, counted
+    assert sorted(scalars(two, "val/loss")) == sorted(scalars(one, "val/loss")) == [10, 20]
+    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["last.ckpt", "step_0000010.ckpt",
+                                                                       "step_0000020.ckpt"]
 
 
 class AskAtMicroBatch(L.Callback):
@@ -98,7 +100,8 @@ def test_a_stop_inside_an_accumulated_step_waits_for_its_end_and_resumes_exactly
 def test_the_token_budget_counts_accumulation():
     raw = tiny(4, 2, tokens_per_param=10, devices=1)
     raw["train"].pop("max_steps")
-    once = budget_steps(resolve_config(validate_config({**raw, "train": {**raw["train"], "accumulate_grad_batches": 1}})))
+    once = budget_steps(resolve_config(validate_config({**raw, "train": {**raw["train"],
+                                                                        "accumulate_grad_batches": 1}})))
     twice = budget_steps(resolve_config(validate_config(raw)))
     assert twice == -(-once // 2)
 
@@ -112,8 +115,10 @@ def test_every_console_line_and_logged_step_comes_once_per_optimizer_step(tmp_pa
                    "position_sequences": 0, "heads": NO_EVAL}
     train(validate_config(raw), run_dir)
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in lines if line.startswith("step ") and "/6 " in line] == [f"{s}/6" for s in range(1, 7)]
-    assert [line for line in lines if line.endswith("evaluation...")] == [f"step {s}: val_longctx evaluation..." for s in (3, 6)]
+    assert ([line.split()[1] for line in lines if line.startswith("step ") and "/6 " in line]
+            == [f"{s}/6" for s in range(1, 7)])
+    assert ([line for line in lines if line.endswith("evaluation...")]
+            == [f"step {s}: val_longctx evaluation..." for s in (3, 6)])
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     for tag in acc.Tags()["scalars"]:

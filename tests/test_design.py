@@ -10,11 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import REPO
 from hybrid_lightning.analysis import power, verdict
 from hybrid_lightning.analysis.stats import holm
 from hybrid_lightning.cli import main
-
-from conftest import REPO
 from test_findings import arm
 
 BASE = {"model": {"pattern": "EEEF", "mixer": "swa"},  # the model of test_analysis.run_config, the pilots' below
@@ -73,14 +72,16 @@ def test_the_design_check_of_a_grid_whose_data_does_not_exist(tmp_path, capsys, 
     """SWA hybrids at W=8 (no windowed head reaches the echo source 22 tokens back) and W=32, a depth control
     with its full layer first, full attention; 2 heads per layer and the top-2 ablated: the check names what
     each test compares, which cannot reach a verdict and why, and warns about each control."""
-    archs = {"w8": {"model.window": 8}, "w32": {"model.window": 32}, "feee": {"model.window": 8, "model.pattern": "FEEE"},
+    archs = {"w8": {"model.window": 8}, "w32": {"model.window": 32},
+             "feee": {"model.window": 8, "model.pattern": "FEEE"},
              "full": {"model.pattern": "F"}}
     table, warned, _ = check([grid_file(tmp_path, archs, 5)], capsys)
     assert table["laziness"]["floor"] == pytest.approx(2 / 252) and table["laziness"]["reachable"] == "yes"
     assert table["speed (probes)"]["seeds"] == "5/5" and table["speed (probes)"]["floor"] == pytest.approx(2 / 252)
     assert table["where"]["reachable"] == "no" and "attention type confounded with depth" in table["where"]["why"]
     assert "W=8 FEEE: its only full-attention layer is layer 0" in warned
-    assert "W=8 EEEF: no windowed head can reach a copy source of the head probes (the nearest lies 22 tokens back" in warned
+    assert ("W=8 EEEF: no windowed head can reach a copy source of the head probes "
+            "(the nearest lies 22 tokens back" in warned)
     assert "top-K 2 >= 2 heads per layer" in warned and table["ablation: W=32 EEEF"]["reachable"] == "no"
     # Holm over finding 2's claims at their floors: the head-level "where" (W=32's runs, a floor far lower,
     # so first) and the one window pair, which Holm then multiplies by 1
@@ -106,7 +107,8 @@ def test_three_seeds_cannot_reach_two_arm_verdicts(tmp_path, capsys, quick):
 def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):
     """Pilot runs of the NoPE pair: beyond - within 0.3 higher for NoPE with seeds 0.01 apart (power 1 at 5
     seeds), and no difference at all in the text loss beyond the allowed cost (power near 0)."""
-    acc = lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
+    def acc(s):
+        return (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
     arm(tmp_path / "pilot", "rope", 4, token_acc=acc, beyond=lambda s: 0.01 * s, loss=lambda s: 2.0 + 0.01 * s)
     arm(tmp_path / "pilot", "nope", 4, pos_full="nope", token_acc=acc, beyond=lambda s: 0.3 + 0.01 * s,
         loss=lambda s: 2.02 + 0.01 * s)
@@ -121,7 +123,8 @@ def test_a_pilot_arm_is_the_same_model_trained_the_same_way_where_the_pilot_has_
     from hybrid_lightning.analysis.pilot import pilot_runs
 
     def arch(mixer, steps, files):
-        return json.dumps({"model.mixer": mixer, "model.pattern": "EEEF", "train.max_steps": steps, "data.files": files})
+        return json.dumps({"model.mixer": mixer, "model.pattern": "EEEF", "train.max_steps": steps,
+                           "data.files": files})
 
     runs = [("a0", "lightning", 4000), ("a1", "lightning", 4000), ("a2", "lightning", 4000),
             ("b0", "lightning", 6000), ("b1", "lightning", 6000), ("c0", "swa", 6000), ("d0", "mamba2", 2000)]
@@ -130,12 +133,14 @@ def test_a_pilot_arm_is_the_same_model_trained_the_same_way_where_the_pilot_has_
     assert pilot_runs(configs, arch("lightning", 6000, "y")) == ["b0", "b1"]
     assert pilot_runs(configs, arch("lightning", 8000, "y")) == ["a0", "a1", "a2", "b0", "b1"]  # no run of that budget
     assert pilot_runs(configs, arch("swa", 4000, "y")) == ["c0"]  # one run: too few, the test keeps the default
-    assert pilot_runs(configs, arch("mamba2", 2000, "y")) == ["d0"] and pilot_runs(configs, arch("gdn", 2000, "y")) == []
+    assert (pilot_runs(configs, arch("mamba2", 2000, "y")) == ["d0"]
+            and pilot_runs(configs, arch("gdn", 2000, "y")) == [])
 
 
 def test_a_pilot_folder_without_runs_is_refused(tmp_path, capsys):
     archs = {"w16": {"model.window": 16}, "w64": {"model.window": 64}}
-    assert main(["grid", "plan", str(grid_file(tmp_path, archs, 3)), "--verdicts", "--pilot", str(tmp_path / "none")]) == 2
+    assert main(["grid", "plan", str(grid_file(tmp_path, archs, 3)), "--verdicts",
+                 "--pilot", str(tmp_path / "none")]) == 2
     assert "--pilot: no run directory" in capsys.readouterr().err
 
 
@@ -144,11 +149,14 @@ def test_the_replica_grid_with_its_runs_as_the_pilot(capsys):
     """ablations/cpu_replica.yaml with its own packed runs as the pilot: at their effects speed has full power
     and laziness at 4 + 5 + 4 seeds none (its exact floor 0.0159, 0.0317 after Holm: complete separation only; more
     seeds named); the NoPE pair's 4 vs 3 seeds cannot reach finding 3; only the W=8 windows are flagged."""
-    table, warned, _ = check([REPO / "ablations" / "cpu_replica.yaml", "--pilot", REPO / "analysis" / "results" / "cpu_replica" / "runs"],
+    table, warned, _ = check([REPO / "ablations" / "cpu_replica.yaml",
+                              "--pilot", REPO / "analysis" / "results" / "cpu_replica" / "runs"],
                              capsys)
-    assert table["speed (probes)"]["power"] > 0.8 and table["speed (probes)"]["effect"].startswith("pilot: 3, 3, 3, 4, 5, 4 runs")
+    assert (table["speed (probes)"]["power"] > 0.8
+            and table["speed (probes)"]["effect"].startswith("pilot: 3, 3, 3, 4, 5, 4 runs"))
     lazy = table["laziness"]
-    assert lazy["seeds"] == "4/5/4" and lazy["floor"] == pytest.approx(2 / 126) and lazy["holm_floor"] == pytest.approx(4 / 126)
+    assert (lazy["seeds"] == "4/5/4" and lazy["floor"] == pytest.approx(2 / 126)
+            and lazy["holm_floor"] == pytest.approx(4 / 126))
     assert lazy["power"] < 0.5 and lazy["seeds_for_80"] > 5 and lazy["effect"].startswith("pilot: 4, 5, 4 runs")
     assert table["cost: swa W=8 EEEF pos.full=rope max_steps=4000"]["reachable"] == "no (floor)"
     assert "no windowed head can reach" in warned and "layer 0" not in warned and "top-K" not in warned

@@ -142,10 +142,14 @@ def test_doc_mask_off_the_training_system_passes_no_doc_ids(monkeypatch):
 
     raw = {"model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "vocab_size": 257}}
     seen = []
+    def recording(forward):
+        def wrapped(ids, states=None, doc_ids=None):
+            return seen.append(doc_ids) or forward(ids, states, doc_ids)
+        return wrapped
+
     for doc_mask in (False, True):
         system = system_of({**raw, "data": {"doc_mask": doc_mask}})
-        forward = system.model.forward
-        monkeypatch.setattr(system.model, "forward", lambda ids, states=None, doc_ids=None: seen.append(doc_ids) or forward(ids, states, doc_ids))
+        monkeypatch.setattr(system.model, "forward", recording(system.model.forward))
         system._logits(torch.tensor([[1, 256, 2, 3, 4]]))
     assert seen[0] is None and seen[1].tolist() == [[0, 0, 1, 1]]
 
@@ -229,7 +233,8 @@ def _fake_flash_attn():
                           for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])])
 
     def dense(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, **_):
-        return torch.stack([_flash_reference(q[b], k[b], v[b], causal, window_size, softmax_scale) for b in range(q.shape[0])])
+        return torch.stack([_flash_reference(q[b], k[b], v[b], causal, window_size, softmax_scale)
+                            for b in range(q.shape[0])])
 
     return types.SimpleNamespace(flash_attn_varlen_func=varlen, flash_attn_func=dense)
 

@@ -13,7 +13,6 @@ from hybrid_lightning.analysis.emergence import CONVERGENCE, EQUIVALENCE_MARGIN,
 from hybrid_lightning.analysis.findings import verdicts as both
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.cli import main
-
 from test_analysis import TOKENS_PER_STEP
 from test_findings import arm, assert_reproduced, assert_verdict, verdicts
 
@@ -60,7 +59,8 @@ def test_speed_of_two_windows_with_censoring(tmp_path, seeds):
     arm(tmp_path, "fast", seeds, window=16, token_acc=fast)
     arm(tmp_path, "slow", seeds, window=64, token_acc=slow)
     speed = verdicts(tmp_path).loc["speed (probes)"]
-    assert speed["effect"] == pytest.approx(2 * 10 * TOKENS_PER_STEP) and (speed["ci_low"], speed["ci_high"]) == (320, 320)
+    assert (speed["effect"] == pytest.approx(2 * 10 * TOKENS_PER_STEP)
+            and (speed["ci_low"], speed["ci_high"]) == (320, 320))
     if seeds == 5:
         assert_reproduced(speed)
         assert speed["p"] == pytest.approx(2 / 252)
@@ -70,11 +70,14 @@ def test_speed_of_two_windows_with_censoring(tmp_path, seeds):
     speed = verdicts(tmp_path).loc["speed (probes)"]
     assert speed["compared"] == "restricted mean tokens to emergence (SD of the 3 arm means)"
     assert speed["effect"] == pytest.approx(pd.Series([160, 480, 640]).std(ddof=0)) and math.isnan(speed["ci_low"])
-    assert f"W=128: emerged in 0/{seeds} runs" in speed["evidence"] and "Never emerged by tau: W=128" in speed["evidence"]
+    assert (f"W=128: emerged in 0/{seeds} runs" in speed["evidence"]
+            and "Never emerged by tau: W=128" in speed["evidence"])
     _, comparisons = both(load_runs(find_runs(tmp_path), root=tmp_path))
     context = comparisons[comparisons["verdict"] == "context"].set_index("compared")["effect"]
-    assert context["share of runs emerged by tau (SD of the 3 arm means)"] == pytest.approx(pd.Series([1, 1, 0]).std(ddof=0))
-    assert context["W=64 - W=16: restricted mean tokens among the arms every run of which emerged"] == pytest.approx(320)
+    assert (context["share of runs emerged by tau (SD of the 3 arm means)"]
+            == pytest.approx(pd.Series([1, 1, 0]).std(ddof=0)))
+    assert (context["W=64 - W=16: restricted mean tokens among the arms every run of which emerged"]
+            == pytest.approx(320))
     assert speed["verdict"] == "reproduced" if seeds == 5 else speed["verdict"] in ("reproduced", "inconclusive")
 
 
@@ -88,7 +91,8 @@ def test_convergence_gap_closes_and_arms_end_equivalent(tmp_path, seeds):
     conv = verdicts(tmp_path).loc["convergence (probes)"]
     if seeds == 5:
         assert_reproduced(conv)
-        assert conv["effect"] == pytest.approx(0, abs=1e-6) and -EQUIVALENCE_MARGIN < conv["ci_low"] <= conv["ci_high"] < EQUIVALENCE_MARGIN
+        assert (conv["effect"] == pytest.approx(0, abs=1e-6)
+                and -EQUIVALENCE_MARGIN < conv["ci_low"] <= conv["ci_high"] < EQUIVALENCE_MARGIN)
     else:
         assert_verdict(conv, "inconclusive", "no gap shown at the declared step")
 
@@ -113,8 +117,10 @@ def test_convergence_arms_still_drifting_apart(tmp_path, seeds):
     """Both above their levels from step 9; one keeps rising, the other stays: the gap grows to the end of
     the budget (0, 0.1, 0.2, 0.3). 5 seeds: still moving from step 29 to 39, not testable at this budget;
     3 seeds cannot show the movement (p >= 0.1): inconclusive; never refuted or reproduced."""
-    arm(tmp_path, "a", seeds, window=16, token_acc=lambda s: (0.5 + 0.01 * s, 0.6 + 0.01 * s, 0.7 + 0.01 * s, 0.8 + 0.01 * s))
-    arm(tmp_path, "b", seeds, window=64, token_acc=lambda s: (0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s))
+    arm(tmp_path, "a", seeds, window=16,
+        token_acc=lambda s: (0.5 + 0.01 * s, 0.6 + 0.01 * s, 0.7 + 0.01 * s, 0.8 + 0.01 * s))
+    arm(tmp_path, "b", seeds, window=64,
+        token_acc=lambda s: (0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s))
     conv = verdicts(tmp_path).loc["convergence (probes)"]
     assert conv["verdict"] not in ("refuted", "reproduced"), conv.to_dict()
     if seeds == 5:
@@ -138,7 +144,8 @@ def test_level_follows_the_sampling_error_and_retrieval_acc_is_not_tested(tmp_pa
 
     arm(tmp_path, "a", 5, window=16, token_acc=lambda s: (0.1, 0.2, 0.3, 0.4))
     arm(tmp_path, "b", 5, window=64, token_acc=lambda s: (0.0, 0.1, 0.2, 0.3))
-    fabricate(tmp_path / "c-s0", run_config(0, window=32), "done", {"train/tokens": tokens_scalars(39), "val/retrieval_acc": [
+    fabricate(tmp_path / "c-s0", run_config(0, window=32), "done", {"train/tokens": tokens_scalars(39),
+                                                                     "val/retrieval_acc": [
         (9, 0.300), (19, 0.301), (29, 0.299), (39, 0.330)]}, token_acc=(0.0, 0.0, 0.0, 0.0))
     v = verdicts(tmp_path)
     assert v.loc["speed (probes)", "verdict"] == v.loc["convergence (probes)", "verdict"] == "no signal"
@@ -176,16 +183,19 @@ def test_analyze_findings_states_effect_ci_p_and_seeds(tmp_path, capsys):
     arm(tmp_path / "runs", "slow", 5, window=64, token_acc=slow)
     assert main(["analyze", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--findings"]) == 0
     printed = capsys.readouterr().out
-    assert "| 1. emergence speed | speed (probes) | reproduced | 320 tokens [320, 320] | 0.00794 (0.0238) | 5/5 |" in printed
+    assert ("| 1. emergence speed | speed (probes) | reproduced | 320 tokens [320, 320] | 0.00794 (0.0238) "
+            "| 5/5 |" in printed)
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| effect [95% CI] | p (Holm) | seeds per arm |" in report and "### Details" in report
-    assert ("  - W=64 - W=16: restricted mean tokens to emergence: 320 tokens [95% CI 320, 320], p 0.00794, Holm 0.0238, "
+    assert ("  - W=64 - W=16: restricted mean tokens to emergence: 320 tokens [95% CI 320, 320], "
+            "p 0.00794, Holm 0.0238, "
             "seeds 5/5: reproduced") in report
     tests = pd.read_csv(tmp_path / "out" / "findings.csv")
     assert {"effect", "ci_low", "ci_high", "p", "p_holm", "seeds", "reason"} <= set(tests.columns)
     comparisons = pd.read_csv(tmp_path / "out" / "findings_comparisons.csv")
     # speed, with the share emerged and the speed among arms every run of which emerged as context; convergence:
     # the gap at step 19, equivalence at 39, the movement from 29 to 39 (context), apart at 39
-    assert comparisons["verdict"].tolist() == ["reproduced", "context", "context", "reproduced", "reproduced", "context",
+    assert comparisons["verdict"].tolist() == ["reproduced", "context", "context", "reproduced", "reproduced",
+                                               "context",
                                                "inconclusive"]
     assert comparisons["compared"][1] == "W=64 - W=16: share of runs emerged by tau" and comparisons["effect"][1] == 0

@@ -12,13 +12,13 @@ from conftest import on_ranks
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
-from hybrid_lightning.eval.report import headline as report_headline
 from hybrid_lightning.eval.longppl import KeyTokens, select_key_tokens
+from hybrid_lightning.eval.report import headline as report_headline
 from hybrid_lightning.eval.report import scalars
-from hybrid_lightning.records import pool
 from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.eval.scoring import STATS, ruler_output, score_samples, string_match_all, string_match_part
 from hybrid_lightning.probes.tasks import GenContext, make_sample
+from hybrid_lightning.records import pool
 
 TOK = ByteTokenizer()
 HELD_OUT = TOK.encode(open(np.__file__.replace("__init__.py", "_core/numeric.py")).read())
@@ -27,7 +27,8 @@ TASKS = ["passkey", "niah_single_1", "niah_single_3", "niah_multivalue", "vt"]
 
 def eval_config(**kw):
     base = {"tasks": TASKS, "lengths": [1000], "depths": [0.0, 0.5, 1.0], "samples": 2, "position_sequences": 2,
-            "position_length": 600, "longppl_context": 64, "batch_size": 4, "vt_example": False}  # vt's example: test_eval_tasks
+            "position_length": 600, "longppl_context": 64, "batch_size": 4,
+            "vt_example": False}  # vt's example: test_eval_tasks
     return validate_config({"eval": {**base, **kw}}).eval
 
 
@@ -56,7 +57,8 @@ class CopyOracle(nn.Module):
         start = st["hist"].shape[1] - ids.shape[1]
         out = self.guess.expand(*ids.shape, self.vocab).clone()  # (B, T, V)
         for b, row in enumerate(st["hist"]):
-            match = [s for s in self.samples if len(s.prompt) <= len(row) and torch.equal(row[: len(s.prompt)], torch.from_numpy(s.prompt))]
+            match = [s for s in self.samples
+                     if len(s.prompt) <= len(row) and torch.equal(row[: len(s.prompt)], torch.from_numpy(s.prompt))]
             if not match:
                 continue  # the prompt is not complete yet: no answer position in this piece
             s = match[0]
@@ -96,9 +98,11 @@ def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window
         assert r["accuracy"] == 1.0 and r["token_accuracy"] == 1.0 and r["answer_loss"] < 1e-6, r
         assert r["in_window"] is None
         # its greedy generation starts with the answer and holds every reference value
-        assert r["generated"] == r["n"] and r["generated_exact"] == 1.0 and r["match_all"] == 1.0 and r["match_part"] == 1.0, r
-    assert report_headline(report)["score"] == pytest.approx(1.0 - sum(pool(report["records"], task=t)["chance_token_accuracy"]
-                                                                        for t in TASKS) / len(TASKS))
+        assert (r["generated"] == r["n"] and r["generated_exact"] == 1.0 and r["match_all"] == 1.0
+                and r["match_part"] == 1.0), r
+    assert report_headline(report)["score"] == pytest.approx(
+        1.0 - sum(pool(report["records"], task=t)["chance_token_accuracy"]
+                  for t in TASKS) / len(TASKS))
     # window 300: needles at depth 1.0 lie inside it, those at 0.0 and 0.5 (> 400 tokens back) do not
     window = 300
     report = LongContextEval(ev.cfg, TOK, HELD_OUT, window=window).run(CopyOracle(samples, window), step=0, tokens=0)
@@ -116,7 +120,8 @@ def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window
         if r["task"] in ("passkey", "niah_single_1", "niah_single_3"):
             assert r["generated_exact"] == r["accuracy"], r
     tags = scalars(report)
-    assert tags["val_longctx_tasks/passkey/token_acc_in_window"] == 1.0 and tags["val_longctx_tasks/passkey/token_acc_out_window"] < 0.3
+    assert (tags["val_longctx_tasks/passkey/token_acc_in_window"] == 1.0
+            and tags["val_longctx_tasks/passkey/token_acc_out_window"] < 0.3)
     assert 0 < tags["val_longctx/match_all"] < 1 and tags["val_longctx/exact"] == report_headline(report)["exact"]
 
 
@@ -151,7 +156,8 @@ def test_piecewise_evaluation_equals_one_forward():
 def _ddp_eval(rank: int = 0, world: int = 1) -> dict:
     torch.manual_seed(0)
     model = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 16}).double()
-    cfg = eval_config(tasks=["passkey", "niah_single_1"], lengths=[600, 800], depths=[0.0, 1.0], samples=3, position_sequences=3)
+    cfg = eval_config(tasks=["passkey", "niah_single_1"], lengths=[600, 800], depths=[0.0, 1.0], samples=3,
+                      position_sequences=3)
     return LongContextEval(cfg, TOK, HELD_OUT, window=16).run(model, step=1, tokens=2, rank=rank, world=world)
 
 
@@ -206,7 +212,8 @@ def test_generation_exact_match_equals_teacher_forced_exact_match():
     torch.manual_seed(0)
     model = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "pattern": "EF", "window": 16}).double().eval()
     ctx = GenContext(TOK, HELD_OUT)
-    probes = [make_sample(t, ctx, 500, d, i) for t in ("passkey", "niah_single_1") for d in (0.0, 1.0) for i in range(3)]
+    probes = [make_sample(t, ctx, 500, d, i)
+              for t in ("passkey", "niah_single_1") for d in (0.0, 1.0) for i in range(3)]
     assert len({len(p.prompt) for p in probes}) > 1
     rows = []
     for p in probes:

@@ -139,19 +139,23 @@ def test_too_short_length_names_the_field():
 
 def test_probes_command_writes_documents_in_the_probe_format(tmp_path):
     out = tmp_path / "probes.jsonl"
-    r = run_cli("probes", "passkey", "niah_single_2", "--lengths", "450", "600", "--samples", "3", "--value-tokens", "16",
+    r = run_cli("probes", "passkey", "niah_single_2", "--lengths", "450", "600", "--samples", "3",
+                "--value-tokens", "16",
                 "--seed", "5", "--out", str(out), timeout=300)
     assert r.returncode == 0 and "12 probes written" in r.stdout, r.stdout + r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(x["task"], x["length"]) for x in rows[::3]] == [("passkey", 450), ("passkey", 600), ("niah_single_2", 450), ("niah_single_2", 600)]
+    assert [(x["task"], x["length"]) for x in rows[::3]] == [("passkey", 450), ("passkey", 600),
+                                                             ("niah_single_2", 450), ("niah_single_2", 600)]
     assert [x["depth"] for x in rows[:3]] == [0.0, 0.5, 1.0]
     tok = ByteTokenizer()
     for x in rows:  # exact length in tokens, ending with its answer of >= 16 tokens
-        assert len(tok.encode(x["text"])) == x["length"] and x["text"].endswith(x["answer"]) and len(tok.encode(x["answer"])) >= 16
+        assert (len(tok.encode(x["text"])) == x["length"] and x["text"].endswith(x["answer"])
+                and len(tok.encode(x["answer"])) >= 16)
     bad = run_cli("probes", "passkee", "--lengths", "300", "--out", str(tmp_path / "x.jsonl"), timeout=300)
     assert bad.returncode != 0 and "tasks: ['passkee'] not among" in bad.stderr and not (tmp_path / "x.jsonl").exists()
     short = run_cli("probes", "niah_single_2", "--lengths", "300", "--out", str(tmp_path / "y.jsonl"), timeout=300)
-    assert short.returncode != 0 and "--lengths: 300 tokens is too short" in short.stderr and not (tmp_path / "y.jsonl").exists()
+    assert (short.returncode != 0 and "--lengths: 300 tokens is too short" in short.stderr
+            and not (tmp_path / "y.jsonl").exists())
 
 
 @pytest.mark.parametrize("task, needles", [("niah_multikey_1", 4), ("niah_multivalue", 4), ("niah_multiquery", 4)])
@@ -193,7 +197,8 @@ def test_vt_chain_spread_over_the_haystack_with_rulers_example():
     names = example.rsplit("they are: ", 1)[1].split()
     assert len(names) == 5 and all(len(n) == 3 for n in names)
     assert all(f"VAR {b} = VAR {a}" in example for a, b in zip(names, names[1:]))
-    assert text.endswith("5 variables are assigned the value " + task.split("VAR ")[1].split(" = ")[1].split("\n")[0] + ", they are:")
+    assert text.endswith("5 variables are assigned the value "
+                         + task.split("VAR ")[1].split(" = ")[1].split("\n")[0] + ", they are:")
     # the chain: in order, one statement at the requested depth, the others spread over the haystack
     order = sorted(range(5), key=lambda i: s.needle_spans[i][0])
     chain = [TOK.decode(s.prompt[a:b]) for a, b in (s.needle_spans[i] for i in order)]
@@ -209,7 +214,8 @@ def test_vt_chain_spread_over_the_haystack_with_rulers_example():
     assert np.mean(lasts) > 0.6  # and the chain reaches across it (not bunched after its first statement)
     # without the example: the task alone
     plain = make_sample("vt", GenContext(TOK, ESSAY, vt_example=False), 3000, 0.5, 0)
-    assert TOK.decode(plain.prompt).count("Memorize and track") == 1 and TOK.decode(plain.prompt).count("Question:") == 1
+    assert (TOK.decode(plain.prompt).count("Memorize and track") == 1
+            and TOK.decode(plain.prompt).count("Question:") == 1)
 
 
 def test_vt_example_needs_room_and_the_error_says_how_to_drop_it():
@@ -226,7 +232,8 @@ def split_into(text: str, whole: set[str]) -> list[str]:
         by_start.setdefault(w[:1], []).append(w)
     out, rest = [], text.lstrip()
     while rest:
-        match = next((w for w in by_start.get(rest[:1], []) if rest.startswith(w) and rest[len(w) : len(w) + 1].isspace()
+        match = next((w for w in by_start.get(rest[:1], [])
+                      if rest.startswith(w) and rest[len(w) : len(w) + 1].isspace()
                       or rest == w), None)
         assert match, f"not a whole sentence: {rest[:80]!r}"
         out.append(match)
@@ -248,7 +255,8 @@ def test_haystacks_are_whole_sentences(task):
         pieces = [TOK.decode(s.prompt[a:b]) for a, b in zip([h0] + [e for _, e in cuts], [x for x, _ in cuts] + [h1])]
         if task == "niah_multikey_2":
             found = [x.strip() for piece in pieces for x in piece.splitlines() if x.strip()]
-            assert all(re.fullmatch(r"One of the special magic numbers for [\w-]+ is: \d{7}\.", x) for x in found), found
+            assert all(re.fullmatch(r"One of the special magic numbers for [\w-]+ is: \d{7}\.", x)
+                       for x in found), found
         else:
             found = [x for piece in pieces for x in split_into(piece, essay if task == "niah_single_2" else noise)]
         assert len(found) > 10

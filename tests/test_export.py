@@ -12,15 +12,16 @@ import torch
 
 from conftest import TINY, run_cli
 
-transformers = pytest.importorskip("transformers", reason="the export extra (transformers, safetensors) is not installed")
+transformers = pytest.importorskip("transformers",
+                                   reason="the export extra (transformers, safetensors) is not installed")
 
+from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E402
 from hybrid_lightning.config import dump_config, load_config  # noqa: E402
 from hybrid_lightning.data.tokenizer import ByteTokenizer  # noqa: E402
-from greedy import exact_match_by_task, greedy_generate, score_probes  # noqa: E402
-from hybrid_lightning.probes.files import read_probes  # noqa: E402
 from hybrid_lightning.export.folder import load_native, write_folder  # noqa: E402
 from hybrid_lightning.plan import build_model  # noqa: E402
 from hybrid_lightning.plan.resolve import read_run  # noqa: E402
+from hybrid_lightning.probes.files import read_probes  # noqa: E402
 
 PROMPT, NEW = 40, 12
 SMALL = {"d_model": 64, "n_heads": 4, "mamba2": {"head_dim": 16, "d_state": 16}, "recurrent_chunk": 16}
@@ -28,7 +29,8 @@ CASES = {
     "swa-window-shorter-than-prompt": {"pattern": "SF", "window": 8},
     "swa-window-longer-than-prompt": {"pattern": "SF", "window": 64},
     "swa-nope-full-rope-efficient": {"pattern": "SSF", "window": 16, "pos": {"full": "nope", "efficient": "rope"}},
-    "swa-rope-full-nope-efficient-gqa-qknorm": {"pattern": "SF", "window": 8, "pos": {"full": "rope", "efficient": "nope"},
+    "swa-rope-full-nope-efficient-gqa-qknorm": {"pattern": "SF", "window": 8,
+                                                "pos": {"full": "rope", "efficient": "nope"},
                                                 "n_kv_heads": 2, "qk_norm": True},
     "mamba2": {"pattern": "MF"},
     "gated_deltanet": {"pattern": "GF", "pos": {"full": "nope"}},
@@ -78,7 +80,8 @@ def test_generation_stops_at_the_stop_token_like_transformers(tmp_path):
     stop = free[3]  # a token the model emits: generation ends after its first occurrence
     expected = free[: free.index(stop) + 1]
     assert greedy_generate(model, ids, NEW, stop_id=stop)[0].tolist() == expected
-    assert hf.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=stop, pad_token_id=stop)[0, PROMPT:].tolist() == expected
+    assert hf.generate(ids, max_new_tokens=NEW, do_sample=False, eos_token_id=stop,
+                       pad_token_id=stop)[0, PROMPT:].tolist() == expected
 
 
 def test_padded_batches_are_refused(tmp_path):
@@ -126,8 +129,8 @@ def test_tokenizers_json_file_is_carried(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from hybrid_lightning.data.tokenizer import JsonTokenizer, load_tokenizer
-    from hybrid_lightning.probes.haystack import NOISE
     from hybrid_lightning.export.tokenizer import write_tokenizer
+    from hybrid_lightning.probes.haystack import NOISE
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
@@ -136,7 +139,8 @@ def test_tokenizers_json_file_is_carried(tmp_path):
     bpe.save(str(tmp_path / "bpe.json"))
     (tmp_path / "folder").mkdir()  # a tokenizer folder, as data.tokenizer accepts, exports the same way
     bpe.save(str(tmp_path / "folder" / "tokenizer.json"))
-    assert load_tokenizer(str(tmp_path / "folder")).backend.to_str() == JsonTokenizer(str(tmp_path / "bpe.json")).backend.to_str()
+    assert (load_tokenizer(str(tmp_path / "folder")).backend.to_str()
+            == JsonTokenizer(str(tmp_path / "bpe.json")).backend.to_str())
     native = load_tokenizer(str(tmp_path / "folder"))
     write_tokenizer(native, tmp_path / "hf")
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -159,7 +163,8 @@ def test_folder_needs_no_hybrid_lightning(tmp_path):
         f"torch.save(m(torch.load({str(tmp_path / 'ids.pt')!r})).logits, {str(tmp_path / 'logits.pt')!r})\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, env=env,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     with torch.no_grad():
         assert torch.allclose(torch.load(tmp_path / "logits.pt"), model(ids), rtol=0, atol=1e-5)
@@ -191,7 +196,8 @@ def test_cli_export_and_lm_eval_score_equal_the_package_score(tmp_path):
                 "--set", "eval.heads.every_n_steps=0")
     assert r.returncode == 0, r.stderr[-3000:]
     probes = tmp_path / "probes.jsonl"
-    assert run_cli("probes", "passkey", "niah_single_1", "--out", str(probes), "--lengths", "512", "--samples", "3").returncode == 0
+    assert run_cli("probes", "passkey", "niah_single_1", "--out", str(probes), "--lengths", "512",
+                   "--samples", "3").returncode == 0
     model, tok = load_native(*read_run(run), run / "checkpoints" / "last.ckpt")
     rows = read_probes(probes)
     for row, record in zip(rows[::2], score_probes(model, tok, rows[::2])):
@@ -210,7 +216,8 @@ def test_cli_export_and_lm_eval_score_equal_the_package_score(tmp_path):
 
     offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={out},trust_remote_code=True,dtype=float32",
+        [sys.executable, "-m", "lm_eval", "--model", "hf",
+         "--model_args", f"pretrained={out},trust_remote_code=True,dtype=float32",
          "--include_path", str(out / "lm_eval"), "--tasks", "hybrid_probes", "--batch_size", "1", "--device", "cpu",
          "--log_samples", "--output_path", str(tmp_path / "lm_eval_out")],
         capture_output=True, text=True, timeout=900, env={**os.environ, **offline}, cwd=tmp_path,
@@ -232,7 +239,8 @@ def test_bad_probes_files_are_named(tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps({"text": "abc", "answer": "c"}) + "\n")
     with pytest.raises(ValueError, match=r"p.jsonl:1: no \['task', 'length', 'depth'\]"):
         read_probes(tmp_path / "p.jsonl")
-    (tmp_path / "p.jsonl").write_text(json.dumps({"text": "abc", "answer": "x", "task": "t", "length": 3, "depth": 0}) + "\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"text": "abc", "answer": "x", "task": "t", "length": 3,
+                                                  "depth": 0}) + "\n")
     with pytest.raises(ValueError, match="does not end with its answer"):
         read_probes(tmp_path / "p.jsonl")
 
@@ -244,7 +252,8 @@ def test_the_folder_is_readable_by_others_as_the_umask_allows(tmp_path):
     cfg = load_config(None, ["model.n_layers=1", "model.pattern=F", "model.d_model=32", "model.n_heads=2"])
     (run / "config.yaml").write_text(dump_config(cfg))
     model = build_model(cfg.model)
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, run / "checkpoints" / "last.ckpt")
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}},
+               run / "checkpoints" / "last.ckpt")
     old = os.umask(0o027)
     try:
         from hybrid_lightning.export import export_run

@@ -19,7 +19,6 @@ from hybrid_lightning.plan.resolve import check_planned, plan_run
 from hybrid_lightning.rundir.evals import write_eval_record
 from hybrid_lightning.rundir.files import read_plan
 from hybrid_lightning.training.run import train
-
 from test_grid import TINY_BASE, write_grid
 
 
@@ -144,7 +143,8 @@ def test_the_set_routing_and_the_plan_check_are_asked_of_the_executor(tmp_path):
 
     items = ["train.max_steps=5", "seed=1", "timeout_min=60"]
     assert SlurmExecutor.split_set(items) == (["train.max_steps=5", "seed=1"], ["timeout_min=60"])
-    with pytest.raises(ValueError, match="--set timeout_min=60: not a key of the run config .* executor local takes no"):
+    with pytest.raises(ValueError, match="--set timeout_min=60: not a key of the run config .* "
+                                         "executor local takes no"):
         LocalExecutor.split_set(items)
     assert executor_for(None, None, items[:2]) is LocalExecutor
     assert executor_for(None, None, items) is executor_for(None, tmp_path / "p.yaml") is SlurmExecutor

@@ -16,11 +16,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import TINY, run_cli
 from hybrid_lightning.fileio import LOCK_FILE
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 from hybrid_lightning.rundir.status import read_status
-
-from conftest import TINY, run_cli
 
 QUIET = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
          "--set", "eval.heads.at_end=false", "--set", "train.warmup_steps=2", "--set", "train.val_every_n_steps=1000",
@@ -38,7 +37,8 @@ def train(run_dir: Path, *a: str, env: dict | None = None) -> subprocess.Complet
 
 def start(run_dir: Path, *a: str, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "hybrid_lightning", "train", "--run-dir", str(run_dir), *a]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
 
 
@@ -74,12 +74,14 @@ def one_line_error(r: subprocess.CompletedProcess) -> str:
 
 def leftovers(tmpdir: Path) -> list[Path]:
     """Files in ``tmpdir`` other than torch's compile cache (``torchinductor_<user>/``)."""
-    return [p for p in tmpdir.rglob("*") if p.is_file() and not p.relative_to(tmpdir).parts[0].startswith("torchinductor_")]
+    return [p for p in tmpdir.rglob("*")
+            if p.is_file() and not p.relative_to(tmpdir).parts[0].startswith("torchinductor_")]
 
 
 def mount_tmpfs(folder: Path, size: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                       text=True)
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
 

@@ -10,13 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid_lightning.grid import load_grid
-from hybrid_lightning.fileio import LOCK_FILE
-from hybrid_lightning.rundir.status import read_status
-
 from conftest import run_cli
-from test_faults import args, loss_steps, mounts, one_line_error, start, stored_step, train, wait_for_step  # noqa: F401 (mounts: a fixture)
-
+from hybrid_lightning.fileio import LOCK_FILE
+from hybrid_lightning.grid import load_grid
+from hybrid_lightning.rundir.status import read_status
+from test_faults import (  # noqa: F401 (mounts: a fixture)
+    args,
+    loss_steps,
+    mounts,
+    one_line_error,
+    start,
+    stored_step,
+    train,
+    wait_for_step,
+)
 
 COSINE = ("--set", "train.schedule=cosine")
 
@@ -118,7 +125,8 @@ def test_analyze_a_truncated_config_is_one_line_and_writes_nothing(trained, tmp_
     import shutil
 
     text = (trained / "config.yaml").read_text()
-    for i, cut in enumerate((text[: len(text) // 2], text[: text.index("\nprovenance:") + 1])):  # in a line; at one's end
+    # in a line; at one's end
+    for i, cut in enumerate((text[: len(text) // 2], text[: text.index("\nprovenance:") + 1])):
         root = tmp_path / f"runs{i}"
         shutil.copytree(trained, root / "run")
         (root / "run" / "config.yaml").write_text(cut)
@@ -127,7 +135,7 @@ def test_analyze_a_truncated_config_is_one_line_and_writes_nothing(trained, tmp_
         assert not (root / "analysis").exists()
 
 
-def test_early_full_disk_names_the_file(tmp_path, mounts):
+def test_early_full_disk_names_the_file(tmp_path, mounts):  # noqa: F811 (the fixture imported above)
     from test_faults import mount_tmpfs
 
     disk = tmp_path / "disk"

@@ -4,7 +4,6 @@ effect at 5 seeds is reproduced with p < 0.05, the same at 3 seeds is inconclusi
 3 + 3 seeds falls below 0.1, no effect is inconclusive, the reversed effect is refuted; times that never come
 are censored; and the statistics on constructed cases with exact values."""
 
-import json
 import math
 
 import numpy as np
@@ -15,8 +14,7 @@ from hybrid_lightning.analysis import permutation, stats, survival
 from hybrid_lightning.analysis.findings import findings
 from hybrid_lightning.analysis.findings import verdicts as both
 from hybrid_lightning.analysis.load import find_runs, load_runs
-
-from test_analysis import EVAL_STEPS, TOKENS_PER_STEP, ablation_row, fabricate, run_config, tokens_scalars
+from test_analysis import EVAL_STEPS, fabricate, run_config, tokens_scalars
 
 
 def arm(root, name, seeds, window=16, pos_full="rope", token_acc=lambda s: (0.1, 0.2, 0.3, 0.4), beyond=lambda s: 0.0,
@@ -55,7 +53,8 @@ def test_permutation_p_exact_values():
     assert stats.min_p(2, 2) == pytest.approx(1 / 3)
     # Stratified: one run of 4 heads, 1 retrieval head, in the only full layer: 1 of C(4, 1) = 4 placements.
     assert stats.stratified_p([(np.array([1.0, 0, 0, 0]), np.array([True, False, False, False]))]) == pytest.approx(0.5)
-    assert stats.stratified_p([(np.array([1.0, 0, 0, 0]), np.array([True, False, False, False]))] * 2) == pytest.approx(2 / 16)
+    assert (stats.stratified_p([(np.array([1.0, 0, 0, 0]), np.array([True, False, False, False]))] * 2)
+            == pytest.approx(2 / 16))
 
 
 def test_logrank_exact_permutation_p_and_censoring():
@@ -99,7 +98,8 @@ def test_holm_and_intervals():
     welch = st.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert stats.interval(a, b) == pytest.approx((welch.low, welch.high)) and welch.low < -10 < welch.high
     assert stats.interval(np.full(3, 2.0), np.full(3, 1.0)) == (1.0, 1.0)  # no spread over seeds: the point
-    assert stats.mean_ci(np.array([1.0, 2, 3])) == pytest.approx(tuple(st.ttest_1samp([1, 2, 3], 0).confidence_interval()))
+    assert (stats.mean_ci(np.array([1.0, 2, 3]))
+            == pytest.approx(tuple(st.ttest_1samp([1, 2, 3], 0).confidence_interval())))
 
 
 def first_head(step):
@@ -183,13 +183,16 @@ def test_nope(tmp_path, seeds, effect):
     """Score beyond the training length NoPE - RoPE: +0.3, 0 or -0.3; val/text_loss NoPE - RoPE: 0 (strong: the
     cost is 0.02 below the allowed 0.02), 0.02 (none: at the limit) or 0.1 (reversed)."""
     shift, cost = {"strong": (0.3, 0.0), "none": (0.0, 0.02), "reversed": (-0.3, 0.1)}[effect]
-    acc = lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
+    def acc(s):
+        return (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
     arm(tmp_path, "rope", seeds, token_acc=acc, loss=lambda s: 2.0 + 0.001 * s)
     arm(tmp_path, "nope", seeds, pos_full="nope", token_acc=acc, beyond=lambda s: shift + 0.001 * s,
         loss=lambda s: 2.0 + cost + 0.001 * s)
     v = verdicts(tmp_path)
     beyond, loss = v.loc["beyond: pos.full=rope"], v.loc["cost: pos.full=rope"]
-    assert beyond["effect"] == pytest.approx(shift + 0.001 * (seeds - 1) / 2) and loss["effect"] == pytest.approx(cost - 0.02, abs=1e-6)  # TensorBoard keeps float32
+    # TensorBoard keeps float32
+    assert (beyond["effect"] == pytest.approx(shift + 0.001 * (seeds - 1) / 2)
+            and loss["effect"] == pytest.approx(cost - 0.02, abs=1e-6))
     assert beyond["seeds"] == loss["seeds"] == f"{seeds}/{seeds}" and "val/text_loss" in loss["compared"]
     for row in (beyond, loss):
         if seeds == 3 and effect != "none":
@@ -215,7 +218,8 @@ def test_nope_cost_needs_natural_text(tmp_path):
 def test_three_seeds_say_when_no_p_can_be_small_enough(tmp_path):
     """3 seeds per arm, every NoPE seed far above every RoPE seed: the permutation p is 2/20 = 0.1 at best, so
     the verdict is inconclusive and says that more seeds, not a larger effect, are missing."""
-    acc = lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
+    def acc(s):
+        return (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
     arm(tmp_path, "rope", 3, token_acc=acc)
     arm(tmp_path, "nope", 3, pos_full="nope", token_acc=acc, beyond=lambda s: 0.3 + 0.001 * s)
     beyond = verdicts(tmp_path).loc["beyond: pos.full=rope"]
@@ -227,13 +231,17 @@ def test_three_seeds_say_when_no_p_can_be_small_enough(tmp_path):
 def test_nope_beyond_is_conditioned_on_within(tmp_path, seeds):
     """NoPE scores 0.3 higher within the training length and just as much higher beyond it: the raw beyond
     score shows +0.3 (a context comparison, outside the Holm family), beyond - within shows nothing."""
-    rope = lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
-    nope = lambda s: (0.1, 0.2, 0.3, 0.7 + 0.01 * s)
+    def rope(s):
+        return (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
+
+    def nope(s):
+        return (0.1, 0.2, 0.3, 0.7 + 0.01 * s)
     arm(tmp_path, "rope", seeds, token_acc=rope, beyond=lambda s: -0.1)
     arm(tmp_path, "nope", seeds, pos_full="nope", token_acc=nope, beyond=lambda s: -0.1)
     _, comparisons = both(load_runs(find_runs(tmp_path), root=tmp_path))
     beyond = verdicts(tmp_path).loc["beyond: pos.full=rope"]
-    assert beyond["compared"] == "NoPE - RoPE of (score beyond - score within)" and beyond["effect"] == pytest.approx(0, abs=1e-9)
+    assert (beyond["compared"] == "NoPE - RoPE of (score beyond - score within)"
+            and beyond["effect"] == pytest.approx(0, abs=1e-9))
     assert_verdict(beyond, "inconclusive", "CI spans 0")
     raw = comparisons[comparisons["compared"] == "NoPE - RoPE score beyond (raw)"].iloc[0]
     assert raw["effect"] == pytest.approx(0.3) and raw["verdict"] == "context" and math.isnan(raw["p_holm"])
@@ -249,7 +257,8 @@ def test_tost_and_context_comparisons():
     p, ci = stats.tost(a + 0.1, b, 0.05)
     assert p > 0.5 and ci[0] > 0.05
     assert stats.tost(np.full(3, 0.5), np.full(3, 0.52), 0.05) == (0.0, (pytest.approx(-0.02), pytest.approx(-0.02)))
-    claims = [stats.Comparison("a", 1.0, (0.5, 1.5), 0.01, 1, (5, 5)), stats.Comparison("b", 1.0, (0.5, 1.5), 0.02, 1, (5, 5))]
+    claims = [stats.Comparison("a", 1.0, (0.5, 1.5), 0.01, 1, (5, 5)),
+              stats.Comparison("b", 1.0, (0.5, 1.5), 0.02, 1, (5, 5))]
     context = stats.Comparison("c", 1.0, (0.5, 1.5), 0.001, 1, (5, 5), claim=False)
     stats.adjust([*claims, context])
     assert [c.p_adj for c in claims] == pytest.approx([0.02, 0.02]) and math.isnan(context.p_adj)

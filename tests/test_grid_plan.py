@@ -6,6 +6,7 @@ import json
 import pytest
 import yaml
 
+from conftest import REPO
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.grid.capacity import DEFAULT_GPU, plan_gpu, profile_gpu
@@ -14,8 +15,6 @@ from hybrid_lightning.grid.spec import load_grid
 from hybrid_lightning.plan.memory import fitting_setting
 from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.units import figure
-
-from conftest import REPO
 from test_grid import TINY_BASE, write_grid
 
 
@@ -29,7 +28,8 @@ def test_set_applies_to_every_cell_and_cells_picks_them(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, cells, message", [
-    (["model.window=4"], [], "--set model.window=4 makes cells window=8,seed=0 and window=16,seed=0 one run; pick one with --cells"),
+    (["model.window=4"], [], "--set model.window=4 makes cells window=8,seed=0 and window=16,seed=0 one run; "
+                             "pick one with --cells"),
     (["name=x"], [], "--set name: each cell is named after its values"),
     (["train.max_step=7"], [], r"--set: .*train.max_step"),
     ([], ["window=32,*"], r"--cells 'window=32,\*' matches no cell; did you mean 'window=8,seed=0'"),
@@ -61,7 +61,8 @@ def test_the_fitting_setting_keeps_the_tokens_of_a_step():
     batch, accumulate = setting["train.batch_size"], setting["train.accumulate_grad_batches"]
     assert batch < 8 and batch * accumulate == 8  # the same sequences per step
     smaller = validate_config({**TINY_BASE, "model": {**TINY_BASE["model"], "vocab_size": 257},
-                               "train": {**TINY_BASE["train"], "batch_size": batch, "accumulate_grad_batches": accumulate}})
+                               "train": {**TINY_BASE["train"], "batch_size": batch,
+                                         "accumulate_grad_batches": accumulate}})
     at = plan_run(smaller)[1].memory_estimate
     assert at.peak(setting.get("train.activation_checkpointing", False)) <= estimate.peak(True) - 1
     assert fitting_setting(plan, estimate.weights) is None  # not even the weights fit
@@ -83,7 +84,8 @@ def test_grid_plan_states_the_gpu_its_hours_and_the_cells_that_do_not_fit(tmp_pa
     assert main(["grid", "plan", str(path), "--json"]) == 0
     default = json.loads(capsys.readouterr().out)
     assert all(r["fits"] and r["fitting_setting"] is None and r["gpu_hours"] > 0 for r in default)  # an H100 holds them
-    assert plan_gpu(None, None, 1000.0).tokens_per_s(1.0) == 1000.0 == plan_gpu(str(profile), None, 1000.0).tokens_per_s(5.0)
+    assert (plan_gpu(None, None, 1000.0).tokens_per_s(1.0) == 1000.0
+            == plan_gpu(str(profile), None, 1000.0).tokens_per_s(5.0))
     assert "GPU-h" not in plan_table(load_grid(path, overrides=["train.accelerator=cpu"]),
                                      plan_rows(load_grid(path, overrides=["train.accelerator=cpu"])), DEFAULT_GPU)
 
@@ -106,4 +108,5 @@ def test_a_profile_without_a_gpu_gives_the_default_and_a_bad_one_is_named(tmp_pa
 
 
 def test_figures_have_three_digits_and_no_exponent():
-    assert [figure(x) for x in (1234.5, 1030.0, 12.34, 0.01234, 1.23e-5)] == ["1,230", "1,030", "12.3", "0.0123", "0.0000123"]
+    assert ([figure(x) for x in (1234.5, 1030.0, 12.34, 0.01234, 1.23e-5)]
+            == ["1,230", "1,030", "12.3", "0.0123", "0.0000123"])

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO, run_cli
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.slurm import squeue_jobs
 from hybrid_lightning.grid.spec import format_value
@@ -31,8 +32,6 @@ from hybrid_lightning.grid.state import read_jobs
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.hparams import STUDY_KEYS
-
-from conftest import REPO, run_cli
 from test_grid import TINY_BASE, loss_steps, write_grid
 
 pytestmark = pytest.mark.slow
@@ -45,7 +44,8 @@ def local_cluster(*args: str, cpus: int = 4):
     SLURM_CONF points at it meanwhile. Skips, with the reason, where SLURM cannot be started."""
     folder = Path(tempfile.mkdtemp(prefix="hl-slurm-"))
     try:
-        up = subprocess.run(["bash", str(SCRIPT), "up", *args, str(folder)], capture_output=True, text=True, timeout=900,
+        up = subprocess.run(["bash", str(SCRIPT), "up", *args, str(folder)], capture_output=True, text=True,
+                            timeout=900,
                             env={**os.environ, "LOCAL_CLUSTER_CPUS": str(cpus)})
         reason = up.stderr.strip()[-1500:] if up.returncode else None
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -74,7 +74,8 @@ def cluster():
 
 def profile(folder, **params):
     path = folder / "profile.yaml"
-    path.write_text(yaml.safe_dump({"slurm_partition": "debug", "timeout_min": 10, "cpus_per_task": 1, "mem_gb": 1, **params}))
+    path.write_text(yaml.safe_dump({"slurm_partition": "debug", "timeout_min": 10, "cpus_per_task": 1, "mem_gb": 1,
+                                    **params}))
     return path
 
 
@@ -198,7 +199,8 @@ def test_tensorboard_server_lists_every_cell_with_hparams(finished_grid):
         by_window = {g["hparams"]["model.window"]: g for g in groups}
         assert sorted(by_window, key=int) == ["8", "16", "32"]  # as the grid writes them (grid.spec.format_value)
         for row, cell in zip(cell_states(grid), grid.cells):  # each cell's final train/loss is its metric
-            final = [m for m in by_window[format_value(cell.labels["model.window"])]["metricValues"] if m["name"]["tag"] == "train/loss"]
+            final = [m for m in by_window[format_value(cell.labels["model.window"])]["metricValues"]
+                     if m["name"]["tag"] == "train/loss"]
             assert final[0]["trainingStep"] == 20 and final[0]["value"] == pytest.approx(row.loss)
     finally:
         server.terminate()
@@ -238,7 +240,8 @@ def requeue_run(cluster, rate, tmp_path_factory):
     folder = tmp_path_factory.mktemp("e3")
     steps = max(100, int(rate * 120))
     short = profile(folder, timeout_min=1, slurm_signal_delay_s=10, slurm_max_num_timeout=30)
-    path = write_grid(folder, "e3", base=tiny(max_steps=steps, checkpoint_every_n_steps=max(10, steps // 4)), axes={"seed": [0]})
+    path = write_grid(folder, "e3", base=tiny(max_steps=steps, checkpoint_every_n_steps=max(10, steps // 4)),
+                      axes={"seed": [0]})
     submit(path, short)
     grid = load_grid(path)
     watcher = Watcher(grid, timeout=900)
@@ -284,7 +287,8 @@ def test_concurrent_submits_submit_each_cell_once_and_cancel(cluster, tmp_path):
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert sorted("3 to submit" in o for o in outs) == [False, True] and sum("0 to submit" in o for o in outs) == 1, outs
+    assert (sorted("3 to submit" in o for o in outs) == [False, True]
+            and sum("0 to submit" in o for o in outs) == 1), outs
     grid = load_grid(path)
     jobs = read_jobs(grid)
     assert all(len(jobs[c.name]) == 1 for c in grid.cells)
@@ -306,7 +310,8 @@ def test_gpu_request_and_cpu_ddp_through_slurm(cluster, tmp_path):
         "ddp2": {"train.accelerator": "cpu", "train.devices": 2, "train.strategy": "ddp"},
     }})
     out = submit(path, profile(tmp_path))
-    assert "(1 node(s) x 2 task(s), 2 GPU(s) per node each)" in out and "(1 node(s) x 2 task(s), 0 GPU(s) per node each)" in out
+    assert ("(1 node(s) x 2 task(s), 2 GPU(s) per node each)" in out
+            and "(1 node(s) x 2 task(s), 0 GPU(s) per node each)" in out)
     grid = load_grid(path)
     gpu, ddp = grid.cells
     rows = wait(grid, lambda rows: rows[gpu.name].state == "failed" and rows[ddp.name].state == "done")
@@ -325,7 +330,8 @@ def test_gpu_request_and_cpu_ddp_through_slurm(cluster, tmp_path):
     events = [p for p in ddp.run_dir.glob("events.out.tfevents.*") if not p.name.endswith(".hparams")]
     assert len(events) == 1  # one writer: rank 0
     assert loss_steps(ddp.run_dir) == list(range(1, 11))
-    assert sorted(p.name for p in (ddp.run_dir / "checkpoints").iterdir()) == ["last.ckpt", "step_0000005.ckpt", "step_0000010.ckpt"]
+    assert sorted(p.name for p in (ddp.run_dir / "checkpoints").iterdir()) == ["last.ckpt", "step_0000005.ckpt",
+                                                                               "step_0000010.ckpt"]
     assert read_status(ddp.run_dir)["state"] == "done"
 
 
@@ -340,9 +346,11 @@ def test_bad_submissions_submit_nothing(cluster, tmp_path):
     r = run_cli("grid", "submit", str(path), "--executor", "slurm", "--profile", str(profile(tmp_path)),
                 env={"SLURM_CONF": str(dead)}, timeout=300)
     assert r.returncode == 2 and "SLURM is unreachable" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = run_cli("grid", "submit", str(path), "--executor", "slurm", "--profile", str(profile(tmp_path, slurm_partition="nope")),
+    r = run_cli("grid", "submit", str(path), "--executor", "slurm",
+                "--profile", str(profile(tmp_path, slurm_partition="nope")),
                 timeout=300)
-    assert r.returncode == 2 and "'nope' is not a partition of this cluster (sinfo lists ['debug'])" in r.stderr, r.stderr
+    assert (r.returncode == 2
+            and "'nope' is not a partition of this cluster (sinfo lists ['debug'])" in r.stderr), r.stderr
     r = run_cli("grid", "submit", str(path), "--executor", "slurm", "--profile", str(profile(tmp_path, mem_gb=100000)),
                 timeout=300)
     assert r.returncode == 2 and "sbatch refused" in r.stderr and "memory specification" in r.stderr.lower(), r.stderr

@@ -2,7 +2,6 @@
 head can score; heads to ablate are chosen on held-out probes; the top K is tested against random
 draws of non-retrieval heads from its own layers with a permutation p; every head can be masked alone."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -97,14 +96,16 @@ def test_permutation_p_counts_draws_at_least_as_harmful_and_the_observation():
     assert permutation_p(0.5, [0.1, 0.5, 0.7, 0.2]) == 3 / 5
     assert permutation_p(0.9, [0.0] * 19) == 1 / 20  # the smallest p 19 draws can give
     assert permutation_p(0.0, [0.0] * 20) == 1.0
-    rows = [{"n": 1, "token_accuracy": 1.0, "masked_token_accuracy": 0.5}, {"n": 3, "token_accuracy": 0.5, "masked_token_accuracy": 0.5}]
+    rows = [{"n": 1, "token_accuracy": 1.0, "masked_token_accuracy": 0.5},
+            {"n": 3, "token_accuracy": 0.5, "masked_token_accuracy": 0.5}]
     assert harm(rows) == 0.125
 
 
 def test_layer_matched_draws_only_draw_non_retrieval_heads_of_the_top_k_layers():
     """Controls come from the top K's layers, as many per layer as it has there, never a head of the top K
     or a retrieval head of the report that chose it; a layer the top K fills has no control at all."""
-    report = {"heads": [{"layer": layer, "head": h, "retrieval": (layer, h) == (1, 0)} for layer in range(4) for h in range(4)]}
+    report = {"heads": [{"layer": layer, "head": h, "retrieval": (layer, h) == (1, 0)}
+                        for layer in range(4) for h in range(4)]}
     top = [(3, 0), (3, 2), (1, 1)]
     draws = layer_matched_draws(report, top, 200, seed=7)
     assert len(draws) == 200 and draws == layer_matched_draws(report, top, 200, seed=7)
@@ -113,7 +114,8 @@ def test_layer_matched_draws_only_draw_non_retrieval_heads_of_the_top_k_layers()
     drawn = {h for d in draws for h in d}
     assert drawn == {(1, 2), (1, 3), (3, 1), (3, 3)}  # the retrieval head (1, 0) and the top K never
     assert layer_matched_draws(report, [(2, 0), (2, 1), (2, 2), (2, 3)], 5, seed=7) == []  # the top K fills layer 2
-    assert layer_matched_draws(report, [(1, 1), (1, 2), (1, 3)], 5, seed=7) == []  # the rest of layer 1 is a retrieval head
+    # the rest of layer 1 is a retrieval head
+    assert layer_matched_draws(report, [(1, 1), (1, 2), (1, 3)], 5, seed=7) == []
 
 
 def test_top_k_against_layer_matched_draws_gives_the_known_p():
@@ -126,8 +128,10 @@ def test_top_k_against_layer_matched_draws_gives_the_known_p():
     out = ablations(model, cfg, TOK, HELD_OUT, scored, selection="top", k=1, controls=20, seed=3, step=0, tokens=0,
                     run_key=5, window=WINDOW)
     test, nonretrieval = out["ablation_tests"]
-    draws = layer_matched_draws(scored, [(2, COPY_HEAD)], 20, seed=[3, 5, 0])  # seeded by the seed, the run and the step
-    assert all(layer == 2 and head != COPY_HEAD for d in draws for layer, head in d) and len({tuple(d) for d in draws}) > 1
+    # seeded by the seed, the run and the step
+    draws = layer_matched_draws(scored, [(2, COPY_HEAD)], 20, seed=[3, 5, 0])
+    assert (all(layer == 2 and head != COPY_HEAD for d in draws for layer, head in d)
+            and len({tuple(d) for d in draws}) > 1)
     assert test["harm"] > 0.5 and test["draws"] == 20 and test["match"] == "layer"
     assert test["draw_harms"] == pytest.approx([0.0] * 20) and test["p"] == 1 / 21
     controls = [r for r in out["ablation"] if r["selection"] == "control"]
@@ -148,7 +152,8 @@ def test_uniform_masking_makes_a_head_average_the_values_it_sees():
 
     model = copier(5)
     mixer = model.layers[2].mixer
-    x = torch.randn(1, 12, 256, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(mixer.wo.weight.dtype)
+    x = torch.randn(1, 12, 256, generator=torch.Generator().manual_seed(1),
+                    dtype=torch.float64).to(mixer.wo.weight.dtype)
     others = [(2, h) for h in range(mixer.n_heads) if h != COPY_HEAD]
     with masked(model, others), masked(model, [(2, COPY_HEAD)], "uniform"):
         out = mixer(x)  # only the copy head's output, attending uniformly

@@ -11,11 +11,11 @@ from conftest import on_ranks
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.data.tokenizer import ByteTokenizer
+from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.heads.ablation import ablate, choose_heads, masked, parse_heads
+from hybrid_lightning.heads.report import ablation_table, heads_scalars, heads_table, score_grid, scored_layers
 from hybrid_lightning.heads.retrieval import RetrievalHeads, answer_targets
 from hybrid_lightning.probes.check import check_heads_probes
-from hybrid_lightning.heads.report import ablation_table, heads_scalars, heads_table, score_grid, scored_layers
-from hybrid_lightning.eval.runner import LongContextEval
 from hybrid_lightning.probes.tasks import make_sample
 
 TOK = ByteTokenizer()
@@ -36,7 +36,8 @@ def probe_sample(cfg) -> "Sample":  # noqa: F821
 
 
 def zeroed(pattern: str, d_model: int, window: int = 32, pos: str = "rope"):
-    model = build_model({"n_layers": len(pattern), "pattern": pattern, "d_model": d_model, "n_heads": 4, "n_kv_heads": 2,
+    model = build_model({"n_layers": len(pattern), "pattern": pattern, "d_model": d_model, "n_heads": 4,
+                         "n_kv_heads": 2,
                          "window": window, "pos": {"full": pos, "efficient": pos}}).double().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -125,13 +126,15 @@ def test_d1_the_copy_head_scores_one_and_every_other_head_zero():
     assert report["layers"][0]["retrieval_heads"] is None and report["layers"][2]["retrieval_heads"] == 1
     assert head(report, 1, COPY_HEAD)["score"] == 0.0 and s.distance() > 32
     assert report["total"] == {"retrieval_heads": 1, "copy_heads": 1, "locator_heads": 0, "max_score": 1.0,
-                               "mean_score": 1.0 / 8, "reaching_heads": 4, "reach_retrieval_heads": 1}  # full heads reach
+                               "mean_score": 1.0 / 8, "reaching_heads": 4,
+                               "reach_retrieval_heads": 1}  # full heads reach
     assert all(x["step"] == 5 and x["tokens"] == 7 for x in report["heads"] + report["layers"])
     grid = score_grid(report)
     assert np.isnan(grid[0]).all() and grid[2, COPY_HEAD] == 1.0
     tags = heads_scalars(report, scored_layers(report))
     assert tags["val_longctx_heads/retrieval_heads"] == 1 and tags["val_longctx_heads/layer_02/max_score"] == 1.0
-    assert "val_longctx_heads/layer_00/retrieval_heads" not in tags and "val_longctx_heads/layer_01/max_score" not in tags
+    assert ("val_longctx_heads/layer_00/retrieval_heads" not in tags
+            and "val_longctx_heads/layer_01/max_score" not in tags)
     text = heads_table(report)
     assert "1.000*C" in text and "0 swa/32 (n/a)" in text
 
@@ -193,7 +196,8 @@ GRID = {"tasks": ["passkey", "niah_single_2"], "lengths": [560, 700], "depths": 
 
 
 def assert_same_scores(a: dict, b: dict):
-    assert (a["samples"], a["kept"], a["total"]["retrieval_heads"]) == (b["samples"], b["kept"], b["total"]["retrieval_heads"])
+    assert ((a["samples"], a["kept"], a["total"]["retrieval_heads"])
+            == (b["samples"], b["kept"], b["total"]["retrieval_heads"]))
     for x, y in zip(a["heads"] + a["layers"], b["heads"] + b["layers"], strict=True):
         assert x.keys() == y.keys()
         for k in x:
@@ -205,12 +209,14 @@ def test_d2_scores_do_not_depend_on_batch_size_or_pieces():
     one = RetrievalHeads(eval_config(GRID, batch_size=1), TOK, HELD_OUT).run(model, step=0, tokens=0)
     assert one["samples"] == 16 and max(r["score"] for r in one["heads"]) > 0  # something to compare
     for batch, chunk in ((3, 2048), (16, 101)):
-        other = RetrievalHeads(eval_config(GRID, batch_size=batch, chunk_tokens=chunk), TOK, HELD_OUT).run(model, step=0, tokens=0)
+        other = RetrievalHeads(eval_config(GRID, batch_size=batch, chunk_tokens=chunk), TOK, HELD_OUT).run(
+            model, step=0, tokens=0)
         assert_same_scores(one, other)
 
 
 def _ddp_heads(rank: int = 0, world: int = 1) -> dict:
-    return RetrievalHeads(eval_config(GRID, batch_size=3), TOK, HELD_OUT).run(random_model(), step=1, tokens=2, rank=rank, world=world)
+    return RetrievalHeads(eval_config(GRID, batch_size=3), TOK, HELD_OUT).run(random_model(), step=1, tokens=2,
+                                                                              rank=rank, world=world)
 
 
 def test_d2_two_ranks_give_the_scores_of_one_process():
@@ -222,7 +228,8 @@ def test_d2_two_ranks_give_the_scores_of_one_process():
 def test_answer_filter_keeps_answered_samples_only():
     model, grid = random_model(), {**GRID, "lengths": [560], "samples": 1}
     report = RetrievalHeads(eval_config(grid), TOK, HELD_OUT).run(model, step=0, tokens=0)
-    strict = RetrievalHeads(eval_config({**grid, "min_answer_accuracy": 0.5}), TOK, HELD_OUT).run(model, step=0, tokens=0)
+    strict = RetrievalHeads(eval_config({**grid, "min_answer_accuracy": 0.5}), TOK, HELD_OUT).run(
+        model, step=0, tokens=0)
     assert report["kept"] == report["samples"] == strict["samples"] == 4
     assert strict["kept"] == 0  # an untrained model answers nothing
     assert all(r["score"] is None and not r["retrieval"] and r["role"] is None for r in strict["heads"])
@@ -274,7 +281,8 @@ def test_head_choice_errors_name_the_option():
         choose_heads(report, "top", 5)
     with pytest.raises(ValueError, match="--mask-random: K=3 leaves only 1 heads"):
         choose_heads(report, "random", 3)
-    with pytest.raises(ValueError, match=r"--mask: \['1.0', '0.7'\] is not a list of attention heads \(attention layers \[0\]"):
+    with pytest.raises(ValueError, match=r"--mask: \['1.0', '0.7'\] is not a list of attention heads "
+                                         r"\(attention layers \[0\]"):
         choose_heads(report, "list", listed=[(1, 0), (0, 7), (0, 1)])
     assert choose_heads(report, "list", listed=parse_heads(["0.3", "0.1", "0.3"])) == [(0, 3), (0, 1)]
     with pytest.raises(ValueError, match="--mask: '3-1' is not LAYER.HEAD"):
@@ -284,7 +292,8 @@ def test_head_choice_errors_name_the_option():
 def test_config_errors_name_the_heads_keys():
     with pytest.raises(ValueError, match="did you mean 'eval.heads.threshold'"):
         validate_config({"eval": {"heads": {"treshold": 0.2}}})
-    with pytest.raises(ValueError, match=r"eval.heads.tasks: \['needle'\] not among the accepted tasks"):  # checked by eval
+    # checked by eval
+    with pytest.raises(ValueError, match=r"eval.heads.tasks: \['needle'\] not among the accepted tasks"):
         check_heads_probes(validate_config({"eval": {"heads": {"tasks": ["needle"]}}}).eval, TOK)
     with pytest.raises(ValueError, match="eval.heads.lengths: 300 tokens is too short for task 'niah_single_1'"):
         check_heads_probes(validate_config({"eval": {"heads": {"lengths": [300]}}}).eval, TOK)
@@ -301,7 +310,8 @@ def test_recurrent_layers_are_not_applicable_and_pieces_carry_their_state(letter
     assert [x["applicable"] for x in one["layers"]] == [False, True, True]
     # some hits by chance (Wu et al.'s token test), so that the comparison below compares something
     assert {r["layer"] for r in one["heads"]} == {1, 2} and max(r["token_score"] for r in one["heads"]) > 0
-    pieces = RetrievalHeads(eval_config(GRID, batch_size=4, chunk_tokens=97), TOK, HELD_OUT).run(model, step=0, tokens=0)
+    pieces = RetrievalHeads(eval_config(GRID, batch_size=4, chunk_tokens=97), TOK, HELD_OUT).run(
+        model, step=0, tokens=0)
     assert_same_scores(one, pieces)
 
 
@@ -309,7 +319,8 @@ def test_mask_top_refuses_a_tie_at_the_kth_place_and_names_it():
     def report(scores):
         return {"kept": 1, "heads": [{"layer": 3, "head": h, "score": s} for h, s in enumerate(scores)]}
 
-    with pytest.raises(ValueError, match=r"--mask-top 2: the top 2 is not defined: heads 3.0 3.1 3.2 3.3 tie at score 0 "
+    with pytest.raises(ValueError, match=r"--mask-top 2: the top 2 is not defined: heads 3.0 3.1 3.2 3.3 "
+                                         r"tie at score 0 "
                                          r"for places 1 to 4; score more probes"):
         choose_heads(report([0.0, 0.0, 0.0, 0.0]), "top", 2)  # every score 0: no top 2 to speak of
     tied = report([0.1, 0.5, 0.3, 0.3])

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid_lightning.rundir.status import read_status
-
-from test_faults import QUIET, loss_steps, one_line_error, start, train
 from conftest import TINY
+from hybrid_lightning.rundir.status import read_status
+from test_faults import QUIET, loss_steps, one_line_error, start, train
 
 STEPS, EVERY = 12, 2
 
 
 def run_args(accumulate: int, steps: int = STEPS, *extra: str) -> list[str]:
     """The tiny model at a global batch of 12 sequences: 12 / ``accumulate`` per micro-batch."""
-    return [*TINY, *QUIET, "--set", f"train.batch_size={12 // accumulate}", "--set", f"train.accumulate_grad_batches={accumulate}",
+    return [*TINY, *QUIET, "--set", f"train.batch_size={12 // accumulate}",
+            "--set", f"train.accumulate_grad_batches={accumulate}",
             "--set", f"train.max_steps={steps}", "--set", f"train.checkpoint_every_n_steps={EVERY}",
             "--set", "train.log_every_n_steps=1", "--set", "train.precision='32'", *extra]
 
@@ -71,7 +71,7 @@ def test_repeated_kills_resume_exactly_at_any_accumulation(tmp_path, accumulate)
     kills = int(kill_when(killed, args, lambda: any((killed / "checkpoints").glob("step_*.ckpt"))))
     for _ in range(4):
         before = mtime(last)
-        kills += kill_when(killed, args, lambda: mtime(last) not in (None, before))
+        kills += kill_when(killed, args, lambda before=before: mtime(last) not in (None, before))
     r = train(killed, *args)
     assert r.returncode == 0 and read_status(killed)["state"] == "done", r.stderr[-3000:]
     assert kills >= 3, kills  # the loop did kill the runs it meant to
@@ -79,7 +79,8 @@ def test_repeated_kills_resume_exactly_at_any_accumulation(tmp_path, accumulate)
     assert worst(w_a, w_b) == 0.0 and worst(o_a, o_b) == 0.0
     assert loss_steps(killed) == list(range(1, STEPS + 1))
     for ckpt in (killed / "checkpoints").glob("step_*.ckpt"):  # every checkpoint at a boundary: its own step
-        loop = torch.load(ckpt, map_location="cpu", weights_only=False)["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+        loop = torch.load(ckpt, map_location="cpu",
+                          weights_only=False)["loops"]["fit_loop"]["epoch_loop.batch_progress"]
         step = int(ckpt.stem.split("_")[1])
         assert loop["total"]["started"] == step * accumulate, (ckpt.name, loop)  # saved as its last micro-batch ends
 
@@ -95,10 +96,13 @@ def test_resumable_keys_change_on_resume(tmp_path):
     r = train(run, *run_args(1, 14), *constant, "--set", "train.keep_checkpoints=1")
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*.ckpt")) == ["step_0000014.ckpt"]
-    r = train(run, *run_args(1, 18), *constant, "--set", "train.keep_checkpoints=-1", "--set", "train.checkpoint_every_n_steps=1",
-              "--set", "train.log_every_n_steps=3", "--set", "train.val_every_n_steps=5", "--set", "train.progress_bar=true")
+    r = train(run, *run_args(1, 18), *constant, "--set", "train.keep_checkpoints=-1",
+              "--set", "train.checkpoint_every_n_steps=1",
+              "--set", "train.log_every_n_steps=3", "--set", "train.val_every_n_steps=5",
+              "--set", "train.progress_bar=true")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(p.name for p in (run / "checkpoints").glob("step_*.ckpt")) == [f"step_{s:07d}.ckpt" for s in (14, 15, 16, 17, 18)]
+    assert (sorted(p.name for p in (run / "checkpoints").glob("step_*.ckpt"))
+            == [f"step_{s:07d}.ckpt" for s in (14, 15, 16, 17, 18)])
     assert "Restoring states" not in r.stdout + r.stderr  # the run's own "resuming from ..." line says it
     refused = train(run, *run_args(1, 20), *constant, "--set", "model.window=16")
     assert "another config" in one_line_error(refused)

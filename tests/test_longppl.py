@@ -106,7 +106,8 @@ def test_without_an_evaluator_longppl_is_not_reported(tmp_path):
     assert row["longppl"] is None and row["key_tokens"] is None and row["evaluator"] is None
     assert "eval.longppl_evaluator is null" in row["reason"] and row["ppl"] > 1
     tags = scalars(report)
-    assert "val_longctx/longppl" not in tags and "val_longctx/key_token_share" not in tags and "val_longctx/ppl_long" in tags
+    assert ("val_longctx/longppl" not in tags and "val_longctx/key_token_share" not in tags
+            and "val_longctx/ppl_long" in tags)
     assert "LongPPL not reported: no evaluator model" in table(report)
     # an evaluator still training is not used either: its newest checkpoint would change
     unfinished = save_run(tmp_path / "training", model(0), done=False)
@@ -153,10 +154,13 @@ def test_the_callback_scores_a_run_on_its_evaluators_key_tokens(tmp_path):
     reports LongPPL on the key tokens the first chose."""
     common = [*TINY, "--set", "train.max_steps=6", "--set", "train.warmup_steps=1", "--set", "eval.every_n_steps=0",
               "--set", "eval.tasks=[passkey]", "--set", "eval.lengths=[300]", "--set", "eval.depths=[0.5]",
-              "--set", "eval.position_length=256", "--set", "eval.longppl_context=32", "--set", "eval.longppl_alpha=0.0",
-              "--set", "eval.longppl_beta=-10.0", "--set", "eval.heads.at_end=false", "--set", "eval.heads.every_n_steps=0"]
+              "--set", "eval.position_length=256", "--set", "eval.longppl_context=32",
+              "--set", "eval.longppl_alpha=0.0",
+              "--set", "eval.longppl_beta=-10.0", "--set", "eval.heads.at_end=false",
+              "--set", "eval.heads.every_n_steps=0"]
     evaluator, scored = tmp_path / "evaluator", tmp_path / "scored"
-    for run_dir, extra in ((evaluator, []), (scored, ["--set", f"eval.longppl_evaluator={evaluator}", "--set", "seed=1"])):
+    for run_dir, extra in ((evaluator, []),
+                           (scored, ["--set", f"eval.longppl_evaluator={evaluator}", "--set", "seed=1"])):
         r = run_cli("train", "--run-dir", str(run_dir), *common, *extra)
         assert r.returncode == 0, r.stderr[-3000:]
     own = json.loads((evaluator / "eval" / "step_6.json").read_text())["longppl"][0]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from conftest import system_of
 from hybrid_lightning.plan import build_model, resolve_model_config
 from hybrid_lightning.runplan import GIB
-from conftest import system_of
 
 VOCAB = 50
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import run_cli
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.grid import load_grid
@@ -29,8 +30,6 @@ from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.cluster import machine_cores
 from hybrid_lightning.training.run import train
-
-from conftest import run_cli
 from test_accumulation import rel, weights
 from test_faults import one_line_error
 from test_grid import loss_steps, write_grid
@@ -47,7 +46,8 @@ TOLERANCE = {1: 1e-4, 2: 5e-4}  # tasks per node -> worst relative difference al
 
 def base(devices: int = 1, num_nodes: int = 2) -> dict:
     """The runs' config: DDP over gloo on CPU, ``devices`` x ``num_nodes`` ranks sharing GLOBAL_BATCH."""
-    return tiny(accelerator="cpu", devices=devices, num_nodes=num_nodes, batch_size=GLOBAL_BATCH // (devices * num_nodes),
+    return tiny(accelerator="cpu", devices=devices, num_nodes=num_nodes,
+                batch_size=GLOBAL_BATCH // (devices * num_nodes),
                 max_steps=STEPS, checkpoint_every_n_steps=EVERY)
 
 
@@ -66,7 +66,8 @@ def test_plan_refuses_a_profile_that_contradicts_a_cell(tmp_path, capsys):
     prof.write_text("slurm_partition: debug\ntasks_per_node: 2\n")
     line = refused(capsys, "grid", "plan", str(path), "--profile", str(prof))
     assert f"profile {prof}: tasks_per_node=2 disagrees with cell seed=0's train.devices=1" in line, line
-    assert main(["grid", "plan", str(path), "--profile", str(prof), "--set", "tasks_per_node=1", "--set", "nodes=2"]) == 0
+    assert main(["grid", "plan", str(path), "--profile", str(prof), "--set", "tasks_per_node=1",
+                 "--set", "nodes=2"]) == 0
 
 
 def test_cpu_devices_above_the_cores_are_refused(tmp_path, capsys):
@@ -79,7 +80,8 @@ def test_cpu_devices_above_the_cores_are_refused(tmp_path, capsys):
         line = refused(capsys, *args)
         assert expected in line and f"this machine has {machine_cores()} cores" in line, line
     run = tmp_path / "run"
-    line = refused(capsys, "train", "--set", "train.accelerator=cpu", "--set", f"train.devices={too_many}", "--run-dir", str(run))
+    line = refused(capsys, "train", "--set", "train.accelerator=cpu", "--set", f"train.devices={too_many}",
+                   "--run-dir", str(run))
     assert expected in line, line
     assert not run.exists() and not (tmp_path / "runs").exists()
 
@@ -121,7 +123,8 @@ def test_the_first_end_in_a_jobs_log_tells_a_lost_task_from_a_cancellation(tmp_p
     assert executor.lost_task(record) is None and executor.ending(record) is None  # rank 0's error: the run records it
     log.write_text(KILLED.replace("task 1: Killed", "task 1: Exited with exit code 1"))  # rank 1 raised: its own error
     record["result"] = str(tmp_path / "8_0_result.pkl")
-    (tmp_path / "8_1_result.pkl").write_bytes(pickle.dumps(("error", "Traceback ...\nValueError: rank 1's own error\n")))
+    (tmp_path / "8_1_result.pkl").write_bytes(pickle.dumps(("error",
+                                                            "Traceback ...\nValueError: rank 1's own error\n")))
     assert executor.lost_task(record) == "rank 1 on n2: ValueError: rank 1's own error"
 
 
@@ -145,7 +148,8 @@ def test_the_main_address_is_the_first_nodes_node_addr_when_its_name_does_not_re
     assert "MASTER_ADDR" not in os.environ
     monkeypatch.setenv("SLURM_JOB_NODELIST", "nowhere-node[1-2]")
     scontrol.write_text("#!/bin/sh\nexit 1\n")
-    with pytest.raises(ValueError, match="the job's first node 'nowhere-node1' does not resolve and scontrol gives no NodeAddr"):
+    with pytest.raises(ValueError, match="the job's first node 'nowhere-node1' does not resolve "
+                                         "and scontrol gives no NodeAddr"):
         set_main_address()
 
 
@@ -153,7 +157,8 @@ def test_train_in_an_allocation_of_several_tasks_needs_srun(monkeypatch):
     from hybrid_lightning.config import TrainConfig
     from hybrid_lightning.training.cluster import check_launch
 
-    for key, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NUM_NODES": "2"}.items():
+    for key, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "1",
+                       "SLURM_JOB_NUM_NODES": "2"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     monkeypatch.setenv("SLURM_JOB_NAME", "batch")
@@ -197,7 +202,8 @@ def wait_for_step(run_dir: Path, step: int, timeout: float = 300) -> int:
     deadline = time.time() + timeout
     while (reached := step_of(run_dir)) < step:
         state = (read_status(run_dir) or {}).get("state")
-        assert state not in ("done", "failed") and time.time() < deadline, f"{run_dir.name}: {state} at step {reached} of {step}"
+        assert state not in ("done", "failed") and time.time() < deadline, (
+            f"{run_dir.name}: {state} at step {reached} of {step}")
         time.sleep(0.1)
     assert reached < STEPS, f"{run_dir.name} ended before step {step}"
     return reached
@@ -213,9 +219,11 @@ def task_logs(grid, cell) -> list[str]:
 def test_the_cluster_has_two_nodes_one_task_on_each(two_nodes):
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %G %t"], capture_output=True, text=True, timeout=60).stdout
     assert out.split("\n")[:2] == ["n1 4 gpu:2 idle", "n2 4 gpu:2 idle"], out
-    ports = re.findall(r"^NodeName=(n\d) NodeHostname=localhost NodeAddr=127.0.0.1 Port=(\d+)", (two_nodes / "slurm.conf").read_text(), re.M)
+    ports = re.findall(r"^NodeName=(n\d) NodeHostname=localhost NodeAddr=127.0.0.1 Port=(\d+)",
+                       (two_nodes / "slurm.conf").read_text(), re.M)
     assert [n for n, _ in ports] == ["n1", "n2"] and ports[0][1] != ports[1][1]
-    tasks = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c", "echo $SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID"],
+    tasks = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "bash", "-c",
+                            "echo $SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID"],
                            capture_output=True, text=True, timeout=120)
     assert sorted(tasks.stdout.split("\n")[:2]) == ["n1 0 0", "n2 1 1"], tasks.stdout + tasks.stderr
 
@@ -229,7 +237,8 @@ def across(two_nodes, tmp_path_factory):
         "2x2": {"train.devices": 2, "train.batch_size": GLOBAL_BATCH // 4},
     }})
     out = submit(path, profile(folder))
-    assert "(2 node(s) x 1 task(s), 0 GPU(s) per node each)" in out and "(2 node(s) x 2 task(s), 0 GPU(s) per node each)" in out
+    assert ("(2 node(s) x 1 task(s), 0 GPU(s) per node each)" in out
+            and "(2 node(s) x 2 task(s), 0 GPU(s) per node each)" in out)
     return load_grid(path)
 
 
@@ -341,10 +350,12 @@ def test_worlds_the_profile_or_the_partition_cannot_give_are_refused(two_nodes, 
     prof = profile(tmp_path)
     cases = [  # (train settings, --set items, what the line says)
         ({"num_nodes": 3}, [], "cell seed=0: train.num_nodes=3, but partition 'debug' has 2 node(s)"),
-        ({"devices": 5}, [], "5 task(s) per node (train.devices=5) x cpus_per_task=1 = 5 CPUs per node, but the nodes of "
+        ({"devices": 5}, [], "5 task(s) per node (train.devices=5) x cpus_per_task=1 = 5 CPUs per node, "
+                             "but the nodes of "
                              "partition 'debug' have at most 4"),
         ({"devices": 2}, ["cpus_per_task=3"], "x cpus_per_task=3 = 6 CPUs per node"),
-        ({"accelerator": "gpu", "devices": 3}, [], "3 GPU(s) per node (train.devices=3), but the nodes of partition 'debug' "
+        ({"accelerator": "gpu", "devices": 3}, [], "3 GPU(s) per node (train.devices=3), "
+                                                   "but the nodes of partition 'debug' "
                                                    "have at most 2"),
         ({"devices": 2}, ["tasks_per_node=1"], "--set: tasks_per_node=1 disagrees with cell seed=0's train.devices=2"),
         ({"num_nodes": 2}, ["slurm_nodes=1"], "--set: slurm_nodes=1 disagrees with cell seed=0's train.num_nodes=2"),
@@ -353,7 +364,8 @@ def test_worlds_the_profile_or_the_partition_cannot_give_are_refused(two_nodes, 
     for i, (settings, sets, message) in enumerate(cases):
         path = write_grid(tmp_path, f"refused{i}", base=tiny(**{"accelerator": "cpu", **settings}), axes={"seed": [0]})
         extra = [a for item in sets for a in ("--set", item)]
-        for args in (["plan", str(path), "--profile", str(prof)], ["submit", str(path), "--executor", "slurm", "--profile", str(prof)]):
+        for args in (["plan", str(path), "--profile", str(prof)],
+                     ["submit", str(path), "--executor", "slurm", "--profile", str(prof)]):
             line = refused(capsys, "grid", *args, *extra)
             assert message in line and f"grid refused{i}: " in line, (args, line)
         assert not (tmp_path / "runs" / f"refused{i}").exists()
@@ -365,9 +377,11 @@ def test_train_outside_srun_in_a_two_node_allocation_says_what_to_do(two_nodes, 
     """salloc's command runs on the submitting host with the allocation's environment, as a batch
     script does: no srun, so the second node's task would never start."""
     run = tmp_path / "run"
-    command = ["salloc", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "hybrid_lightning", "train", "--run-dir", str(run),
+    command = ["salloc", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "hybrid_lightning", "train",
+               "--run-dir", str(run),
                "--set", "train.accelerator=cpu", "--set", "train.num_nodes=2", "--set", "train.devices=1"]
     r = subprocess.run(command, capture_output=True, text=True, timeout=300)
     line = one_line_error(r)
-    assert "(2 node(s), 2 task(s)) but not in a task started by srun" in line and "`srun hybrid-lightning train ...`" in line, line
+    assert ("(2 node(s), 2 task(s)) but not in a task started by srun" in line
+            and "`srun hybrid-lightning train ...`" in line), line
     assert not run.exists()

@@ -11,13 +11,12 @@ import sys
 import pytest
 import torch
 
+from conftest import REPO
 from hybrid_lightning import build_model
-from hybrid_lightning.plan.count import count
 from hybrid_lightning.bench.training import PlainStep, architectures
 from hybrid_lightning.config import config_to_dict, validate_config
 from hybrid_lightning.kinds import KINDS, mixer_names
-
-from conftest import REPO
+from hybrid_lightning.plan.count import count
 
 
 def test_architectures_are_the_papers_seven_over_the_registered_mixers():
@@ -76,7 +75,8 @@ def mean_visible_keys(T: int, window: int | None) -> float:
 
 
 @pytest.mark.parametrize("arch", [
-    {"pattern": "F"}, {"pattern": "EEEF", "mixer": "swa", "window": 7}, {"pattern": "EEEF", "mixer": "swa", "window": 16},
+    {"pattern": "F"}, {"pattern": "EEEF", "mixer": "swa", "window": 7},
+    {"pattern": "EEEF", "mixer": "swa", "window": 16},
     {"pattern": "EEEF", "mixer": "swa", "window": 64}, {"pattern": "EEEF", "mixer": "mamba2"},
     {"pattern": "EEEF", "mixer": "gated_deltanet"}, {"pattern": "EEEF", "mixer": "lightning"},
 ], ids=lambda a: a.get("mixer", "full") + str(a.get("window", "")))
@@ -121,7 +121,8 @@ def test_attention_section_writes_json_and_table(tmp_path):
     rows = {(row["T"], row["attention"]): row for row in result["rows"]}
     assert set(rows) == {(T, a) for T in (256, 512, 1024) for a in ("full", "SWA-32", "SWA-64")}
     assert all(row["wall s"] > 0 and row["CPU s"] > 0 and row["peak MiB"] > 0 for row in rows.values())
-    assert rows[(512, "SWA-32")]["vs T/2"] == pytest.approx(rows[(512, "SWA-32")]["wall s"] / rows[(256, "SWA-32")]["wall s"])
+    assert rows[(512, "SWA-32")]["vs T/2"] == pytest.approx(rows[(512, "SWA-32")]["wall s"]
+                                                            / rows[(256, "SWA-32")]["wall s"])
     # SDPA's flash kernel and the blocked kernel keep memory linear in T (2 = linear)
     assert 1.5 < rows[(1024, "SWA-32")]["memory vs T/2"] < 2.5
     assert "(a) Sliding-window vs full causal attention" in (tmp_path / "README.md").read_text()
@@ -167,7 +168,8 @@ def test_work_section_quick_divides_each_step_by_the_plans_flops(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None,
-                    reason="triton or fla not installed (pip install -e '.[fla-cpu]'): the rehearsal runs fla's kernels")
+                    reason="triton or fla not installed (pip install -e '.[fla-cpu]'): "
+                           "the rehearsal runs fla's kernels")
 def test_gpu_check_rehearsed_on_cpu(tmp_path):
     """Every section of the GPU check at tiny shapes on the CPU: the CPU's attention backends in bf16
     against the reference, fla's kernels under the interpreter, MFU rows of the three architectures
@@ -189,7 +191,8 @@ def cpu_bench_rows() -> dict[tuple[str, int], float]:
     """(mixer, d_model) -> bf16 speed-up from the committed bench section (c)."""
     result = json.loads((REPO / "analysis" / "results" / "bench" / "training.json").read_text())
     names = {"full": "full", "SWA-32": "swa"} | {f"{m} hybrid": m for m in mixer_names(efficient_only=True)}
-    return {(names[row["setting"].split(",")[0]], int(row["setting"].split("d=")[1].split(",")[0])): row["bf16 speed-up"]
+    return {(names[row["setting"].split(",")[0]], int(row["setting"].split("d=")[1].split(",")[0])):
+            row["bf16 speed-up"]
             for row in result["rows"] if row["part"] == "CPU, one thread"}
 
 

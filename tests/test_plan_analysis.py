@@ -13,11 +13,11 @@ from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.plan.resolve import make_plan, resolve_config
 from hybrid_lightning.rundir.files import read_plan, write_plan
-
 from test_findings import arm
 
 RISE = {16: lambda s: (0.0, 0.6 + 0.02 * s, 0.8, 0.9), 64: lambda s: (0.0, 0.0, 0.1 + 0.05 * s, 0.7)}
-HEADS = {16: lambda s: ((0, 0.0), (1, 0.3), (1, 0.4), (2, 0.5)), 64: lambda s: ((0, 0.0), (0, 0.0), (0, 0.05), (1, 0.3))}
+HEADS = {16: lambda s: ((0, 0.0), (1, 0.3), (1, 0.4), (2, 0.5)),
+         64: lambda s: ((0, 0.0), (0, 0.0), (0, 0.05), (1, 0.3))}
 
 
 def grid(root, pattern: str, mixer: str, recorded: bool):

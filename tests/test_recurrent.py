@@ -6,10 +6,10 @@ import torch.nn.functional as F
 
 from hybrid_lightning import build_model
 from hybrid_lightning.config import validate_config
-from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.kinds import KINDS
 from hybrid_lightning.model.mixers.lightning import decay_rates
 from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_linear_attention
+from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.plan.layers import layer_plan
 
 RECURRENT = ["mamba2", "gated_deltanet", "lightning"]
@@ -35,7 +35,8 @@ def op_inputs(B, T, H, K, V, seed, dtype=torch.float32, decay=1.0):
 def run_op(op, inputs, backend, chunk):
     q, k, v, g, beta, state = inputs
     if op == "gla":
-        return gated_linear_attention(q, k, v, g, scale=q.shape[-1] ** -0.5, state=state, backend=backend, chunk_size=chunk)
+        return gated_linear_attention(q, k, v, g, scale=q.shape[-1] ** -0.5, state=state, backend=backend,
+                                      chunk_size=chunk)
     return gated_delta_rule(q, k, v, g, beta, scale=q.shape[-1] ** -0.5, state=state, backend=backend, chunk_size=chunk)
 
 
@@ -137,7 +138,8 @@ def test_short_conv_matches_conv1d_with_gradients(B, T, C, size):
     torch.manual_seed(0)
     conv = ShortConv(C, size, bias=True).double()
     x = torch.randn(B, T, C, dtype=torch.float64, requires_grad=True)
-    want_y = F.silu(F.conv1d(F.pad(x.transpose(1, 2), (size - 1, 0)), conv.conv.weight, conv.conv.bias, groups=C)).transpose(1, 2)
+    want_y = F.silu(F.conv1d(F.pad(x.transpose(1, 2), (size - 1, 0)), conv.conv.weight, conv.conv.bias,
+                             groups=C)).transpose(1, 2)
     w = torch.randn(B, T, C, dtype=torch.float64)
     want = torch.autograd.grad((want_y * w).sum(), (x, conv.conv.weight, conv.conv.bias))
     y = conv(x)
@@ -187,7 +189,8 @@ def test_mixer_state_across_chunks(name):
 
 @pytest.mark.parametrize("name", RECURRENT)
 def test_model_incremental_inference_across_chunks(name):
-    model = build_model({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name, "vocab_size": VOCAB,
+    model = build_model({"n_layers": 4, "d_model": 32, "n_heads": 2, "pattern": "EEEF", "mixer": name,
+                         "vocab_size": VOCAB,
                          "recurrent_chunk": 8, "mamba2": {"head_dim": 16, "d_state": 8}}).double().eval()
     x = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(6))
     full = model(x)
@@ -272,7 +275,8 @@ def test_same_semantics_as_fla_reference(op):
     log-space decay, (K, V) state layout, scale, outputs in (B, T, H, V)."""
     from hybrid_lightning.bench.recurrent import fla_naive
 
-    folder, name = ("simple_gla", "naive_recurrent_simple_gla") if op == "gla" else ("gated_delta_rule", "naive_recurrent_gated_delta_rule")
+    folder, name = (("simple_gla", "naive_recurrent_simple_gla") if op == "gla"
+                    else ("gated_delta_rule", "naive_recurrent_gated_delta_rule"))
     fla_fn, why = fla_naive(folder, name)
     if fla_fn is None:
         pytest.skip(why)

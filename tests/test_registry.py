@@ -15,7 +15,6 @@ from hybrid_lightning.analysis.report import analyze
 from hybrid_lightning.analysis.stats import Comparison
 from hybrid_lightning.analysis.verdict import Planned, Verdict, at_least, two_arms
 from hybrid_lightning.cli import main
-
 from test_design import grid_file
 from test_findings import arm
 

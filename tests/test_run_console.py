@@ -4,13 +4,12 @@ model TFLOP/s, MFU where the peak is known) and peak memory."""
 
 import pytest
 
+from conftest import TINY, run_cli
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.precision import peak_bf16_tflops
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_plan
 from hybrid_lightning.training.run import train
-
-from conftest import TINY, run_cli
 
 NO_EVAL = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
            "--set", "eval.heads.at_end=false"]
@@ -27,7 +26,8 @@ def test_a_3_step_run_logs_and_validates_its_step_and_prints_no_banners(tmp_path
                 "--set", "train.warmup_steps=0")
     assert r.returncode == 0, r.stderr[-3000:]
     logged = steps(run_dir)
-    for tag in ("train/loss", "train/lr", "train/tokens", "train/grad_norm", "train/peak_memory_gib", "val/loss", "val/ppl",
+    for tag in ("train/loss", "train/lr", "train/tokens", "train/grad_norm", "train/peak_memory_gib", "val/loss",
+                "val/ppl",
                 "train/tokens_per_sec", "train/tflops_per_sec"):
         assert logged[tag] == [3], tag  # a step is the optimizer steps completed
     assert "epoch" not in logged and "train/mfu" not in logged  # no MFU without a GPU of known peak
@@ -57,7 +57,8 @@ def test_a_40_step_run_validates_at_its_end_and_prints_progress(tmp_path, capsys
     assert logged["train/loss"] == [10, 20, 30, 40] and logged["train/grad_norm"] == [10, 20, 30, 40]
     assert logged["val/loss"] == [40]  # val_every_n_steps is 100
     out = capsys.readouterr().out
-    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["10/40", "20/40", "30/40", "40/40"]
+    assert ([line.split()[1] for line in out.splitlines() if line.startswith("step ")]
+            == ["10/40", "20/40", "30/40", "40/40"])
     train(load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=45", "train.warmup_steps=2",
                                 "train.schedule=constant"]), run_dir)
     out = capsys.readouterr().out
@@ -66,10 +67,12 @@ def test_a_40_step_run_validates_at_its_end_and_prints_progress(tmp_path, capsys
 
 
 def test_the_start_and_end_lines_print_beside_a_progress_bar(tmp_path, capsys):
-    cfg = load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=2", "train.warmup_steps=0", "train.progress_bar=true"])
+    cfg = load_config(None, [*TINY[1::2], *NO_EVAL[1::2], "train.max_steps=2", "train.warmup_steps=0",
+                             "train.progress_bar=true"])
     train(cfg, tmp_path / "run")
     lines = capsys.readouterr().out.replace("\r", "\n").splitlines()
-    assert any(line.startswith(f"{tmp_path / 'run'}: ") and "tokens in 2 steps, from step 0, " in line for line in lines)
+    assert any(line.startswith(f"{tmp_path / 'run'}: ") and "tokens in 2 steps, from step 0, " in line
+               for line in lines)
     assert any(line.startswith(f"{tmp_path / 'run'}: done at step 2: train/loss") for line in lines)
     assert not any(line.startswith("step 2/2") for line in lines)  # the bar shows the progress
 
@@ -78,7 +81,8 @@ def test_each_printed_value_is_its_steps_and_the_last_line_is_the_summarys(tmp_p
     """Lightning moves a step's values into ``callback_metrics`` after the callbacks' batch end: a line printed then
     would show the step before's loss and a validation loss of steps ago. Lines wait for their step's values."""
     run_dir = tmp_path / "run"
-    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *NO_EVAL, "--set", "train.max_steps=6", "--set", "train.warmup_steps=0",
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, *NO_EVAL, "--set", "train.max_steps=6",
+                "--set", "train.warmup_steps=0",
                 "--set", "train.log_every_n_steps=2", "--set", "train.val_every_n_steps=4")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = {int(line.split()[1].split("/")[0]): line for line in r.stdout.splitlines() if line.startswith("step ")}
@@ -98,7 +102,8 @@ def test_each_printed_value_is_its_steps_and_the_last_line_is_the_summarys(tmp_p
 
 
 def test_a_resumed_run_with_a_progress_bar_prints_none_of_lightnings_own_lines(tmp_path):
-    common = [*TINY, *NO_EVAL, "--set", "train.warmup_steps=0", "--set", "train.schedule=constant", "--set", "train.progress_bar=true",
+    common = [*TINY, *NO_EVAL, "--set", "train.warmup_steps=0", "--set", "train.schedule=constant",
+              "--set", "train.progress_bar=true",
               "--set", "train.val_every_n_steps=2", "--set", "train.checkpoint_every_n_steps=2"]
     run_dir = tmp_path / "run"
     out = ""

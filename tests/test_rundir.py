@@ -13,7 +13,8 @@ def test_eval_records_merge_rows_by_key_and_derive_fields_from_the_merge(tmp_pat
     def total(record):
         return {"total": sum(r["value"] for r in record["rows"])}
 
-    old = {"step": 7, "note": "old", "rows": [{"task": "a", "masked": [[0, 1]], "value": 1}, {"task": "b", "masked": [], "value": 2}]}
+    old = {"step": 7, "note": "old",
+           "rows": [{"task": "a", "masked": [[0, 1]], "value": 1}, {"task": "b", "masked": [], "value": 2}]}
     path = write_eval_record(tmp_path, "heads", old, merge, total)
     assert path == eval_path(tmp_path, "heads", 7) == tmp_path / "eval" / "heads_step_7.json"
     assert read_eval_record(path)["total"] == 3

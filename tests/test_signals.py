@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REPO
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.report import status_table
 from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.status import read_status, write_status
-
-from conftest import REPO
 from test_grid import write_grid
 from test_kill_loops import run_args, state, worst
 
@@ -127,7 +126,8 @@ def test_a_killed_local_submit_stops_its_cell_at_a_checkpoint(tmp_path):
     """A SIGKILLed ``grid submit --executor local`` left its cell training for 14 minutes."""
     path = write_grid(tmp_path, axes={"seed": [0]}, base=_long_base())
     (cell,) = load_grid(path).cells
-    proc = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path), "--executor", "local"],
+    proc = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path),
+                             "--executor", "local"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while ((read_status(cell.run_dir) or {}).get("step") or 0) < 3:

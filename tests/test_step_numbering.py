@@ -10,6 +10,7 @@ import shutil
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import REPO, TINY, run_cli
 from hybrid_lightning.analysis.load import load_runs
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import plan_run
@@ -19,11 +20,11 @@ from hybrid_lightning.rundir.legacy import plan_of_record
 from hybrid_lightning.runplan import PLAN_VERSION, STEPS_COMPLETED, STEPS_INDEXED
 from hybrid_lightning.training.resume import Resume, check_numbering
 
-from conftest import REPO, TINY, run_cli
-
 EVALUATIONS = ["--set", "eval.every_n_steps=4", "--set", "eval.tasks=[passkey]", "--set", "eval.lengths=[256]",
-               "--set", "eval.depths=[0.5]", "--set", "eval.position_sequences=0", "--set", "eval.heads.every_n_steps=4",
-               "--set", "eval.heads.tasks=[passkey]", "--set", "eval.heads.lengths=[512]", "--set", "eval.heads.depths=[0.5]",
+               "--set", "eval.depths=[0.5]", "--set", "eval.position_sequences=0",
+               "--set", "eval.heads.every_n_steps=4",
+               "--set", "eval.heads.tasks=[passkey]", "--set", "eval.heads.lengths=[512]",
+               "--set", "eval.heads.depths=[0.5]",
                "--set", "train.max_steps=6", "--set", "train.warmup_steps=1", "--set", "train.log_every_n_steps=2",
                "--set", "train.checkpoint_every_n_steps=4", "--set", "train.val_every_n_steps=4"]
 
@@ -36,7 +37,8 @@ def test_console_files_tensorboard_status_and_analysis_count_the_same_steps(tmp_
     console = sorted({int(s) for s in re.findall(r"^step (\d+): val_longctx evaluation\.\.\.$", r.stdout, re.M)})
     progress = [int(s) for s in re.findall(r"^step (\d+)/6 ", r.stdout, re.M)]
     assert console == [4, 6] and progress == [2, 4, 6] and "done at step 6" in r.stdout
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.ckpt")) == ["step_0000004.ckpt", "step_0000006.ckpt"]
+    assert (sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.ckpt"))
+            == ["step_0000004.ckpt", "step_0000006.ckpt"])
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["heads_step_4.json", "heads_step_6.json",
                                                                     "step_4.json", "step_6.json"]
     for name in ("step_4.json", "heads_step_4.json"):
@@ -80,7 +82,8 @@ def test_a_run_recorded_by_index_is_not_resumed(tmp_path):
     data = {k: v for k, v in plan.as_dict().items() if k != "step_numbering"} | {"version": 1}
     (run_dir / "plan.json").write_text(json.dumps(data))
     resume = Resume(run_dir / "checkpoints" / "last.ckpt", 20, None, None)
-    with pytest.raises(ValueError, match="trained by an older hybrid-lightning, whose records number a step by the index "
+    with pytest.raises(ValueError, match="trained by an older hybrid-lightning, whose records number a step "
+                                         "by the index "
                                          r"of its last batch \(plan version 1\); finish it with that version"):
         check_numbering(run_dir, resume)
     check_numbering(run_dir, None)  # nothing to resume: a new run

@@ -52,7 +52,8 @@ def within(module: str, name: str) -> bool:
 
 
 def module_name(path: Path) -> str:
-    """The module's import name: ``analysis/load.py`` is ``hybrid_lightning.analysis.load`` (pyproject.toml's package-dir)."""
+    """The module's import name: ``analysis/load.py`` is ``hybrid_lightning.analysis.load``
+    (pyproject.toml's package-dir)."""
     parts = path.relative_to(REPO).with_suffix("").parts
     parts = (*ANALYSIS.split("."), *parts[1:]) if parts[0] == "analysis" else parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -190,13 +191,15 @@ def test_the_model_reads_options_not_the_config(graph):
 
     wrong = [name for name in sorted(graph) if within(name, "hybrid_lightning.model") and reaches_config(name)]
     assert not wrong, "model modules reading the config instead of their options: " + ", ".join(wrong)
-    assert reaches_config("hybrid_lightning.plan") and reaches_config("hybrid_lightning.plan.precision")  # the check sees them
+    # the check sees them
+    assert reaches_config("hybrid_lightning.plan") and reaches_config("hybrid_lightning.plan.precision")
 
 
 def test_the_layer_check_reports_imports_up():
     graph = {"hybrid_lightning.eval.report": {"hybrid_lightning.training.trainer", "hybrid_lightning.model"},
              "hybrid_lightning.config.schema": {"hybrid_lightning.kinds", "hybrid_lightning.data.corpus"},
-             "hybrid_lightning.analysis.load": {"hybrid_lightning.rundir", "hybrid_lightning.analysis.scores", "hybrid_lightning.grid.report"},
+             "hybrid_lightning.analysis.load": {"hybrid_lightning.rundir", "hybrid_lightning.analysis.scores",
+                                                "hybrid_lightning.grid.report"},
              "hybrid_lightning.kinds": {"hybrid_lightning.model.transformer"}}
     assert violations(graph) == [
         "hybrid_lightning.analysis.load (layer 11) imports hybrid_lightning.grid.report (layer 10)",
@@ -209,7 +212,8 @@ def test_the_layer_check_reports_imports_up():
 def test_analysis_runs_without_the_model_or_training_code():
     """At run time too: importing analysis loads neither torch nor the model, training, grid, data or
     evaluation code (the package's root imports its API lazily)."""
-    code = ("import sys, hybrid_lightning.analysis.report, hybrid_lightning.analysis.findings, hybrid_lightning.analysis.load; "
+    code = ("import sys, hybrid_lightning.analysis.report, hybrid_lightning.analysis.findings, "
+            "hybrid_lightning.analysis.load; "
             "print(' '.join(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hybrid_lightning.'))))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -221,7 +225,8 @@ def test_analysis_runs_without_the_model_or_training_code():
 
 def _loaded_by(imports: str) -> list[str]:
     """The modules of the package and torch that ``imports`` (Python statements) load, in a fresh process."""
-    code = f"import sys; {imports}; print(' '.join(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hybrid_lightning'))))"
+    code = (f"import sys; {imports}; "
+            "print(' '.join(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hybrid_lightning'))))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -231,7 +236,8 @@ def _loaded_by(imports: str) -> list[str]:
 def test_probes_records_and_config_roles_run_without_torch():
     """Probe generation, the evaluation records and the config roles are plain Python and numpy: writing a
     probes file or reading records loads neither torch nor the model."""
-    loaded = _loaded_by("import hybrid_lightning.probes.tasks, hybrid_lightning.probes.near, hybrid_lightning.probes.files, "
+    loaded = _loaded_by("import hybrid_lightning.probes.tasks, hybrid_lightning.probes.near, "
+                        "hybrid_lightning.probes.files, "
                         "hybrid_lightning.records, hybrid_lightning.config.roles")
     assert "hybrid_lightning.probes.files" in loaded
     assert not [m for m in loaded if m == "torch" or within(m, "hybrid_lightning.model")], loaded
@@ -253,7 +259,8 @@ def sizes() -> list[str]:
         if len(text.splitlines()) > MAX_MODULE_LINES:
             over.append(f"{name}: {len(text.splitlines())} lines")
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= MAX_FUNCTION_LINES:
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and node.end_lineno - node.lineno >= MAX_FUNCTION_LINES):
                 over.append(f"{name}: {node.name}() {node.end_lineno - node.lineno + 1} lines")
     return over
 

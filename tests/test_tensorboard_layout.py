@@ -8,6 +8,7 @@ import re
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
+from conftest import TINY
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import load_config
 from hybrid_lightning.eval.report import CARD_PX, heatmap, scalars
@@ -19,8 +20,6 @@ from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_T
 from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.training.hparams import study_hparams
 from hybrid_lightning.training.layout import HEADLINE_PAGE, SEED_STATS, SEEDS_PAGE, run_layout, seeds_layout
-
-from conftest import TINY
 from test_grid import write_grid
 
 TASKS = ("passkey", "niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multivalue", "niah_multiquery", "vt")
@@ -61,7 +60,8 @@ def test_the_probes_default_cards_are_the_headline_and_the_detail_waits_in_its_g
     tags = scalars(long_context_report())
     headline = [t for t in tags if t.startswith(f"{LONGCTX_TAGS}/")]
     assert Tag.SCORE in headline and Tag.SCORE_BEYOND in headline and len(headline) <= 6, headline
-    assert len([t for t in tags if t.startswith(f"{TASKS_TAGS}/")]) == 7 * (4 + 1 + 2 + 2)  # per task: lengths, exact, chance, token acc
+    # per task: lengths, exact, chance, token acc
+    assert len([t for t in tags if t.startswith(f"{TASKS_TAGS}/")]) == 7 * (4 + 1 + 2 + 2)
 
 
 def test_heads_cards_only_for_layers_that_have_scored():
@@ -72,7 +72,8 @@ def test_heads_cards_only_for_layers_that_have_scored():
     assert f"{HEADS_TAGS}/retrieval_heads" in heads_scalars(report)  # the totals always
 
 
-@pytest.mark.parametrize("figure, rows", [(lambda: heatmap(long_context_report()), 7), (lambda: score_image(heads_report(24, 20)), 1)])
+@pytest.mark.parametrize("figure, rows", [(lambda: heatmap(long_context_report()), 7),
+                                          (lambda: score_image(heads_report(24, 20)), 1)])
 def test_heatmaps_fit_a_card_with_readable_labels_and_a_colour_bar(figure, rows):
     fig = figure()
     assert round(fig.get_figwidth() * fig.get_dpi()) == CARD_PX
@@ -85,8 +86,10 @@ def test_heatmaps_fit_a_card_with_readable_labels_and_a_colour_bar(figure, rows)
 
 @pytest.mark.parametrize("overrides, keys, window", [
     (["model.pattern=F"], ["model.pattern", "model.pos.full", "seed"], None),
-    (["model.pattern=EEEF", "model.window=16"], ["model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed"], "16"),
-    (["model.pattern=EEEF", "model.mixer=gated_deltanet"], ["model.pattern", "model.mixer", "model.pos.full", "seed"], None),
+    (["model.pattern=EEEF", "model.window=16"],
+     ["model.pattern", "model.mixer", "model.window", "model.pos.full", "model.pos.efficient", "seed"], "16"),
+    (["model.pattern=EEEF", "model.mixer=gated_deltanet"], ["model.pattern", "model.mixer", "model.pos.full", "seed"],
+     None),
 ])
 def test_hparams_hold_the_keys_of_each_arm_as_written(overrides, keys, window):
     cfg, plan = plan_run(load_config(None, [*TINY[1::2], "model.n_layers=4", "seed=3", *overrides]))
@@ -109,5 +112,6 @@ def test_an_arm_with_seeds_becomes_a_run_of_their_mean_and_range(tmp_path, capsy
     assert series == {f"{Tag.SCORE}_seed_mean": [(10, 0.2), (20, 0.4)], f"{Tag.SCORE}_seed_min": [(10, 0.1), (20, 0.3)],
                       f"{Tag.SCORE}_seed_max": [(10, 0.3), (20, 0.5)]}
     assert read_events(folders[1]).Tags()["scalars"] == []  # nothing trained: a layout, no scalars
-    assert main(["grid", "tensorboard", str(grid.path)]) == 0 and len(list(folders[0].glob("events.out.tfevents.*"))) == 1
+    assert (main(["grid", "tensorboard", str(grid.path)]) == 0
+            and len(list(folders[0].glob("events.out.tfevents.*"))) == 1)
     assert "2 arm(s) with several seeds" in capsys.readouterr().out  # written anew, the older files gone

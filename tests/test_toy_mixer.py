@@ -74,7 +74,8 @@ def toy_config(name: str) -> dict:
         "train": {"max_steps": 6, "batch_size": 2, "seq_len": 64, "warmup_steps": 1, "log_every_n_steps": 2,
                   "val_every_n_steps": 6, "val_batches": 1, "checkpoint_every_n_steps": 6, "progress_bar": False},
         "eval": {"every_n_steps": 0, "tasks": ["passkey"], "lengths": [320], "depths": [0.5], "position_sequences": 0,
-                 "heads": {"every_n_steps": 0, "tasks": ["passkey"], "lengths": [320], "depths": [0.5], "value_tokens": None}},
+                 "heads": {"every_n_steps": 0, "tasks": ["passkey"], "lengths": [320], "depths": [0.5],
+                           "value_tokens": None}},
     }
 
 

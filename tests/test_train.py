@@ -8,13 +8,12 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import TINY, run_cli
 from hybrid_lightning.config import PROVENANCE_KEY
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 from hybrid_lightning.rundir.files import read_config_dict, read_plan, read_run_config
 from hybrid_lightning.rundir.status import read_status
-
-from conftest import TINY, run_cli
 
 
 def scalars(run_dir, tag):
@@ -26,7 +25,8 @@ def scalars(run_dir, tag):
 @pytest.mark.slow
 def test_train_200_steps_loss_falls(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")
+    r = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200",
+                "--set", "train.val_every_n_steps=100")
     assert r.returncode == 0, r.stderr[-3000:]
     loss = scalars(run_dir, "train/loss")
     assert loss[-1][0] == 200 and len(loss) == 20  # a step is the optimizer steps completed
@@ -36,23 +36,27 @@ def test_train_200_steps_loss_falls(tmp_path):
         assert scalars(run_dir, tag), tag
     assert dict(scalars(run_dir, "train/tokens"))[200] == 200 * 8 * 128
     # the run-directory contract
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "checkpoints" / "step_0000100.ckpt").is_file()
+    assert ((run_dir / "checkpoints" / "last.ckpt").is_file()
+            and (run_dir / "checkpoints" / "step_0000100.ckpt").is_file())
     cfg = read_run_config(run_dir)
     assert cfg.train.max_steps == 200
     # the run plan: what analysis, export and the offline commands read instead of working it out again
     plan = read_plan(run_dir)
     model = build_model(plan)
     assert plan.params["total"] == sum(p.numel() for p in model.parameters())
-    assert [layer.params["total"] for layer in plan.layers] == [sum(p.numel() for p in b.parameters()) for b in model.layers]
+    assert ([layer.params["total"] for layer in plan.layers]
+            == [sum(p.numel() for p in b.parameters()) for b in model.layers])
     assert [(layer.letter, layer.window) for layer in plan.layers] == [("S", 32), ("F", None)]  # pattern EF
     assert plan.budget.tokens_per_step == 8 * 128 and plan.budget.max_steps == 200 and not plan.rebuilt
     assert set(read_config_dict(run_dir)[PROVENANCE_KEY]) == {"git_revision", "package_version", "written", "data"}
     assert read_status(run_dir)["state"] == "done"
     # running it again: nothing to do, exit 0
-    again = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "train.val_every_n_steps=100")
+    again = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200",
+                    "--set", "train.val_every_n_steps=100")
     assert again.returncode == 0 and "already complete" in again.stdout
     # the same directory with another model is refused
-    other = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200", "--set", "model.window=8")
+    other = run_cli("train", "--run-dir", str(run_dir), *TINY, "--set", "train.max_steps=200",
+                    "--set", "model.window=8")
     assert other.returncode == 2 and "model.window" in other.stderr
 
 
@@ -63,7 +67,8 @@ def _final_weights(run_dir):
 @pytest.mark.slow
 def test_resume_after_sigkill_is_exact(tmp_path):
     args = [*TINY, "--set", "train.max_steps=60", "--set", "train.checkpoint_every_n_steps=20",
-            "--set", "train.log_every_n_steps=1", "--set", "train.val_every_n_steps=25", "--set", "train.warmup_steps=5"]
+            "--set", "train.log_every_n_steps=1", "--set", "train.val_every_n_steps=25",
+            "--set", "train.warmup_steps=5"]
     straight = tmp_path / "straight"
     assert run_cli("train", "--run-dir", str(straight), *args).returncode == 0
 

@@ -5,10 +5,9 @@ preparing again a truncated shard of a store it owns."""
 import hashlib
 import os
 
+from conftest import run_cli
 from hybrid_lightning.fileio import temporary_beside
 from hybrid_lightning.rundir import remove_temporaries
-
-from conftest import run_cli
 from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
 from test_faults import args, one_line_error, train
 from test_faults_data import cli, write_jsonl
@@ -82,7 +81,8 @@ def test_unpack_into_a_file_is_one_line(fabricated, tmp_path):  # noqa: F811
 def test_prepare_prepares_a_truncated_shard_again(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "src" / "c.jsonl", documents(60))
     store = tmp_path / "store"
-    argv = ["data", "prepare", "--set", f"data.files=[{corpus}]", "--set", f"data.store={store}", "--set", "data.shard_mb=0.004"]
+    argv = ["data", "prepare", "--set", f"data.files=[{corpus}]", "--set", f"data.store={store}",
+            "--set", "data.shard_mb=0.004"]
     assert cli(capsys, *argv)[0] == 0
     shard = store / "train_00001.bin"
     whole = shard.read_bytes()
