@@ -14,12 +14,11 @@ import yaml
 from scipy import stats as st
 from torch.utils.tensorboard import SummaryWriter
 
+from conftest import REPO, run_cli
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.analysis.report import analyze
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import config_to_dict, validate_config
-
-from conftest import REPO, run_cli
 
 TOKENS_PER_STEP = 16  # batch 2 x seq_len 8
 EVAL_STEPS = (9, 19, 29, 39)  # steps of the last batch before each evaluation (tokens = (step + 1) x 16)

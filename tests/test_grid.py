@@ -14,19 +14,18 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import REPO, run_cli
 from hybrid_lightning.config import TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.capacity import plan_gpu
-from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.geometry import cell_resources
+from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.slurm import load_profile
 from hybrid_lightning.grid.spec import MAX_NAME, cell_name_for
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.checkpoints import StopOnRequest
 from hybrid_lightning.training.run import train
-
-from conftest import REPO, run_cli
 
 # A model small enough that a cell trains in seconds on 2 cores.
 TINY_BASE = {

@@ -10,12 +10,11 @@ import sys
 
 import pytest
 
+from conftest import REPO
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.rundir.files import write_plan
 from hybrid_lightning.rundir.status import write_status
-
-from conftest import REPO
 
 TRAINING = {"torch", "lightning", "pytorch_lightning", "torchmetrics"}
 ANALYSIS = {"pandas", "matplotlib", "scipy", "tensorboard"}

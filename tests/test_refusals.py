@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import TINY
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import dump_config, load_config
-
-from conftest import TINY
 
 QUIET = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
          "--set", "eval.heads.at_end=false"]

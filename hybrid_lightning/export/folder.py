@@ -21,16 +21,16 @@ import tempfile
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.fileio import overlap, own, owned
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
-from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer
+from hybrid_lightning.fileio import overlap, own, owned
 from hybrid_lightning.kinds import LayerSpec
 from hybrid_lightning.model import HybridLM
 from hybrid_lightning.plan import load_trained
 from hybrid_lightning.plan.resolve import read_run
+from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint, given_checkpoint
 from hybrid_lightning.rundir.files import read_run_config
 from hybrid_lightning.runplan import RunPlan

@@ -27,7 +27,14 @@ from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import (
-    CELLS_DIR, add_records, cell_plan_path, cell_states, lock, now, read_jobs, write_jobs,
+    CELLS_DIR,
+    add_records,
+    cell_plan_path,
+    cell_states,
+    lock,
+    now,
+    read_jobs,
+    write_jobs,
 )
 from hybrid_lightning.grid.tensorboard import write_seed_runs
 from hybrid_lightning.training.cluster import check_cpu_devices, trains_on_cpu_here
