@@ -114,7 +114,8 @@ def csv(out, name):
 def test_tidy_tables(fabricated):
     root, _ = fabricated
     runs = load_runs(find_runs(root), root=root)
-    assert sorted(runs.configs["run"]) == ["full-s0", "nope-s0", "nope-s1", "rope-s0", "rope-s1", "w64-s0"]  # .grid skipped
+    # .grid skipped
+    assert sorted(runs.configs["run"]) == ["full-s0", "nope-s0", "nope-s1", "rope-s0", "rope-s1", "w64-s0"]
     labels = dict(zip(runs.configs["run"], runs.configs["label"]))
     assert labels["rope-s0"] == labels["rope-s1"] == "W=16 EEEF pos.full=rope"
     assert labels["nope-s0"] == "W=16 EEEF pos.full=nope" and labels["w64-s0"] == "W=64 EEEF pos.full=rope"
@@ -391,7 +392,8 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     assert cost["verdict"] == "not tested" and "val/text_loss" in cost["evidence"]
     report = analyze(root, root.parent / "out-findings", workers=1, findings=True).read_text()
     assert report.index("## Findings") < report.index("## 1. Emergence") and "| 2. retrieval heads | laziness | inconclusive |" in report
-    assert "These runs: 6, unknown non-embedding parameters N, 640-640 training tokens." in report  # no counts in provenance
+    # no counts in provenance
+    assert "These runs: 6, unknown non-embedding parameters N, 640-640 training tokens." in report
     assert pd.read_csv(root.parent / "out-findings" / "findings.csv")["verdict"].size == 8
 
 
@@ -413,7 +415,8 @@ def test_provenance_plan_names_mixers_and_gives_parameter_counts(tmp_path):
     assert c.loc["hyena", ["embedding_params", "non_embedding_params", "total_params"]].tolist() == [100, 2000, 2100]
     assert c.loc["swa", ["non_embedding_params"]].isna().all() and c.loc["swa", "windowed"]
     report = analyze(root, tmp_path / "out", workers=1, findings=True).read_text()
-    assert ("These runs: 2, 2k-2k non-embedding parameters N, 640-640 training tokens (0.32N-0.32N; N unknown for 1 of 2 runs)."
+    assert ("These runs: 2, 2k-2k non-embedding parameters N, 640-640 training tokens (0.32N-0.32N; N unknown for 1 of "
+            "2 runs)."
             in report)
 
 

@@ -132,7 +132,8 @@ def test_presets_zip_and_long_names(tmp_path):
         ({"axes": {"model.window": []}}, "axes.model.window: empty axis"),
         ({"axes": {"model.window": 8}}, "axes.model.window: an axis is a list"),
         ({"axes": {"model.window": [8, 0]}}, "cell window=0: invalid config: model.window"),
-        ({"axes": {"model.window": [8]}, "exclude": [{"model.windo": 8}]}, "'model.windo' is not an axis; did you mean 'model.window'"),
+        ({"axes": {"model.window": [8]}, "exclude": [{"model.windo": 8}]}, "'model.windo' is not an axis; did you mean "
+                                                                           "'model.window'"),
         ({"axes": {"model.window": [8]}, "exclude": [{"model.window": 9}]}, "model.window=9 is not a value of that axis"),
         ({"axes": {"model.window": [8, 16]}, "exclude": [{"model.window": 8}, {"model.window": 16}]}, "leave no cell"),
         ({"zip": [{"model.window": [8, 16], "seed": [0]}]}, "need equal lengths"),
@@ -308,7 +309,8 @@ def test_tokens_per_param_sets_the_steps(tmp_path):
     cfg = resolve_config(validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], **train}}))
     n = non_embedding_params(cfg.model)
     assert cfg.train.max_steps == -(-20 * n // (4 * 64))
-    assert resolve_config(validate_config(config_to_dict(cfg))).train.max_steps == cfg.train.max_steps  # config.yaml round trip
+    # config.yaml round trip
+    assert resolve_config(validate_config(config_to_dict(cfg))).train.max_steps == cfg.train.max_steps
     with pytest.raises(ValueError, match="train.tokens_per_param needs train.devices"):
         validate_config({"train": {"tokens_per_param": 20}})
     with pytest.raises(ValueError, match="warmup_steps=50000 must be below"):

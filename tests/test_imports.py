@@ -26,7 +26,8 @@ DEMO = str(REPO / "ablations" / "demo.yaml")
 def loaded(*args: str, cwd=REPO) -> tuple[int, set[str], str]:
     """(exit code, the top-level modules loaded, stdout + stderr) of ``hybrid-lightning ARGS`` in a fresh process."""
     code = ("import contextlib, io, json, sys\nfrom hybrid_lightning.cli import main\nout = io.StringIO()\n"
-            "try:\n    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n        rc = main(sys.argv[1:])\n"
+            "try:\n    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n        rc = "
+            "main(sys.argv[1:])\n"
             "except SystemExit as e:\n    rc = e.code\n"
             "print(json.dumps([rc, sorted({m.split('.')[0] for m in sys.modules}), out.getvalue()]))")
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
@@ -58,7 +59,8 @@ def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_pa
     assert rc == 0 and not modules & (TRAINING | ANALYSIS), sorted(modules & (TRAINING | ANALYSIS))
     rows = {r["name"]: r for r in json.loads(out)}
     assert len(rows) == 300 and {r["state"] for r in rows.values()} == {"not submitted"}
-    assert {r["max_steps"] for r in rows.values()} == {None}  # steps of a budget in tokens_per_param: counted once planned
+    # steps of a budget in tokens_per_param: counted once planned
+    assert {r["max_steps"] for r in rows.values()} == {None}
     # a cell that trained recorded its plan: its steps follow from the parameters it recorded, with no count here
     from hybrid_lightning.grid.spec import load_grid
 
@@ -101,7 +103,8 @@ def test_a_mistyped_key_is_refused_before_torch_in_under_a_second_of_cpu(command
     key, and the whole process, interpreter start included, takes under 1 s of CPU."""
     code = ("import json, resource, sys\nfrom hybrid_lightning.cli import main\nrc = main(sys.argv[1:])\n"
             "use = resource.getrusage(resource.RUSAGE_SELF)\n"
-            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in %r), use.ru_utime + use.ru_stime]))"
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in %r), use.ru_utime + "
+            "use.ru_stime]))"
             % sorted(TRAINING))
     r = subprocess.run([sys.executable, "-c", code, *command, "--set", "model.windw=5"], capture_output=True, text=True,
                        timeout=120, cwd=REPO)

@@ -142,7 +142,8 @@ class Store:
     def summary(self) -> str:
         m = self.manifest
         return (f"{self.folder}: {m['train_tokens']:,} training tokens in {len(m['shards'])} shards, "
-                f"{m['val']['tokens']:,} validation tokens, {m['documents']:,} documents, tokenizer {m['identity']['tok']}")
+                f"{m['val']['tokens']:,} validation tokens, {m['documents']:,} documents, tokenizer "
+                f"{m['identity']['tok']}")
 
 
 def check_fits(manifest: dict, seq_len: int) -> None:

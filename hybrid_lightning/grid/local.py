@@ -55,7 +55,8 @@ class LocalExecutor(Executor):
 
     def check(self) -> None:
         if self.profile is not None or self.overrides:
-            raise ValueError(f"--profile and --set (a SLURM profile's parameters) do not apply to --executor {self.name}")
+            raise ValueError("--profile and --set (a SLURM profile's parameters) do not apply to --executor "
+                             f"{self.name}")
         if self.parallel < 1:
             raise ValueError(f"--parallel must be at least 1, got {self.parallel}")
 
@@ -64,7 +65,8 @@ class LocalExecutor(Executor):
         for cell in cells:
             train = cell.config.train
             if train.num_nodes > 1:
-                raise ValueError(f"cell {cell.name}: train.num_nodes={train.num_nodes}, but --executor {self.name} trains on "
+                raise ValueError(f"cell {cell.name}: train.num_nodes={train.num_nodes}, but --executor {self.name} "
+                                 "trains on "
                                  f"this machine alone; submit it with --executor slurm")
             try:
                 check_cpu_devices(train, trains_on_cpu_here(train))

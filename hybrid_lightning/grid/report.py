@@ -77,7 +77,8 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
         table.append(line)
     lines = [format_table(table, left=(0, len(header) - 1) if on_gpu else (0,)),
              f"{len(rows)} cells, {si(sum(r['tokens'] for r in rows))} tokens; run directories in {grid.root}",
-             "memory: estimated peak per device (plan/memory.py); other ckpt: the same with train.activation_checkpointing switched"]
+             "memory: estimated peak per device (plan/memory.py); other ckpt: the same with "
+             "train.activation_checkpointing switched"]
     if on_gpu:
         over = [r for r in on_gpu if not r["fits"]]
         total = _gpu_hours(sum(r["gpu_hours"] for r in on_gpu))
@@ -100,7 +101,8 @@ def dry_run_table(grid: Grid) -> str:
     for (cell, state), est in zip(todo, found):
         table.append([cell.name, state.state, f"{est.steps:,}", si(est.tokens), f"{est.tokens_per_s:,.0f}", duration(est.seconds)])
     return (f"{format_table(table, left=(0, 1))}\n{len(todo)} of {len(grid.cells)} cells to submit, about "
-            f"{duration(sum(e.seconds for e in found))} of training one after another (throughput measured here; evaluations "
+            f"{duration(sum(e.seconds for e in found))} of training one after another (throughput measured here; "
+            "evaluations "
             "not counted); nothing written")
 
 
