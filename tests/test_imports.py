@@ -48,13 +48,15 @@ def test_commands_that_do_not_train_load_neither_torch_nor_the_analysis_stack(ar
 
 
 def test_print_config_of_a_budget_in_tokens_per_param_counts_parameters_with_torch_only():
-    rc, modules, out = loaded("train", "--set", "train.tokens_per_param=20", "--set", "train.devices=1", "--print-config")
+    rc, modules, out = loaded("train", "--set", "train.tokens_per_param=20", "--set", "train.devices=1",
+                              "--print-config")
     assert rc == 0 and "max_steps:" in out and "tokens_per_param: 20" in out
     assert "torch" in modules and not modules & (TRAINING - {"torch"})
 
 
 def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_path):
-    cells = ["--cells", "arch=full,size=15M,tokens_per_param=100.0,*", "--cells", "arch=mamba2,size=15M,tokens_per_param=1000.0,*"]
+    cells = ["--cells", "arch=full,size=15M,tokens_per_param=100.0,*", "--cells",
+             "arch=mamba2,size=15M,tokens_per_param=1000.0,*"]
     rc, modules, out = loaded("grid", "status", PAPER, "--root", str(tmp_path), "--json")
     assert rc == 0 and not modules & (TRAINING | ANALYSIS), sorted(modules & (TRAINING | ANALYSIS))
     rows = {r["name"]: r for r in json.loads(out)}
@@ -78,14 +80,16 @@ def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_pa
 
 
 def test_params_and_grid_plan_load_torch_but_not_lightning(tmp_path):
-    for args in (["params", QUICKSTART], ["grid", "plan", PAPER, "--root", str(tmp_path), "--cells", "arch=full,size=15M,*"]):
+    for args in (["params", QUICKSTART], ["grid", "plan", PAPER, "--root", str(tmp_path), "--cells",
+                                          "arch=full,size=15M,*"]):
         rc, modules, out = loaded(*args)
         assert rc == 0, out
         assert "torch" in modules and not modules & (TRAINING - {"torch"}) and not modules & ANALYSIS, args
 
 
 def test_pack_loads_pandas_but_not_torch(tmp_path):
-    rc, modules, out = loaded("pack", str(REPO / "analysis" / "results" / "cpu_replica" / "runs"), "--out", str(tmp_path / "packed"))
+    rc, modules, out = loaded("pack", str(REPO / "analysis" / "results" / "cpu_replica" / "runs"), "--out",
+                              str(tmp_path / "packed"))
     assert rc == 0 and "packed runs in" in out, out
     assert not modules & TRAINING, sorted(modules & TRAINING)
 

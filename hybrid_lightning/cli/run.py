@@ -110,7 +110,8 @@ def cmd_heads(args: argparse.Namespace) -> int:
         selection, k = "random", args.mask_random
     else:
         selection, k = ("list" if args.mask else None), None
-    report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []), args.seed,
+    report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []),
+                              args.seed,
                               args.controls, args.mask_each, args.mask_mode)
     print(heads_table(report))
     if selection is not None:
@@ -151,15 +152,18 @@ def add_parsers(sub) -> None:
     add_preview_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = command(sub, "eval", "long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)", "evaluation.md")
+    p = command(sub, "eval", "long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)",
+                "evaluation.md")
     p.add_argument("run_dir", help="run directory")
     p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
-    p.add_argument("--lengths", nargs="+", metavar="N", help="probe lengths in tokens (default: the run's eval.lengths)")
+    p.add_argument("--lengths", nargs="+", metavar="N",
+                   help="probe lengths in tokens (default: the run's eval.lengths)")
     p.add_argument("--tasks", nargs="+", metavar="TASK", help="probe tasks (default: the run's eval.tasks)")
     add_set(p, "override an eval.* setting", "eval.samples=4", "eval.KEY=VALUE")
     p.set_defaults(func=cmd_eval)
 
-    p = command(sub, "probes", "write long-context probes as text documents (JSON lines), e.g. as training data", "evaluation.md")
+    p = command(sub, "probes", "write long-context probes as text documents (JSON lines), e.g. as training data",
+                "evaluation.md")
     p.add_argument("tasks", nargs="+", metavar="TASK", help="probe tasks (as eval.tasks)")
     p.add_argument("--out", required=True, help="JSON-lines file to write")
     p.add_argument("--lengths", nargs="+", type=int, required=True, metavar="N", help="probe lengths in tokens")
@@ -216,7 +220,8 @@ def _add_heads_parser(sub) -> None:
 def _add_data_parser(sub) -> None:
     data = command(sub, "data", "token stores and tokenizers: prepare a corpus, train a BPE", "training.md")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    p = command(actions, "prepare", "tokenize the config's corpus into its token store (resumes an interrupted one)", "training.md")
+    p = command(actions, "prepare", "tokenize the config's corpus into its token store (resumes an interrupted one)",
+                "training.md")
     add_config_args(p)
     p.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: data.prepare_workers, else "
                                                             "the cores, at most 8)")

@@ -267,7 +267,8 @@ def _init_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
 
 
-def tokenize_unit(unit: Unit, tokenizer: str, text_field: str, min_doc_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_unit(unit: Unit, tokenizer: str, text_field: str, min_doc_tokens: int | None) -> tuple[np.ndarray,
+                                                                                                    np.ndarray]:
     """(tokens, document lengths) of one unit: its kept documents, each followed by the eos id."""
     tok = _WORKER_TOKENIZERS.get(tokenizer) or _WORKER_TOKENIZERS.setdefault(tokenizer, load_tokenizer(tokenizer))
     dtype = token_dtype(tok.vocab_size)
@@ -335,7 +336,8 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int, chec
             while True:
                 while len(pending) < workers and (nxt := next(units, None)) is not None:
                     k, unit = nxt
-                    pending.append((k, pool.submit(tokenize_unit, unit, cfg.tokenizer, cfg.text_field, cfg.min_doc_tokens)))
+                    pending.append((k, pool.submit(tokenize_unit, unit, cfg.tokenizer, cfg.text_field,
+                                                   cfg.min_doc_tokens)))
                 if not pending:
                     break
                 k, future = pending.popleft()
@@ -369,18 +371,23 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
         head, val_lengths = split_lengths(val_lengths, cut)
         write_with(folder / "train_tail.docs.npy", lambda f: np.save(f, head))
         shards = [{"file": "train_tail.bin", "docs": "train_tail.docs.npy", "tokens": cut,
-                   "sha256": sha256_file(folder / "train_tail.bin"), "docs_sha256": sha256_file(folder / "train_tail.docs.npy")}]
+                   "sha256": sha256_file(folder / "train_tail.bin"),
+                   "docs_sha256": sha256_file(folder / "train_tail.docs.npy")}]
         train_tokens, val_tokens = cut, val_tokens - cut
     else:
         join(folder, val_pieces, dtype, folder / "val.bin")
-        shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy", "tokens": r["train_tokens"],
-                   "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"], "docs_sha256": r["sha256"][f"train_{r['unit']:05d}.docs.npy"]}
+        shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy",
+                   "tokens": r["train_tokens"],
+                   "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"],
+                   "docs_sha256": r["sha256"][f"train_{r['unit']:05d}.docs.npy"]}
                   for r in records if r["train_tokens"]]
     write_with(folder / "val.docs.npy", lambda f: np.save(f, val_lengths))
     manifest = {
-        "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+        "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
         "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
-        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin"),
+        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens,
+                "sha256": sha256_file(folder / "val.bin"),
                 "docs_sha256": sha256_file(folder / "val.docs.npy")},
     }
     check(manifest)

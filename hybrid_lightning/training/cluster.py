@@ -98,7 +98,8 @@ def set_main_address() -> None:
     except (socket.gaierror, UnicodeError):
         pass
     try:
-        out = subprocess.run(["scontrol", "show", "node", first, "-o"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(["scontrol", "show", "node", first, "-o"], capture_output=True, text=True,
+                             timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     found = re.search(r"\bNodeAddr=(\S+)", out)
