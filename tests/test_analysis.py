@@ -133,7 +133,8 @@ def test_tidy_tables(fabricated):
     assert {"run", "step", "tokens", "metric", "value", "label", "seed", "model.window", "model.pos.full",
             "model.pattern"} <= set(m.columns)
     row = m[(m["run"] == "rope-s0") & (m["metric"] == "longctx/token_acc") & (m["step"] == 39)]
-    assert row["value"].item() == pytest.approx(0.8) and row["tokens"].item() == 640 and row["model.pos.full"].item() == "rope"
+    assert (row["value"].item() == pytest.approx(0.8) and row["tokens"].item() == 640
+            and row["model.pos.full"].item() == "rope")
     beyond = m[(m["run"] == "nope-s1") & (m["metric"] == "longctx/token_acc_beyond") & (m["step"] == 39)]
     assert beyond["value"].item() == pytest.approx(0.6)
     val = m[(m["run"] == "rope-s1") & (m["metric"] == "val/loss")]
@@ -216,8 +217,8 @@ def test_niah_pos_maps_and_summary_csvs(fabricated):
     assert [row[k] for k in ("val_loss_rope", "val_loss_nope", "val_loss_delta")] == pytest.approx([2.1, 2.4, 0.3])
     maps = csv(out, "head_maps.csv")
     rope = maps[maps["label"] == "W=16 EEEF pos.full=rope"].set_index(["layer", "head"])
-    assert rope.loc[(3, 0), "score"] == pytest.approx(0.4) and rope.loc[(3, 0), "kind"] == "full" and rope.loc[(0, 1),
-                                                                                                               "kind"] == "swa"
+    assert (rope.loc[(3, 0), "score"] == pytest.approx(0.4) and rope.loc[(3, 0), "kind"] == "full"
+            and rope.loc[(0, 1), "kind"] == "swa")
     assert rope.loc[(3, 0), "runs"] == 2 and len(rope) == 8
     s = csv(out, "summary.csv").set_index("label")
     rope = s.loc["W=16 EEEF pos.full=rope"]
@@ -280,8 +281,8 @@ def test_analyze_reads_50_runs_of_1000_steps(tmp_path):
         for k in range(6):  # 10 evaluations and head scorings in all
             for prefix in ("step", "heads_step"):
                 src = json.loads((run / "eval" / f"{prefix}_39.json").read_text())
-                (run / "eval" / f"{prefix}_{100 * k + 139}.json").write_text(json.dumps(src).replace('"step": 39',
-                                                                                                     f'"step": {100 * k + 139}'))
+                (run / "eval" / f"{prefix}_{100 * k + 139}.json").write_text(
+                    json.dumps(src).replace('"step": 39', f'"step": {100 * k + 139}'))
     start = time.perf_counter()
     analyze(root, tmp_path / "out")
     seconds = time.perf_counter() - start
@@ -391,7 +392,8 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     # efficient layers is W=16 and W=64 with RoPE full layers (NoPE and full attention are not in it).
     speed = table.loc["speed (probes)"]
     assert speed["verdict"] == "inconclusive" and "too few seeds" in speed["reason"] and speed["seeds"] == "1/2"
-    assert "level 0.450 to 0.450" in speed["evidence"] and "W=64 EEEF pos.full=rope: emerged in 0/1 runs; restricted mean 320" in speed["evidence"]
+    assert "level 0.450 to 0.450" in speed["evidence"]
+    assert "W=64 EEEF pos.full=rope: emerged in 0/1 runs; restricted mean 320" in speed["evidence"]
     assert speed["effect"] == pytest.approx(0) and speed["unit"] == "tokens" and "tau = 320" in speed["evidence"]
     # The family's common evaluations are steps 9 and 19: too few for the declared mid, late and end steps.
     conv = table.loc["convergence (probes)"]
@@ -403,7 +405,8 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     # First retrieval head for good: W=16 seeds at 29 and 19, W=64 none by its last scoring at 19 (censored
     # there): up to step 19 the two windows do not differ.
     lazy = table.loc["laziness"]
-    assert lazy["verdict"] == "inconclusive" and "W=16: 29, 19 (Kaplan-Meier median 19); W=64: never (19)" in lazy["evidence"]
+    assert (lazy["verdict"] == "inconclusive"
+            and "W=16: 29, 19 (Kaplan-Meier median 19); W=64: never (19)" in lazy["evidence"])
     assert lazy["seeds"] == "1/2" and "W=64 - W=16: no difference up to the earlier last scoring" in lazy["reason"]
     # Beyond the training length NoPE seeds 0.4, 0.6 vs RoPE 0.8, 0.6 (raw, -0.2); beyond - within NoPE 0.1 (both
     # seeds) vs RoPE 0: +0.1, the claim; no val/text_loss: the cost is not tested.
@@ -412,7 +415,8 @@ def test_findings_follow_their_rules_on_known_values(fabricated):
     assert "beyond it NoPE 0.500 vs RoPE 0.700" in beyond["evidence"]
     assert cost["verdict"] == "not tested" and "val/text_loss" in cost["evidence"]
     report = analyze(root, root.parent / "out-findings", workers=1, findings=True).read_text()
-    assert report.index("## Findings") < report.index("## 1. Emergence") and "| 2. retrieval heads | laziness | inconclusive |" in report
+    assert (report.index("## Findings") < report.index("## 1. Emergence")
+            and "| 2. retrieval heads | laziness | inconclusive |" in report)
     # no counts in provenance
     assert "These runs: 6, unknown non-embedding parameters N, 640-640 training tokens." in report
     assert pd.read_csv(root.parent / "out-findings" / "findings.csv")["verdict"].size == 8
@@ -488,7 +492,8 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     assert summary.loc[("list", 8), "heads"] == "1.0" and summary.loc[("list", 8), "token_drop"] == pytest.approx(0.5)
     # No head is marked a retrieval head (and no selection report is recorded): the top-2 holds none.
     verdict = findings(runs).set_index("test").loc["ablation"]
-    assert verdict["verdict"] == "no signal" and "no retrieval head in the top-K (1 of 1 checkpoints)" in verdict["evidence"]
+    assert (verdict["verdict"] == "no signal"
+            and "no retrieval head in the top-K (1 of 1 checkpoints)" in verdict["evidence"])
     assert "by the scored report (no selection report recorded)" in verdict["evidence"]
     analyze(root, tmp_path / "out", workers=1)
     assert len(pd.read_csv(tmp_path / "out" / "ablation.csv")) == 5

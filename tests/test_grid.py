@@ -91,7 +91,8 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     for name in ("probes", "text", "text_val"):
         (data / f"{name}.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
     replica = load_grid(tmp_path / "ablations" / "cpu_replica.yaml", root=tmp_path / "grid")
-    assert {c.config.train.seq_len for c in replica.cells} == {512} and max(replica.cells[0].config.eval.lengths) == 2048
+    assert ({c.config.train.seq_len for c in replica.cells} == {512}
+            and max(replica.cells[0].config.eval.lengths) == 2048)
     seeds = {}
     for c in replica.cells:
         seeds.setdefault(c.name.split("arch=")[1], set()).add(c.config.seed)
@@ -99,7 +100,8 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 8 and len(replica.cells) == 37
     mixers = {c.config.model.mixer for c in replica.cells if c.config.model.pattern != "F"}
     assert mixers == {"swa", "mamba2", "gated_deltanet", "lightning"}
-    assert {c.config.model.n_heads for c in replica.cells} == {4} and "EEFE" in {c.config.model.pattern for c in replica.cells}
+    assert ({c.config.model.n_heads for c in replica.cells} == {4}
+            and "EEFE" in {c.config.model.pattern for c in replica.cells})
     for full_or_lightning in ("F", "lightning"):
         steps = {c.config.train.max_steps for c in replica.cells if full_or_lightning in (c.config.model.pattern,
                                                                                           c.config.model.mixer)}
@@ -303,7 +305,8 @@ def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
     for row in rows:
         by_size.setdefault(row["axes"]["size"], []).append(row["non_embedding_params"])
         budget = row["axes"]["train.tokens_per_param"]
-        assert budget * row["non_embedding_params"] <= row["tokens"] < budget * row["non_embedding_params"] + 8 * 16 * 4096
+        assert (budget * row["non_embedding_params"] <= row["tokens"]
+                < budget * row["non_embedding_params"] + 8 * 16 * 4096)
         assert row["gpu_hours"] > 0
     for counts in by_size.values():  # parameter-matched: every architecture within 2% of full attention
         assert max(counts) / min(counts) < 1.02

@@ -107,9 +107,8 @@ def test_a_mistyped_key_is_refused_before_torch_in_under_a_second_of_cpu(command
     key, and the whole process, interpreter start included, takes under 1 s of CPU."""
     code = ("import json, resource, sys\nfrom hybrid_lightning.cli import main\nrc = main(sys.argv[1:])\n"
             "use = resource.getrusage(resource.RUSAGE_SELF)\n"
-            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in %r), use.ru_utime + "
-            "use.ru_stime]))"
-            % sorted(TRAINING))
+            f"print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in {sorted(TRAINING)!r}), "
+            "use.ru_utime + use.ru_stime]))")
     r = subprocess.run([sys.executable, "-c", code, *command, "--set", "model.windw=5"], capture_output=True, text=True,
                        timeout=120, cwd=REPO)
     rc, heavy, cpu = json.loads(r.stdout.splitlines()[-1])

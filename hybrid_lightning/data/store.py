@@ -128,11 +128,12 @@ class Store:
             except ValueError:
                 return path
         try:
-            self.val
+            self.val  # noqa: B018 (the property reads and checks the validation shard: ValueError when damaged)
         except ValueError:
             return str(self.folder / self.manifest["val"]["file"])
         for entry in [*self.manifest["shards"], self.manifest["val"]]:  # stores of format 3 before these digests: none
-            if entry.get("docs_sha256") is not None and sha256_file(self.folder / entry["docs"]) != entry["docs_sha256"]:
+            if (entry.get("docs_sha256") is not None
+                    and sha256_file(self.folder / entry["docs"]) != entry["docs_sha256"]):
                 return str(self.folder / entry["docs"])
         return None
 
@@ -250,7 +251,8 @@ def _read_manifest(folder: Path, ident: dict) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise ValueError(f"data.store: {folder / MANIFEST} does not read ({e}); delete the folder to prepare it again") from None
+        raise ValueError(f"data.store: {folder / MANIFEST} does not read ({e}); "
+                         "delete the folder to prepare it again") from None
     if manifest.get("identity") != ident:
         old = manifest.get("identity", {})
         diff = sorted(k for k in ident.keys() | old.keys() if ident.get(k) != old.get(k))
@@ -360,7 +362,8 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
     val_pieces = [f"val_{k:05d}.bin" for k in range(n)]
     train_tokens, val_tokens = sum(r["train_tokens"] for r in records), sum(r["val_tokens"] for r in records)
     if train_tokens + val_tokens == 0:
-        where = f"data.hub {cfg.hub}" if cfg.hub else f"data.files {list(cfg.files)}" if cfg.files else "the embedded corpus"
+        where = (f"data.hub {cfg.hub}" if cfg.hub else f"data.files {list(cfg.files)}" if cfg.files
+                 else "the embedded corpus")
         filtered = f" of at least data.min_doc_tokens={cfg.min_doc_tokens} tokens" if cfg.min_doc_tokens else ""
         raise ValueError(f"data: {where} holds no document{filtered}")
     val_lengths = np.concatenate([np.load(folder / f"val_{k:05d}.docs.npy") for k in range(n)])

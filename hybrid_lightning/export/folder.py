@@ -122,7 +122,8 @@ def share_modes(folder: Path) -> None:
 
 
 def load_native(cfg: RunConfig, plan: RunPlan, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:
-    """The run's model (on the CPU, in eval mode) of its plan with the weights of checkpoint ``ckpt``, and its tokenizer."""
+    """The run's model (on the CPU, in eval mode) of its plan with the weights of checkpoint ``ckpt``, and its
+    tokenizer."""
     model, _ = load_trained(plan, ckpt)
     return model.eval(), load_tokenizer(cfg.data.tokenizer)
 

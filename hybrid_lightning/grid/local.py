@@ -105,7 +105,8 @@ class LocalExecutor(Executor):
         left = run_local(grid, cells, self.parallel, say)
         write_seed_runs(grid)  # the margin charts over seeds (grid/tensorboard.py)
         say(f"grid {grid.name}: {len(cells) - left} of {len(cells)} cell(s) finished" + (
-            f"; see `hybrid-lightning grid status {grid.path}`" if left else "") + f"; tensorboard --logdir {grid.root}")
+            f"; see `hybrid-lightning grid status {grid.path}`" if left else "")
+            + f"; tensorboard --logdir {grid.root}")
         return min(left, 1)
 
     def cancel(self, records: list[dict]) -> None:
@@ -192,7 +193,8 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
             if running and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
                 rows = cell_states(grid, [c for c, _, _ in running.values()])
-                say(f"[{time.strftime('%H:%M:%S')}] running: " + "; ".join(f"{r.name} {r.step or 0}/{r.max_steps}" for r in rows))
+                say(f"[{time.strftime('%H:%M:%S')}] running: "
+                    + "; ".join(f"{r.name} {r.step or 0}/{r.max_steps}" for r in rows))
             if sigterm:
                 raise KeyboardInterrupt
     except KeyboardInterrupt:

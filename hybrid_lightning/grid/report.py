@@ -92,7 +92,8 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
 
 def dry_run_table(grid: Grid) -> str:
     """What ``grid submit`` would train: each cell it would submit with its steps, tokens and time
-    (``training.dryrun.estimates``: throughputs measured here, the cells' distinct training steps together), and the total."""
+    (``training.dryrun.estimates``: throughputs measured here, the cells' distinct training steps together), and the
+    total."""
     from hybrid_lightning.grid.submit import unfinished
     from hybrid_lightning.training.dryrun import duration, estimates
 
