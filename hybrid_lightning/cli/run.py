@@ -17,10 +17,10 @@ from hybrid_lightning.rundir.status import read_status
 
 def add_preview_args(p: argparse.ArgumentParser) -> None:
     preview = p.add_mutually_exclusive_group()  # either prints and exits; nothing is written
-    preview.add_argument("--print-config", action="store_true", help="print the resolved config as YAML (train reads "
-                                                                     "it)")
-    preview.add_argument("--dry-run", action="store_true", help="print parameters, tokens, steps and a time estimated "
-                                                                "here")
+    preview.add_argument("--print-config", action="store_true",
+                         help="print the resolved config as YAML (train reads it)")
+    preview.add_argument("--dry-run", action="store_true",
+                         help="print parameters, tokens, steps and a time estimated here")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -111,8 +111,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
     else:
         selection, k = ("list" if args.mask else None), None
     report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []),
-                              args.seed,
-                              args.controls, args.mask_each, args.mask_mode)
+                              args.seed, args.controls, args.mask_each, args.mask_mode)
     print(heads_table(report))
     if selection is not None:
         print(ablation_table({**report, "ablation": [r for r in report["ablation"] if r["selection"] == selection]}))
@@ -167,8 +166,8 @@ def add_parsers(sub) -> None:
     p.add_argument("tasks", nargs="+", metavar="TASK", help="probe tasks (as eval.tasks)")
     p.add_argument("--out", required=True, help="JSON-lines file to write")
     p.add_argument("--lengths", nargs="+", type=int, required=True, metavar="N", help="probe lengths in tokens")
-    p.add_argument("--samples", type=int, default=100, help="probes per task and length, depths spread over [0, 1] "
-                                                            "(default 100)")
+    p.add_argument("--samples", type=int, default=100,
+                   help="probes per task and length, depths spread over [0, 1] (default 100)")
     p.add_argument("--seed", type=int, default=1, help="probe seed; keep it apart from the runs' eval.seed (default 1)")
     p.add_argument("--value-tokens", type=int, metavar="N", help="answers of at least N tokens (as eval.value_tokens)")
     p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default "
@@ -207,10 +206,10 @@ def _add_heads_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
     p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many "
                    "non-retrieval heads of the same layers and N of non-retrieval heads of any layer, seeded by "
-                   "--seed, the "
-                   "run and the step, and the permutation p of the top K against each (default 20; 0 = none)")
-    p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero", help="zero: a masked head's output is "
-                                                                                    "0; "
+                   "--seed, the run and the step, and the permutation p of the top K against each "
+                   "(default 20; 0 = none)")
+    p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero",
+                   help="zero: a masked head's output is 0; "
                    "uniform: its pre-softmax logits are 0, so it attends uniformly (Wu et al.) (default zero)")
     p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
     add_set(p, "override an eval.* setting", "eval.heads.lengths=[2048]", "eval.KEY=VALUE")
@@ -223,8 +222,8 @@ def _add_data_parser(sub) -> None:
     p = command(actions, "prepare", "tokenize the config's corpus into its token store (resumes an interrupted one)",
                 "training.md")
     add_config_args(p)
-    p.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: data.prepare_workers, else "
-                                                            "the cores, at most 8)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="tokenizing processes (default: data.prepare_workers, else the cores, at most 8)")
     p.set_defaults(func=cmd_data_prepare)
     p = command(actions, "tokenizer", "train a byte-level BPE on the config's corpus (tokenizers)", "training.md")
     add_config_args(p)

@@ -269,8 +269,8 @@ def _init_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
 
 
-def tokenize_unit(unit: Unit, tokenizer: str, text_field: str, min_doc_tokens: int | None) -> tuple[np.ndarray,
-                                                                                                    np.ndarray]:
+def tokenize_unit(unit: Unit, tokenizer: str, text_field: str,
+                  min_doc_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, document lengths) of one unit: its kept documents, each followed by the eos id."""
     tok = _WORKER_TOKENIZERS.get(tokenizer) or _WORKER_TOKENIZERS.setdefault(tokenizer, load_tokenizer(tokenizer))
     dtype = token_dtype(tok.vocab_size)

@@ -66,8 +66,7 @@ class LocalExecutor(Executor):
             train = cell.config.train
             if train.num_nodes > 1:
                 raise ValueError(f"cell {cell.name}: train.num_nodes={train.num_nodes}, but --executor {self.name} "
-                                 "trains on "
-                                 f"this machine alone; submit it with --executor slurm")
+                                 f"trains on this machine alone; submit it with --executor slurm")
             try:
                 check_cpu_devices(train, trains_on_cpu_here(train))
             except ValueError as e:

@@ -105,8 +105,7 @@ def dry_run_table(grid: Grid) -> str:
                       duration(est.seconds)])
     return (f"{format_table(table, left=(0, 1))}\n{len(todo)} of {len(grid.cells)} cells to submit, about "
             f"{duration(sum(e.seconds for e in found))} of training one after another (throughput measured here; "
-            "evaluations "
-            "not counted); nothing written")
+            "evaluations not counted); nothing written")
 
 
 def status_table(rows: list[CellState]) -> str:
@@ -115,13 +114,12 @@ def status_table(rows: list[CellState]) -> str:
     for r in rows:
         table.append([
             r.name, r.state, f"{r.step or 0}/{r.max_steps or '-'}",
-            *("-" if v is None else f"{v:.3f}" for v in (r.loss, r.longctx,
-                                                                                                        r.longctx_beyond)),
+            *("-" if v is None else f"{v:.3f}" for v in (r.loss, r.longctx, r.longctx_beyond)),
             r.job_id or "-", r.log or "-",
         ])
     counts = Counter(r.state for r in rows)
-    lines = [format_table(table, left=(0, 1, 6, 7)), f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s,
-                                                                                        n in sorted(counts.items()))]
-    lines += [f"{r.state} {r.name}: {r.reason}" for r in rows if r.reason and r.state in ("failed", "cancelled",
-                                                                                          "incomplete")]
+    lines = [format_table(table, left=(0, 1, 6, 7)),
+             f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    lines += [f"{r.state} {r.name}: {r.reason}" for r in rows
+              if r.reason and r.state in ("failed", "cancelled", "incomplete")]
     return "\n".join(lines)

@@ -55,8 +55,7 @@ def check_cpu_devices(train: TrainConfig, on_cpu: bool | None = None, cores: int
     if on_cpu and train.devices != "auto" and train.devices > cores:
         raise ValueError(
             f"train.devices={train.devices} on CPU (train.accelerator={train.accelerator}) starts {train.devices} "
-            "training "
-            f"processes on one node, but this machine has {cores} cores; set train.devices to at most {cores}"
+            f"training processes on one node, but this machine has {cores} cores; set train.devices to at most {cores}"
         )
 
 
@@ -74,8 +73,7 @@ def check_launch(train: TrainConfig) -> None:
         if (SLURMEnvironment.detect() and tasks > 1) or train.num_nodes > 1:
             raise ValueError(
                 f"train runs in SLURM job {env['SLURM_JOB_ID']} ({nodes} node(s), {tasks} task(s)) but not in a task "
-                "started "
-                f"by srun, so it would wait at 'Initializing distributed' for tasks that never start; run "
+                f"started by srun, so it would wait at 'Initializing distributed' for tasks that never start; run "
                 f"`srun hybrid-lightning train ...` in the job (one task per device: --nodes=train.num_nodes, "
                 f"--ntasks-per-node=train.devices), or submit with `hybrid-lightning grid submit --executor slurm`"
             )
