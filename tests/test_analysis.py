@@ -67,8 +67,8 @@ def fabricate(run_dir, config, state, scalars, token_acc=(), beyond_extra=0.0, h
         tokens = (step + 1) * TOKENS_PER_STEP
         kinds = ["full" if letter == "F" else config["model"]["mixer"] for letter in config["model"]["pattern"]]
         rows = [{"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": kinds[layer],
-                 "window": 16 if layers_swa else None, "pos": "rope", "score": score if (layer, head) == (3,
-                                                                                                          0) else 0.0,
+                 "window": 16 if layers_swa else None, "pos": "rope",
+                 "score": score if (layer, head) == (3, 0) else 0.0,
                  "retrieval": False, "role": None}
                 for layer, layers_swa in enumerate(k == "swa" for k in kinds) if kinds[layer] in ("full", "swa")
                 for head in range(config["model"]["n_heads"])]
@@ -89,25 +89,25 @@ def fabricated(tmp_path_factory):
     """Two seeds of a W=16 RoPE and a W=16 NoPE hybrid, a W=64 run still going (one seed, up to step 19),
     an all-full run without evaluation files; a stray .grid/ folder that must be skipped."""
     root = tmp_path_factory.mktemp("fab") / "grid"
-    fabricate(root / "rope-s0", run_config(0), "done", {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0),
-                                                                                                         (39, 2.0)],
-                                                        "val/retrieval_acc": [(19, 0.1), (39, 0.3)]},
+    fabricate(root / "rope-s0", run_config(0), "done",
+              {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0), (39, 2.0)],
+               "val/retrieval_acc": [(19, 0.1), (39, 0.3)]},
               token_acc=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0), (0, 0.05), (1, 0.2), (2, 0.5)))
-    fabricate(root / "rope-s1", run_config(1), "done", {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0),
-                                                                                                         (39, 2.2)],
-                                                        "val/retrieval_acc": [(19, 0.2), (39, 0.5)]},
+    fabricate(root / "rope-s1", run_config(1), "done",
+              {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0), (39, 2.2)],
+               "val/retrieval_acc": [(19, 0.2), (39, 0.5)]},
               token_acc=(0.0, 0.4, 0.6, 0.6), heads=((0, 0.0), (1, 0.2), (1, 0.2), (1, 0.3)))
-    fabricate(root / "nope-s0", run_config(0, pos_full="nope"), "done", {"train/tokens": tokens_scalars(39),
-                                                                         "val/loss": [(39, 2.3)]},
+    fabricate(root / "nope-s0", run_config(0, pos_full="nope"), "done",
+              {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.3)]},
               token_acc=(0.0, 0.1, 0.2, 0.3), beyond_extra=0.1, heads=((0, 0.0),) * 4)
-    fabricate(root / "nope-s1", run_config(1, pos_full="nope"), "done", {"train/tokens": tokens_scalars(39),
-                                                                         "val/loss": [(39, 2.5)]},
+    fabricate(root / "nope-s1", run_config(1, pos_full="nope"), "done",
+              {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.5)]},
               token_acc=(0.0, 0.1, 0.2, 0.5), beyond_extra=0.1, heads=((0, 0.0), (0, 0.0), (0, 0.0), (1, 0.4)))
-    fabricate(root / "w64-s0", run_config(0, window=64), "running", {"train/tokens": tokens_scalars(19),
-                                                                     "val/loss": [(19, 3.1)]},
+    fabricate(root / "w64-s0", run_config(0, window=64), "running",
+              {"train/tokens": tokens_scalars(19), "val/loss": [(19, 3.1)]},
               token_acc=(0.1, 0.3), heads=((0, 0.0), (0, 0.01)))
-    fabricate(root / "full-s0", run_config(0, pattern="F"), "done", {"train/tokens": tokens_scalars(39),
-                                                                     "val/loss": [(39, 1.9)]})
+    fabricate(root / "full-s0", run_config(0, pattern="F"), "done",
+              {"train/tokens": tokens_scalars(39), "val/loss": [(39, 1.9)]})
     (root / ".grid" / "cells" / "x").mkdir(parents=True)
     (root / ".grid" / "cells" / "x" / "config.yaml").write_text("seed: 0\n")
     out = root.parent / "out"
@@ -153,17 +153,17 @@ def test_emergence_csvs(fabricated):
     assert rope["tokens"].tolist() == [160, 320, 480, 640] and rope["seeds"].tolist() == [2] * 4
     assert c.loc["W=64 EEEF pos.full=rope"]["mean"].tolist() == pytest.approx([0.1, 0.3])
     t = csv(out, "emergence_thresholds.csv").set_index("label")
-    assert t.loc["W=16 EEEF pos.full=rope", ["final", "final_min", "final_max"]].tolist() == pytest.approx([0.7, 0.6,
-                                                                                                            0.8])
+    assert (t.loc["W=16 EEEF pos.full=rope", ["final", "final_min", "final_max"]].tolist()
+            == pytest.approx([0.7, 0.6, 0.8]))
     # 50% of 0.7 = 0.35: first reached at step 29 (mean 0.5); 90% = 0.63 at step 39
-    assert t.loc["W=16 EEEF pos.full=rope", ["tokens_50", "step_50", "tokens_90", "step_90"]].tolist() == [480, 29,
-                                                                                                           640, 39]
+    assert (t.loc["W=16 EEEF pos.full=rope", ["tokens_50", "step_50", "tokens_90", "step_90"]].tolist()
+            == [480, 29, 640, 39])
     # NoPE: means 0, 0.1, 0.2, 0.4 within the training length (length 16, beyond it, is not in the score):
     # 50% of 0.4 first reached at step 29, 90% at 39
     assert t.loc["W=16 EEEF pos.full=nope", "final"] == pytest.approx(0.4)
     assert t.loc["W=16 EEEF pos.full=nope", ["tokens_50", "tokens_90"]].tolist() == [480, 640]
-    assert t.loc["W=64 EEEF pos.full=rope", ["seeds", "final_step", "tokens_50", "tokens_90"]].tolist() == [1, 19, 320,
-                                                                                                            320]
+    assert (t.loc["W=64 EEEF pos.full=rope", ["seeds", "final_step", "tokens_50", "tokens_90"]].tolist()
+            == [1, 19, 320, 320])
     assert "F pos.full=rope" not in t.index  # no evaluation files
 
 
@@ -211,9 +211,8 @@ def test_niah_pos_maps_and_summary_csvs(fabricated):
     pos = csv(out, "nope_vs_rope.csv")
     (row,) = pos.to_dict("records")
     assert row["factor"] == "model.pos.full" and row["base"] == "W=16 EEEF pos.full=rope"
-    assert [row[k] for k in ("score_beyond_rope", "score_beyond_nope", "score_beyond_delta")] == pytest.approx([0.7,
-                                                                                                                0.5,
-                                                                                                                -0.2])
+    assert ([row[k] for k in ("score_beyond_rope", "score_beyond_nope", "score_beyond_delta")]
+            == pytest.approx([0.7, 0.5, -0.2]))
     assert [row[k] for k in ("val_loss_rope", "val_loss_nope", "val_loss_delta")] == pytest.approx([2.1, 2.4, 0.3])
     maps = csv(out, "head_maps.csv")
     rope = maps[maps["label"] == "W=16 EEEF pos.full=rope"].set_index(["layer", "head"])
@@ -223,9 +222,8 @@ def test_niah_pos_maps_and_summary_csvs(fabricated):
     s = csv(out, "summary.csv").set_index("label")
     rope = s.loc["W=16 EEEF pos.full=rope"]
     assert rope[["budget_tokens", "seeds", "done", "step", "val_loss", "score", "score_min", "score_max",
-                 "score_beyond",
-                 "retrieval_heads", "max_head_score"]].tolist() == pytest.approx([640, 2, 2, 39, 2.1, 0.7, 0.6, 0.8,
-                                                                                  0.7, 1.5, 0.4])
+                 "score_beyond", "retrieval_heads", "max_head_score"]].tolist() == pytest.approx(
+        [640, 2, 2, 39, 2.1, 0.7, 0.6, 0.8, 0.7, 1.5, 0.4])
     w64 = s.loc["W=64 EEEF pos.full=rope"]
     assert w64[["seeds", "done", "step", "val_loss", "score"]].tolist() == pytest.approx([1, 0, 19, 3.1, 0.3])
     full = s.loc["F pos.full=rope"]
@@ -302,9 +300,8 @@ TINY_GRID = {
                  "position_sequences": 0,
                  "heads": {"every_n_steps": 8, "tasks": ["passkey"], "lengths": [512], "depths": [0.0, 1.0]}},
     },
-    "axes": {"arch": {"full": {"model.pattern": "F"}, "swa": {"model.pattern": "EF"}}, "model.pos.full": ["rope",
-                                                                                                          "nope"],
-             "seed": [0]},
+    "axes": {"arch": {"full": {"model.pattern": "F"}, "swa": {"model.pattern": "EF"}},
+             "model.pos.full": ["rope", "nope"], "seed": [0]},
     "exclude": [{"arch": "full", "model.pos.full": "nope"}],
 }
 
@@ -440,9 +437,8 @@ def test_provenance_plan_names_mixers_and_gives_parameter_counts(tmp_path):
     assert c.loc["hyena", ["embedding_params", "non_embedding_params", "total_params"]].tolist() == [100, 2000, 2100]
     assert c.loc["swa", ["non_embedding_params"]].isna().all() and c.loc["swa", "windowed"]
     report = analyze(root, tmp_path / "out", workers=1, findings=True).read_text()
-    assert ("These runs: 2, 2k-2k non-embedding parameters N, 640-640 training tokens (0.32N-0.32N; N unknown for 1 of "
-            "2 runs)."
-            in report)
+    assert ("These runs: 2, 2k-2k non-embedding parameters N, 640-640 training tokens (0.32N-0.32N; "
+            "N unknown for 1 of 2 runs)." in report)
 
 
 def ablation_row(selection, heads, length, acc, masked_acc, n=2, task="passkey", k=2, seed=None):
@@ -463,8 +459,8 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
         fabricate(root / f"s{seed}", run_config(seed), "done", {"train/tokens": tokens_scalars(39)},
                   token_acc=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0),) * 4)
     rows = [  # run s0: top-2 drops 0.9 at length 8 (passkey n=2: 1.0 -> 0.1; niah n=6: 1.0 -> 0.1)
-        ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1), ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1, n=6,
-                                                                         task="niah"),
+        ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1),
+        ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1, n=6, task="niah"),
         # random draws: seed 0 drops (2 x 0.4 + 6 x 0.0) / 8 = 0.1; seed 1 drops 0.3
         ablation_row("random", [[0, 0], [1, 1]], 8, 1.0, 0.6, seed=0),
         ablation_row("random", [[0, 0], [1, 1]], 8, 1.0, 1.0, n=6, task="niah", seed=0),
@@ -486,8 +482,8 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     assert rnd[0] == pytest.approx(0.1) and rnd[1] == pytest.approx(0.3)
     summary = tables.ablation_summary(draws).set_index(["selection", "length"])
     assert summary.loc[("random", 8), "draws"] == 2 and summary.loc[("random", 8), "heads"] == ""
-    assert summary.loc[("random", 8), ["token_drop", "token_drop_min",
-                                       "token_drop_max"]].tolist() == pytest.approx([0.2, 0.1, 0.3])
+    assert (summary.loc[("random", 8), ["token_drop", "token_drop_min", "token_drop_max"]].tolist()
+            == pytest.approx([0.2, 0.1, 0.3]))
     assert summary.loc[("random", 16), "token_drop"] == pytest.approx(1.0)
     assert summary.loc[("list", 8), "heads"] == "1.0" and summary.loc[("list", 8), "token_drop"] == pytest.approx(0.5)
     # No head is marked a retrieval head (and no selection report is recorded): the top-2 holds none.

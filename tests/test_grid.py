@@ -31,8 +31,8 @@ from hybrid_lightning.training.run import train
 TINY_BASE = {
     "model": {"n_layers": 2, "d_model": 64, "n_heads": 2, "pattern": "EF", "window": 32},
     "train": {"max_steps": 20, "batch_size": 8, "seq_len": 128, "warmup_steps": 2, "progress_bar": False,
-              "schedule": "constant",
-              "log_every_n_steps": 1, "checkpoint_every_n_steps": 10, "val_every_n_steps": 1000},
+              "schedule": "constant", "log_every_n_steps": 1, "checkpoint_every_n_steps": 10,
+              "val_every_n_steps": 1000},
     "data": {"max_tokens": 2_000_000},
     "eval": {"every_n_steps": 0, "at_end": False},  # the long-context evaluation is tested on its own
 }
@@ -103,8 +103,8 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert ({c.config.model.n_heads for c in replica.cells} == {4}
             and "EEFE" in {c.config.model.pattern for c in replica.cells})
     for full_or_lightning in ("F", "lightning"):
-        steps = {c.config.train.max_steps for c in replica.cells if full_or_lightning in (c.config.model.pattern,
-                                                                                          c.config.model.mixer)}
+        steps = {c.config.train.max_steps for c in replica.cells
+                 if full_or_lightning in (c.config.model.pattern, c.config.model.mixer)}
         assert steps == {4000, 6000}
     assert {c.config.data.text_val_files for c in replica.cells} == {(str((data / "text_val.jsonl").resolve()),)}
 
@@ -138,8 +138,8 @@ def test_presets_zip_and_long_names(tmp_path):
         ({"axes": {"model.window": []}}, "axes.model.window: empty axis"),
         ({"axes": {"model.window": 8}}, "axes.model.window: an axis is a list"),
         ({"axes": {"model.window": [8, 0]}}, "cell window=0: invalid config: model.window"),
-        ({"axes": {"model.window": [8]}, "exclude": [{"model.windo": 8}]}, "'model.windo' is not an axis; did you mean "
-                                                                           "'model.window'"),
+        ({"axes": {"model.window": [8]}, "exclude": [{"model.windo": 8}]},
+         "'model.windo' is not an axis; did you mean 'model.window'"),
         ({"axes": {"model.window": [8]}, "exclude": [{"model.window": 9}]},
          "model.window=9 is not a value of that axis"),
         ({"axes": {"model.window": [8, 16]}, "exclude": [{"model.window": 8}, {"model.window": 16}]}, "leave no cell"),
@@ -253,8 +253,8 @@ def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
     # lr 1e4 makes the gradient non-finite within a few steps, after a checkpoint of every good step
     axes = {"run": {"ok": {"train.lr": 0.003}, "nan": {"train.lr": 10000.0, "train.checkpoint_every_n_steps": 1}}}
     path = write_grid(tmp_path, base=base, axes=axes)
-    first = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path), "--executor",
-                              "local"],
+    first = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path),
+                              "--executor", "local"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     grid = load_grid(path)
     deadline = time.time() + 120
@@ -337,8 +337,8 @@ def test_a_grid_started_in_the_background_stops_its_cells_with_a_checkpoint(tmp_
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 100000, "checkpoint_every_n_steps": 100000}}
     path = write_grid(tmp_path, base=base, axes={"seed": [0]})
     grid = load_grid(path)
-    proc = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path), "--executor",
-                             "local"],
+    proc = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path),
+                             "--executor", "local"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as a background job
     (cell,) = grid.cells
@@ -350,8 +350,8 @@ def test_a_grid_started_in_the_background_stops_its_cells_with_a_checkpoint(tmp_
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     status = read_status(cell.run_dir)
-    assert status["state"] == "interrupted" and status["error"] == "SIGINT" and time.time() - t0 < 25, (status,
-                                                                                                        out[-2000:])
+    assert status["state"] == "interrupted" and status["error"] == "SIGINT" and time.time() - t0 < 25, (
+        status, out[-2000:])
     assert torch.load(cell.run_dir / "checkpoints" / "last.ckpt",
                       weights_only=False)["global_step"] == status["step"] >= 3
 

@@ -26,8 +26,8 @@ DEMO = str(REPO / "ablations" / "demo.yaml")
 def loaded(*args: str, cwd=REPO) -> tuple[int, set[str], str]:
     """(exit code, the top-level modules loaded, stdout + stderr) of ``hybrid-lightning ARGS`` in a fresh process."""
     code = ("import contextlib, io, json, sys\nfrom hybrid_lightning.cli import main\nout = io.StringIO()\n"
-            "try:\n    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n        rc = "
-            "main(sys.argv[1:])\n"
+            "try:\n    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
+            "        rc = main(sys.argv[1:])\n"
             "except SystemExit as e:\n    rc = e.code\n"
             "print(json.dumps([rc, sorted({m.split('.')[0] for m in sys.modules}), out.getvalue()]))")
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
