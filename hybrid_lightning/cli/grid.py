@@ -146,8 +146,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--executor", metavar="NAME",
                    help="local, slurm or another registered executor (docs/grids.md); needed to submit")
     p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
-    p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once "
-                                                                        "(default 1)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="local executor: cells trained at once (default 1)")
     add_preview_args(p)
     p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
     _add_selection(p)

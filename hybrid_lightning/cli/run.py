@@ -170,8 +170,8 @@ def add_parsers(sub) -> None:
                    help="probes per task and length, depths spread over [0, 1] (default 100)")
     p.add_argument("--seed", type=int, default=1, help="probe seed; keep it apart from the runs' eval.seed (default 1)")
     p.add_argument("--value-tokens", type=int, metavar="N", help="answers of at least N tokens (as eval.value_tokens)")
-    p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default "
-                                                       "byte)")
+    p.add_argument("--tokenizer", default="byte",
+                   help="tokenizer the lengths count in (as data.tokenizer; default byte)")
     p.set_defaults(func=cmd_probes)
 
     _add_heads_parser(sub)
