@@ -9,16 +9,14 @@ A store is a folder::
     manifest.json                           written last and atomically: the store is whole
     .hybrid-lightning-store                 the marker: the names of the files the package wrote here
 
-Each unit of the sources (``data/corpus.py``) is read and tokenized by a worker process and
-becomes one shard; the main process splits it into training and validation documents (document i
-of the corpus is held out when frac(i x golden ratio) < ``data.val_fraction``), stops once
-``data.max_tokens`` training tokens are reached, and writes the shard. At most ``workers``
-units are in memory at once, whatever the corpus size. A killed prepare resumes from its
-finished shards (their checksums verified); a store without a manifest is never read. Only files
-the package wrote are ever removed (``data/store_folder.py``); a non-empty folder that is not a
-store is refused. Each shard's checksum and token ids are checked when it is first read, so a
-damaged shard is an error naming it (and ``data prepare`` rebuilds the store), while opening a
-store costs the same whatever its size.
+Each unit of the sources (``data/corpus.py``) is read and tokenized by a worker process and becomes one shard; the
+main process splits it into training and validation documents (document i of the corpus is held out when frac(i x
+golden ratio) < ``data.val_fraction``), stops once ``data.max_tokens`` training tokens are reached, and writes the
+shard. At most ``workers`` units are in memory at once, whatever the corpus size. A killed prepare resumes from its
+finished shards (their checksums verified); a store without a manifest is never read. Only files the package wrote
+are ever removed (``data/store_folder.py``); a non-empty folder that is not a store is refused. Each shard's
+checksum and token ids are checked when it is first read, so a damaged shard is an error naming it (and ``data
+prepare`` rebuilds the store), while opening a store costs the same whatever its size.
 
 The store lives in ``data.store`` when set, else in ``<cache>/store/<fingerprint>``; the
 fingerprint covers the source files (path, size, mtime), the tokenizer's hash and every setting
@@ -151,20 +149,15 @@ def check_fits(manifest: dict, seq_len: int) -> None:
     """Both splits of the store ``manifest`` describes must hold at least one window of ``seq_len + 1`` tokens."""
     for name, size in (("training", manifest["train_tokens"]), ("validation", manifest["val"]["tokens"])):
         if size < seq_len + 1:
-            raise ValueError(
-                f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = {seq_len + 1}; "
-                "give more text (data.files) or a shorter train.seq_len"
-            )
+            raise ValueError(f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = "
+                             f"{seq_len + 1}; give more text (data.files) or a shorter train.seq_len")
 
 
 def identity(cfg: DataConfig, tokenizer_name: str) -> dict:
     """Everything the store's tokens depend on: the sources' fingerprint, the tokenizer, the settings."""
     files = source_files(cfg)
-    source = (
-        {"hub": [cfg.hub, cfg.hub_config, cfg.hub_split]}
-        if files is None
-        else {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
-    )
+    source = ({"hub": [cfg.hub, cfg.hub_config, cfg.hub_split]} if files is None
+              else {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]})
     return {"v": FORMAT_VERSION, "tok": tokenizer_name, "src": source, "field": cfg.text_field,
             "max": cfg.max_tokens, "val": cfg.val_fraction, "min_doc": cfg.min_doc_tokens}
 
@@ -380,18 +373,16 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
     else:
         join(folder, val_pieces, dtype, folder / "val.bin")
         shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy",
-                   "tokens": r["train_tokens"],
-                   "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"],
+                   "tokens": r["train_tokens"], "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"],
                    "docs_sha256": r["sha256"][f"train_{r['unit']:05d}.docs.npy"]}
                   for r in records if r["train_tokens"]]
     write_with(folder / "val.docs.npy", lambda f: np.save(f, val_lengths))
     manifest = {
         "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size,
-        "eos_id": tok.eos_id,
-        "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
-        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens,
-                "sha256": sha256_file(folder / "val.bin"),
-                "docs_sha256": sha256_file(folder / "val.docs.npy")},
+        "eos_id": tok.eos_id, "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens,
+        "shards": shards, "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens,
+                                  "sha256": sha256_file(folder / "val.bin"),
+                                  "docs_sha256": sha256_file(folder / "val.docs.npy")},
     }
     check(manifest)
     write_with(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
