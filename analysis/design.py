@@ -54,7 +54,8 @@ def warnings(d: Design) -> list[str]:
                        f"{d.nearest(label)} tokens back; a window needs {d.nearest(label) + 1} or more)")
         heads = int(d.value(label, "model.n_heads"))
         if plan.full_layers and d.top_k >= heads:
-            out.append(f"{label}: top-K {d.top_k} >= {heads} heads per layer: a top-K inside one layer is the whole layer")
+            out.append(f"{label}: top-K {d.top_k} >= {heads} heads per layer: "
+                       "a top-K inside one layer is the whole layer")
     return list(dict.fromkeys(out))
 
 
@@ -71,7 +72,7 @@ def plan_tests(tests: list[Planned]) -> list[Planned]:
             t.adjusted = float(reached if t.needs == "any" else np.max(chosen)) if own else math.nan
             if t.simulate is not None and m:
                 t.power = t.simulate(t.seeds, ALPHA / m) if not math.isnan(t.adjusted) else 0.0
-                t.needed = pw.seeds_for(lambda n, t=t: t.simulate([n] * len(t.labels), ALPHA / m))
+                t.needed = pw.seeds_for(lambda n, t=t, m=m: t.simulate([n] * len(t.labels), ALPHA / m))
     return tests
 
 
@@ -91,10 +92,12 @@ def report(rows: list[dict], warned: list[str], source: str) -> str:
 
     table = [["finding", "test", "seeds", "reachable", "floor p", "Holm floor", "power", "seeds for 80%", "effect"]]
     table += [[r["finding"].split(".")[0], r["test"], r["seeds"], r["reachable"], num(r["floor"], ".3g"),
-               num(r["holm_floor"], ".3g"), num(r["power"], ".2f"), num(r["seeds_for_80"], "d"), r["effect"]] for r in rows]
+               num(r["holm_floor"], ".3g"), num(r["power"], ".2f"), num(r["seeds_for_80"], "d"), r["effect"]]
+              for r in rows]
     lines = [format_table(table, left=(1, 8)), "", f"Effects: {source}. Holm floor: every claim of the finding at its "
              f"floor; reachable: Holm floor < {ALPHA}; power by simulation at alpha / (claims of the finding)."]
-    lines += [f"- {r['test']}: compares {r['compares']}" + (f"; not reachable: {r['why']}" if r["why"] else "") for r in rows]
+    lines += [f"- {r['test']}: compares {r['compares']}" + (f"; not reachable: {r['why']}" if r["why"] else "")
+              for r in rows]
     lines += ["", "Warnings:" if warned else "Warnings: none."] + [f"- {w}" for w in warned]
     return "\n".join(lines)
 
@@ -113,8 +116,11 @@ def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | Non
         runs = load_runs(dirs, root=pilot)
         ks = runs.ablations.loc[runs.ablations["selection"].eq("top"), "k"].dropna() if len(runs.ablations) else []
         k = int(ks.mode().iloc[0]) if len(ks) else TOP_K
-        models, source = pilot_models(runs, configs), f"from the {len(runs.configs)} pilot runs in {pilot}; ablation K={k}"
+        models = pilot_models(runs, configs)
+        source = f"from the {len(runs.configs)} pilot runs in {pilot}; ablation K={k}"
     d = Design(configs, {name: plan for name, _, plan in cells}, k, CONTROLS)
     tests = [t for verdict in registry.VERDICTS if verdict.plan is not None for t in verdict.plan(d, models)]
     rows, warned = [row(t) for t in plan_tests(tests)], warnings(d)
-    return json.dumps({"tests": rows, "warnings": warned, "effects": source}, indent=1) if as_json else report(rows, warned, source)
+    if as_json:
+        return json.dumps({"tests": rows, "warnings": warned, "effects": source}, indent=1)
+    return report(rows, warned, source)

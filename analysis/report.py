@@ -62,7 +62,8 @@ def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
     if findings:
         sections.insert(2, _findings(runs, out))
     _write(runs.metrics, out, "metrics.csv")
-    _write(runs.configs.drop(columns="path"), out, "runs.csv")  # run: its path under the folder, the same on any machine
+    # run: its path under the folder, the same on any machine
+    _write(runs.configs.drop(columns="path"), out, "runs.csv")
     summary = tables.summary(runs.metrics, runs.configs, metric)
     sections += [_emergence(runs, out, metric, tag), _laziness(runs, out), _niah(runs, out, metric),
                  _pos(runs, out, metric, summary), _head_maps(runs, out), _ablation(runs, out), _summary(summary, out)]
@@ -130,7 +131,8 @@ def _missing(runs: Runs, planned: list[tuple[str, Path, str | None]] | None, tag
     lines.append("Runs not done: " + (", ".join(f"`{r['run']}` ({_progress(r, logged.get(r['run']))})"
                                                 for _, r in unfinished.iterrows()) or "none") + ".")
     no_eval = c[~c["eval_files"]]["run"]
-    lines.append("Runs without evaluation files (eval/*.json): " + (", ".join(f"`{r}`" for r in no_eval) or "none") + ".")
+    lines.append("Runs without evaluation files (eval/*.json): "
+                 + (", ".join(f"`{r}`" for r in no_eval) or "none") + ".")
     no_score = sorted(set(c["run"]) - set(runs.metrics.loc[runs.metrics["metric"] == tag, "run"]))
     lines.append(f"Runs without `{tag}`: " + (", ".join(f"`{r}`" for r in no_score) or "none") + ".")
     lines.append("Curves and thresholds use the steps every seed of an architecture has reached; final values are "
@@ -236,13 +238,15 @@ def _ablation(runs: Runs, out: Path) -> str:
     _write(draws, out, "ablation.csv")
     _write(summary, out, "ablation_summary.csv")
     text = ["## 6. Head ablations\n",
-            "Probe answer-token accuracy with the chosen heads' outputs set to 0 (`hybrid-lightning heads --mask-top K`, "
+            "Probe answer-token accuracy with the chosen heads' outputs set to 0 "
+            "(`hybrid-lightning heads --mask-top K`, "
             "`--mask-random K`, `--mask`), pooled over tasks; `token_drop` = unmasked - masked, mean (min, max) over "
             "the draws; `exact_drop`: the same for exact match; `within`: probe length <= `train.seq_len`.\n"]
     if summary.empty:
         return "\n".join(text + ["No run has a head ablation yet.\n"])
     shown = summary.drop(columns=["label"])
-    return "\n".join(text + [_md(shown), "\nCSV: `ablation.csv` (one row per draw and length), `ablation_summary.csv`.\n"])
+    return "\n".join(text + [_md(shown),
+                             "\nCSV: `ablation.csv` (one row per draw and length), `ablation_summary.csv`.\n"])
 
 
 def _summary(summary: pd.DataFrame, out: Path) -> str:

@@ -7,11 +7,10 @@ import warnings
 import pytest
 import yaml
 
+from conftest import REPO
 from hybrid_lightning.cli import build_parser, main
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.grid.report import _gpu_hours
-
-from conftest import REPO
 
 GRID_COMMANDS = {  # each grid command with its options after its positionals
     "plan": (["--root", "R", "--json", "--set", "train.max_steps=2"], {"root": "R", "json": True}),

@@ -14,11 +14,12 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import REPO, run_cli
 from hybrid_lightning.config import TrainConfig, config_to_dict, validate_config
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.capacity import plan_gpu
-from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.geometry import cell_resources
+from hybrid_lightning.grid.report import plan_rows, status_table
 from hybrid_lightning.grid.slurm import load_profile
 from hybrid_lightning.grid.spec import MAX_NAME, cell_name_for
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid
@@ -26,13 +27,12 @@ from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.checkpoints import StopOnRequest
 from hybrid_lightning.training.run import train
 
-from conftest import REPO, run_cli
-
 # A model small enough that a cell trains in seconds on 2 cores.
 TINY_BASE = {
     "model": {"n_layers": 2, "d_model": 64, "n_heads": 2, "pattern": "EF", "window": 32},
-    "train": {"max_steps": 20, "batch_size": 8, "seq_len": 128, "warmup_steps": 2, "progress_bar": False, "schedule": "constant",
-              "log_every_n_steps": 1, "checkpoint_every_n_steps": 10, "val_every_n_steps": 1000},
+    "train": {"max_steps": 20, "batch_size": 8, "seq_len": 128, "warmup_steps": 2, "progress_bar": False,
+              "schedule": "constant", "log_every_n_steps": 1, "checkpoint_every_n_steps": 10,
+              "val_every_n_steps": 1000},
     "data": {"max_tokens": 2_000_000},
     "eval": {"every_n_steps": 0, "at_end": False},  # the long-context evaluation is tested on its own
 }
@@ -40,7 +40,8 @@ TINY_BASE = {
 
 def write_grid(folder, name="g", base=None, **spec):
     path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"base": base if base is not None else TINY_BASE, "root": str(folder / "runs" / name), **spec}, sort_keys=False))
+    path.write_text(yaml.safe_dump({"base": base if base is not None else TINY_BASE,
+                                    "root": str(folder / "runs" / name), **spec}, sort_keys=False))
     return path
 
 
@@ -90,7 +91,8 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     for name in ("probes", "text", "text_val"):
         (data / f"{name}.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
     replica = load_grid(tmp_path / "ablations" / "cpu_replica.yaml", root=tmp_path / "grid")
-    assert {c.config.train.seq_len for c in replica.cells} == {512} and max(replica.cells[0].config.eval.lengths) == 2048
+    assert ({c.config.train.seq_len for c in replica.cells} == {512}
+            and max(replica.cells[0].config.eval.lengths) == 2048)
     seeds = {}
     for c in replica.cells:
         seeds.setdefault(c.name.split("arch=")[1], set()).add(c.config.seed)
@@ -98,9 +100,11 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 8 and len(replica.cells) == 37
     mixers = {c.config.model.mixer for c in replica.cells if c.config.model.pattern != "F"}
     assert mixers == {"swa", "mamba2", "gated_deltanet", "lightning"}
-    assert {c.config.model.n_heads for c in replica.cells} == {4} and "EEFE" in {c.config.model.pattern for c in replica.cells}
+    assert ({c.config.model.n_heads for c in replica.cells} == {4}
+            and "EEFE" in {c.config.model.pattern for c in replica.cells})
     for full_or_lightning in ("F", "lightning"):
-        steps = {c.config.train.max_steps for c in replica.cells if full_or_lightning in (c.config.model.pattern, c.config.model.mixer)}
+        steps = {c.config.train.max_steps for c in replica.cells
+                 if full_or_lightning in (c.config.model.pattern, c.config.model.mixer)}
         assert steps == {4000, 6000}
     assert {c.config.data.text_val_files for c in replica.cells} == {(str((data / "text_val.jsonl").resolve()),)}
 
@@ -123,7 +127,8 @@ def test_presets_zip_and_long_names(tmp_path):
     name = cell_name_for(labels)
     assert len(name) <= MAX_NAME and name.startswith("data.files=") and name == cell_name_for(dict(labels))
     assert name != cell_name_for({**labels, "seed": 1}) and "/" not in name and " " not in name
-    assert cell_name_for({"model.window": 8, "other.window": 8}, {"model.window": "model.window"}) == "model.window=8,other.window=8"
+    assert cell_name_for({"model.window": 8, "other.window": 8},
+                         {"model.window": "model.window"}) == "model.window=8,other.window=8"
 
 
 @pytest.mark.parametrize(
@@ -133,8 +138,10 @@ def test_presets_zip_and_long_names(tmp_path):
         ({"axes": {"model.window": []}}, "axes.model.window: empty axis"),
         ({"axes": {"model.window": 8}}, "axes.model.window: an axis is a list"),
         ({"axes": {"model.window": [8, 0]}}, "cell window=0: invalid config: model.window"),
-        ({"axes": {"model.window": [8]}, "exclude": [{"model.windo": 8}]}, "'model.windo' is not an axis; did you mean 'model.window'"),
-        ({"axes": {"model.window": [8]}, "exclude": [{"model.window": 9}]}, "model.window=9 is not a value of that axis"),
+        ({"axes": {"model.window": [8]}, "exclude": [{"model.windo": 8}]},
+         "'model.windo' is not an axis; did you mean 'model.window'"),
+        ({"axes": {"model.window": [8]}, "exclude": [{"model.window": 9}]},
+         "model.window=9 is not a value of that axis"),
         ({"axes": {"model.window": [8, 16]}, "exclude": [{"model.window": 8}, {"model.window": 16}]}, "leave no cell"),
         ({"zip": [{"model.window": [8, 16], "seed": [0]}]}, "need equal lengths"),
         ({"axes": {"model.window": [8]}, "zip": [{"model.window": [8]}]}, "varied more than once"),
@@ -163,7 +170,8 @@ def test_bad_grid_on_the_command_line_exits_2_and_submits_nothing(tmp_path):
         assert r.returncode == 2 and "cell window=0" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
     good = write_grid(tmp_path, name="ok", axes={"model.window": [8]})
-    r = run_cli("grid", "submit", str(good), "--executor", "slurm", "--profile", str(tmp_path / "nope.yaml"), timeout=300)
+    r = run_cli("grid", "submit", str(good), "--executor", "slurm", "--profile", str(tmp_path / "nope.yaml"),
+                timeout=300)
     assert r.returncode == 2 and "profile not found" in r.stderr and not (tmp_path / "runs").exists(), r.stderr
 
 
@@ -222,7 +230,8 @@ def test_status_reads_the_last_loss_and_a_long_context_score_when_present(tmp_pa
 def test_stop_on_request_saves_and_resumes_without_a_gap(tmp_path):
     """The requeue path without SLURM: asked to stop, training ends at the step boundary with
     last.ckpt; the next start resumes there and TensorBoard holds every step once."""
-    cfg = validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 12, "checkpoint_every_n_steps": 100}})
+    cfg = validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 12,
+                                                  "checkpoint_every_n_steps": 100}})
     run_dir = tmp_path / "run"
     request = threading.Event()
     request.set()
@@ -244,7 +253,8 @@ def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
     # lr 1e4 makes the gradient non-finite within a few steps, after a checkpoint of every good step
     axes = {"run": {"ok": {"train.lr": 0.003}, "nan": {"train.lr": 10000.0, "train.checkpoint_every_n_steps": 1}}}
     path = write_grid(tmp_path, base=base, axes=axes)
-    first = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path), "--executor", "local"],
+    first = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path),
+                              "--executor", "local"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     grid = load_grid(path)
     deadline = time.time() + 120
@@ -262,14 +272,16 @@ def test_local_executor_failures_resume_and_concurrent_submits(tmp_path):
     assert rows[ok.name].state == "done" and rows[ok.name].step == 20
     assert rows[nan.name].state == "failed"
     reason = rows[nan.name].reason
-    bad = re.fullmatch(r"NonFiniteLossError: non-finite (?:gradient of \S+|training loss \(\S+\)) at step (\d+)", reason)
+    bad = re.fullmatch(r"NonFiniteLossError: non-finite (?:gradient of \S+|training loss \(\S+\)) at step (\d+)",
+                       reason)
     assert bad and int(bad[1]) >= 1, reason
     assert checkpoint_is_valid(nan.run_dir / "checkpoints" / "last.ckpt")  # the last good step's checkpoint is kept
     assert torch.load(nan.run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == int(bad[1])
     assert f"failed run=nan: {reason}" in status_table(cell_states(grid))
 
     # Train the finished cell 10 steps more, after damaging its two newest checkpoints.
-    longer = write_grid(tmp_path, base={**base, "train": {**base["train"], "max_steps": 30}}, axes=axes, exclude=[{"run": "nan"}])
+    longer = write_grid(tmp_path, base={**base, "train": {**base["train"], "max_steps": 30}}, axes=axes,
+                        exclude=[{"run": "nan"}])
     (ok.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"truncated")
     step20 = ok.run_dir / "checkpoints" / "step_0000020.ckpt"
     step20.write_bytes(step20.read_bytes()[: step20.stat().st_size // 2])
@@ -293,7 +305,8 @@ def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
     for row in rows:
         by_size.setdefault(row["axes"]["size"], []).append(row["non_embedding_params"])
         budget = row["axes"]["train.tokens_per_param"]
-        assert budget * row["non_embedding_params"] <= row["tokens"] < budget * row["non_embedding_params"] + 8 * 16 * 4096
+        assert (budget * row["non_embedding_params"] <= row["tokens"]
+                < budget * row["non_embedding_params"] + 8 * 16 * 4096)
         assert row["gpu_hours"] > 0
     for counts in by_size.values():  # parameter-matched: every architecture within 2% of full attention
         assert max(counts) / min(counts) < 1.02
@@ -309,7 +322,8 @@ def test_tokens_per_param_sets_the_steps(tmp_path):
     cfg = resolve_config(validate_config({**TINY_BASE, "train": {**TINY_BASE["train"], **train}}))
     n = non_embedding_params(cfg.model)
     assert cfg.train.max_steps == -(-20 * n // (4 * 64))
-    assert resolve_config(validate_config(config_to_dict(cfg))).train.max_steps == cfg.train.max_steps  # config.yaml round trip
+    # config.yaml round trip
+    assert resolve_config(validate_config(config_to_dict(cfg))).train.max_steps == cfg.train.max_steps
     with pytest.raises(ValueError, match="train.tokens_per_param needs train.devices"):
         validate_config({"train": {"tokens_per_param": 20}})
     with pytest.raises(ValueError, match="warmup_steps=50000 must be below"):
@@ -323,7 +337,8 @@ def test_a_grid_started_in_the_background_stops_its_cells_with_a_checkpoint(tmp_
     base = {**TINY_BASE, "train": {**TINY_BASE["train"], "max_steps": 100000, "checkpoint_every_n_steps": 100000}}
     path = write_grid(tmp_path, base=base, axes={"seed": [0]})
     grid = load_grid(path)
-    proc = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path), "--executor", "local"],
+    proc = subprocess.Popen([sys.executable, "-m", "hybrid_lightning", "grid", "submit", str(path),
+                             "--executor", "local"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as a background job
     (cell,) = grid.cells
@@ -335,8 +350,10 @@ def test_a_grid_started_in_the_background_stops_its_cells_with_a_checkpoint(tmp_
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     status = read_status(cell.run_dir)
-    assert status["state"] == "interrupted" and status["error"] == "SIGINT" and time.time() - t0 < 25, (status, out[-2000:])
-    assert torch.load(cell.run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == status["step"] >= 3
+    assert status["state"] == "interrupted" and status["error"] == "SIGINT" and time.time() - t0 < 25, (
+        status, out[-2000:])
+    assert torch.load(cell.run_dir / "checkpoints" / "last.ckpt",
+                      weights_only=False)["global_step"] == status["step"] >= 3
 
 
 def test_a_cell_that_failed_before_its_run_directory_reads_as_failed(tmp_path):

@@ -8,7 +8,6 @@ import pytest
 from hybrid_lightning.cli import main
 from hybrid_lightning.grid import EXECUTORS, Executor, cell_states, load_grid, register
 from hybrid_lightning.grid.state import add_records, now, read_jobs
-
 from test_grid import write_grid
 
 

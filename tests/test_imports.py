@@ -10,12 +10,11 @@ import sys
 
 import pytest
 
+from conftest import REPO
 from hybrid_lightning.config import load_config
 from hybrid_lightning.plan.resolve import plan_run
 from hybrid_lightning.rundir.files import write_plan
 from hybrid_lightning.rundir.status import write_status
-
-from conftest import REPO
 
 TRAINING = {"torch", "lightning", "pytorch_lightning", "torchmetrics"}
 ANALYSIS = {"pandas", "matplotlib", "scipy", "tensorboard"}
@@ -27,7 +26,8 @@ DEMO = str(REPO / "ablations" / "demo.yaml")
 def loaded(*args: str, cwd=REPO) -> tuple[int, set[str], str]:
     """(exit code, the top-level modules loaded, stdout + stderr) of ``hybrid-lightning ARGS`` in a fresh process."""
     code = ("import contextlib, io, json, sys\nfrom hybrid_lightning.cli import main\nout = io.StringIO()\n"
-            "try:\n    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n        rc = main(sys.argv[1:])\n"
+            "try:\n    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
+            "        rc = main(sys.argv[1:])\n"
             "except SystemExit as e:\n    rc = e.code\n"
             "print(json.dumps([rc, sorted({m.split('.')[0] for m in sys.modules}), out.getvalue()]))")
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
@@ -48,18 +48,21 @@ def test_commands_that_do_not_train_load_neither_torch_nor_the_analysis_stack(ar
 
 
 def test_print_config_of_a_budget_in_tokens_per_param_counts_parameters_with_torch_only():
-    rc, modules, out = loaded("train", "--set", "train.tokens_per_param=20", "--set", "train.devices=1", "--print-config")
+    rc, modules, out = loaded("train", "--set", "train.tokens_per_param=20", "--set", "train.devices=1",
+                              "--print-config")
     assert rc == 0 and "max_steps:" in out and "tokens_per_param: 20" in out
     assert "torch" in modules and not modules & (TRAINING - {"torch"})
 
 
 def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_path):
-    cells = ["--cells", "arch=full,size=15M,tokens_per_param=100.0,*", "--cells", "arch=mamba2,size=15M,tokens_per_param=1000.0,*"]
+    cells = ["--cells", "arch=full,size=15M,tokens_per_param=100.0,*", "--cells",
+             "arch=mamba2,size=15M,tokens_per_param=1000.0,*"]
     rc, modules, out = loaded("grid", "status", PAPER, "--root", str(tmp_path), "--json")
     assert rc == 0 and not modules & (TRAINING | ANALYSIS), sorted(modules & (TRAINING | ANALYSIS))
     rows = {r["name"]: r for r in json.loads(out)}
     assert len(rows) == 300 and {r["state"] for r in rows.values()} == {"not submitted"}
-    assert {r["max_steps"] for r in rows.values()} == {None}  # steps of a budget in tokens_per_param: counted once planned
+    # steps of a budget in tokens_per_param: counted once planned
+    assert {r["max_steps"] for r in rows.values()} == {None}
     # a cell that trained recorded its plan: its steps follow from the parameters it recorded, with no count here
     from hybrid_lightning.grid.spec import load_grid
 
@@ -77,14 +80,16 @@ def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_pa
 
 
 def test_params_and_grid_plan_load_torch_but_not_lightning(tmp_path):
-    for args in (["params", QUICKSTART], ["grid", "plan", PAPER, "--root", str(tmp_path), "--cells", "arch=full,size=15M,*"]):
+    for args in (["params", QUICKSTART], ["grid", "plan", PAPER, "--root", str(tmp_path), "--cells",
+                                          "arch=full,size=15M,*"]):
         rc, modules, out = loaded(*args)
         assert rc == 0, out
         assert "torch" in modules and not modules & (TRAINING - {"torch"}) and not modules & ANALYSIS, args
 
 
 def test_pack_loads_pandas_but_not_torch(tmp_path):
-    rc, modules, out = loaded("pack", str(REPO / "analysis" / "results" / "cpu_replica" / "runs"), "--out", str(tmp_path / "packed"))
+    rc, modules, out = loaded("pack", str(REPO / "analysis" / "results" / "cpu_replica" / "runs"), "--out",
+                              str(tmp_path / "packed"))
     assert rc == 0 and "packed runs in" in out, out
     assert not modules & TRAINING, sorted(modules & TRAINING)
 
@@ -102,8 +107,8 @@ def test_a_mistyped_key_is_refused_before_torch_in_under_a_second_of_cpu(command
     key, and the whole process, interpreter start included, takes under 1 s of CPU."""
     code = ("import json, resource, sys\nfrom hybrid_lightning.cli import main\nrc = main(sys.argv[1:])\n"
             "use = resource.getrusage(resource.RUSAGE_SELF)\n"
-            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in %r), use.ru_utime + use.ru_stime]))"
-            % sorted(TRAINING))
+            f"print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in {sorted(TRAINING)!r}), "
+            "use.ru_utime + use.ru_stime]))")
     r = subprocess.run([sys.executable, "-c", code, *command, "--set", "model.windw=5"], capture_output=True, text=True,
                        timeout=120, cwd=REPO)
     rc, heavy, cpu = json.loads(r.stdout.splitlines()[-1])

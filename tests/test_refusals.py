@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import TINY
 from hybrid_lightning.cli import main
 from hybrid_lightning.config import dump_config, load_config
-
-from conftest import TINY
 
 QUIET = ["--set", "eval.every_n_steps=0", "--set", "eval.at_end=false", "--set", "eval.heads.every_n_steps=0",
          "--set", "eval.heads.at_end=false"]
@@ -92,7 +91,8 @@ def test_a_config_that_is_no_file_is_named_for_what_it_is(world, capsys):
 
 
 def test_commands_check_their_arguments_before_preparing_data(world, capsys):
-    assert "--lengths" in refused(world, capsys, "probes", "passkey", "--lengths", "0", "--out", str(world / "work" / "p.jsonl"))
+    assert "--lengths" in refused(world, capsys, "probes", "passkey", "--lengths", "0", "--out",
+                                  str(world / "work" / "p.jsonl"))
     assert "--workers" in refused(world, capsys, "data", "prepare", *TINY, "--workers", "0")
 
 
@@ -117,7 +117,8 @@ def fabricated_run(world: Path) -> Path:
     (run / "checkpoints").mkdir(parents=True)
     raw = yaml.safe_load(dump_config(load_config(None, TINY[1::2])))
     (run / "config.yaml").write_text(yaml.safe_dump({**raw, "provenance": {"git_revision": None}}, sort_keys=False))
-    torch.save({"global_step": 0, "state_dict": {}, "hyper_parameters": {"config": raw}}, run / "checkpoints" / "last.ckpt")
+    torch.save({"global_step": 0, "state_dict": {}, "hyper_parameters": {"config": raw}},
+               run / "checkpoints" / "last.ckpt")
     return run
 
 
@@ -128,7 +129,8 @@ def test_a_checkpoint_that_is_none_is_refused(world, capsys):
     yml.write_text("model: {}\n")
     cut.write_bytes(b"PK\x03\x04" + b"\0" * 100)  # a zip's first bytes, cut short
     for ckpt in (empty, yml, cut):
-        assert "--ckpt" in refused(world, capsys, "export", str(run), "--ckpt", str(ckpt), "--out", str(world / "work" / "x"))
+        assert "--ckpt" in refused(world, capsys, "export", str(run), "--ckpt", str(ckpt), "--out",
+                                   str(world / "work" / "x"))
         assert "--ckpt" in refused(world, capsys, "eval", str(run), "--ckpt", str(ckpt))
 
 
@@ -151,7 +153,8 @@ def test_analyze_and_export_never_write_over_a_users_files(world, capsys):
     assert "give a new or empty folder" in refused(world, capsys, "export", str(run), "--out", str(mine))  # not --force
     tokenizer = world / "work" / "tok.json"
     tokenizer.write_text("my tokenizer")
-    assert "exists" in refused(world, capsys, "data", "tokenizer", *TINY, "--vocab-size", "300", "--out", str(tokenizer))
+    assert "exists" in refused(world, capsys, "data", "tokenizer", *TINY, "--vocab-size", "300", "--out",
+                               str(tokenizer))
     assert "exists" in refused(world, capsys, "probes", "passkey", "--lengths", "512", "--out", str(tokenizer))
     assert tokenizer.read_text() == "my tokenizer"
 

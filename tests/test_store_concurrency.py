@@ -50,7 +50,7 @@ def _all_at_once(configs: list, verify: bool) -> dict[int, tuple[str, str]]:
     procs = [ctx.Process(target=_open, args=(cfg, verify, start, out, i)) for i, cfg in enumerate(configs)]
     for p in procs:
         p.start()
-    results = dict((i, (what, detail)) for i, what, detail in (out.get(timeout=120) for _ in procs))
+    results = {i: (what, detail) for i, what, detail in (out.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
     return results

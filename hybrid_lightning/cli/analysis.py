@@ -51,7 +51,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     grid_file = args.grid or demo_grid()
     grid = load_grid(grid_file, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print(f"report.md and findings.md written to {analyze(grid.root, args.out, planned=planned_cells(grid), findings=True).parent}")
+    print("report.md and findings.md written to "
+          f"{analyze(grid.root, args.out, planned=planned_cells(grid), findings=True).parent}")
     return code
 
 
@@ -60,8 +61,10 @@ def add_parsers(sub) -> None:
     from hybrid_lightning.analysis.metrics import METRICS
     from hybrid_lightning.analysis.pack import add_parsers as add_pack_parsers
 
-    p = command(sub, "analyze", "figures, CSV tables and report.md from a folder of runs (a grid root or any)", "analysis.md")
-    p.add_argument("dir", help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
+    p = command(sub, "analyze", "figures, CSV tables and report.md from a folder of runs (a grid root or any)",
+                "analysis.md")
+    p.add_argument("dir",
+                   help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
     p.add_argument("--out", help="output folder (default: DIR/analysis)")
     p.add_argument("--metric", choices=list(METRICS), default="token_acc",
                    help="long-context score (default token_acc: answer-token accuracy minus chance)")
@@ -72,7 +75,9 @@ def add_parsers(sub) -> None:
 
     add_pack_parsers(sub, command)
 
-    p = command(sub, "demo", "train a demo grid locally, then analyse it (grid submit --executor local + analyze --findings)", "analysis.md")
+    p = command(sub, "demo",
+                "train a demo grid locally, then analyse it (grid submit --executor local + analyze --findings)",
+                "analysis.md")
     p.add_argument("--grid", help="grid file (default: ablations/demo.yaml, installed with the package)")
     p.add_argument("--root", help="folder of the cells' run directories (default: runs/<grid name>)")
     p.add_argument("--parallel", type=int, default=2, metavar="N", help="cells trained at once (default 2)")

@@ -63,7 +63,8 @@ def cmd_grid_submit(args: argparse.Namespace) -> int:
         raise ValueError(f"--executor {args.executor or 'is missing'}: one of {list(EXECUTORS)}")
     executor = _executor(args)
     grid = _grid(args, executor=executor)
-    if args.print_config or args.dry_run:  # every cell's config as one YAML document, or the cost of the cells to submit
+    # every cell's config as one YAML document, or the cost of the cells to submit
+    if args.print_config or args.dry_run:
         from hybrid_lightning.grid.report import dry_run_table
         from hybrid_lightning.grid.submit import check_starts
 
@@ -118,7 +119,8 @@ def add_parsers(sub) -> None:
     def action(name: str, help: str, func) -> argparse.ArgumentParser:
         p = command(actions, name, help, "grids.md")
         p.add_argument("grid", help="grid file (YAML: base, axes, zip, exclude)")
-        p.add_argument("--root", help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
+        p.add_argument("--root",
+                       help="folder of the cells' run directories (default: the grid's root, else runs/<grid name>)")
         p.set_defaults(func=func)
         return p
 
@@ -131,17 +133,21 @@ def add_parsers(sub) -> None:
     p.add_argument("--profile", help="SLURM profile: each cell's nodes and tasks checked against it and, where SLURM "
                    "answers, its partition (without a profile or a profile --set: CPU cells against this machine's "
                    "cores); its gpu: section states the GPU (memory, TFLOP/s), default an H100 80GB at 400 TFLOP/s")
-    p.add_argument("--verdicts", action="store_true", help="instead, the verdicts the grid can reach: floors, power (analysis.md)")
+    p.add_argument("--verdicts", action="store_true",
+                   help="instead, the verdicts the grid can reach: floors, power (analysis.md)")
     p.add_argument("--pilot", metavar="RUNS", help="with --verdicts: effects and variances from the runs under RUNS")
     speed = p.add_mutually_exclusive_group()
-    speed.add_argument("--throughput", type=float, metavar="TOKENS_PER_S", help="training tokens per second per GPU, for GPU-hours")
+    speed.add_argument("--throughput", type=float, metavar="TOKENS_PER_S",
+                       help="training tokens per second per GPU, for GPU-hours")
     speed.add_argument("--tflops", type=float, metavar="TFLOPS",
                        help="sustained training TFLOP/s per GPU, for GPU-hours from each cell's FLOPs per token")
     p = action("submit", "submit the cells that are neither done nor live; resume the others", cmd_grid_submit)
     _add_selection(p, profile=True)
-    p.add_argument("--executor", metavar="NAME", help="local, slurm or another registered executor (docs/grids.md); needed to submit")
+    p.add_argument("--executor", metavar="NAME",
+                   help="local, slurm or another registered executor (docs/grids.md); needed to submit")
     p.add_argument("--profile", help="SLURM profile: a YAML of submitit AutoExecutor parameters (slurm/*.yaml)")
-    p.add_argument("--parallel", type=int, default=1, metavar="N", help="local executor: cells trained at once (default 1)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="local executor: cells trained at once (default 1)")
     add_preview_args(p)
     p = action("status", "one row per cell: state, step, loss, job, log", cmd_grid_status)
     _add_selection(p)

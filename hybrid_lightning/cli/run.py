@@ -17,8 +17,10 @@ from hybrid_lightning.rundir.status import read_status
 
 def add_preview_args(p: argparse.ArgumentParser) -> None:
     preview = p.add_mutually_exclusive_group()  # either prints and exits; nothing is written
-    preview.add_argument("--print-config", action="store_true", help="print the resolved config as YAML (train reads it)")
-    preview.add_argument("--dry-run", action="store_true", help="print parameters, tokens, steps and a time estimated here")
+    preview.add_argument("--print-config", action="store_true",
+                         help="print the resolved config as YAML (train reads it)")
+    preview.add_argument("--dry-run", action="store_true",
+                         help="print parameters, tokens, steps and a time estimated here")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -108,8 +110,8 @@ def cmd_heads(args: argparse.Namespace) -> int:
         selection, k = "random", args.mask_random
     else:
         selection, k = ("list" if args.mask else None), None
-    report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []), args.seed,
-                              args.controls, args.mask_each, args.mask_mode)
+    report = heads_checkpoint(args.run_dir, args.ckpt, args.overrides, selection, k, parse_heads(args.mask or []),
+                              args.seed, args.controls, args.mask_each, args.mask_mode)
     print(heads_table(report))
     if selection is not None:
         print(ablation_table({**report, "ablation": [r for r in report["ablation"] if r["selection"] == selection]}))
@@ -134,7 +136,8 @@ def cmd_data_tokenizer(args: argparse.Namespace) -> int:
 
     cfg = load(args)
     tok = train_bpe(iter_documents(cfg.data), args.vocab_size, args.out)
-    print(f"byte-level BPE of {tok.vocab_size} tokens written to {args.out} (use it with --set data.tokenizer={args.out})")
+    print(f"byte-level BPE of {tok.vocab_size} tokens written to {args.out} (use it with --set "
+          f"data.tokenizer={args.out})")
     return 0
 
 
@@ -148,22 +151,27 @@ def add_parsers(sub) -> None:
     add_preview_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = command(sub, "eval", "long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)", "evaluation.md")
+    p = command(sub, "eval", "long-context evaluation of a run's checkpoint (writes eval/step_<k>.json)",
+                "evaluation.md")
     p.add_argument("run_dir", help="run directory")
     p.add_argument("--ckpt", help="checkpoint file (default: the run's newest valid checkpoint)")
-    p.add_argument("--lengths", nargs="+", metavar="N", help="probe lengths in tokens (default: the run's eval.lengths)")
+    p.add_argument("--lengths", nargs="+", metavar="N",
+                   help="probe lengths in tokens (default: the run's eval.lengths)")
     p.add_argument("--tasks", nargs="+", metavar="TASK", help="probe tasks (default: the run's eval.tasks)")
     add_set(p, "override an eval.* setting", "eval.samples=4", "eval.KEY=VALUE")
     p.set_defaults(func=cmd_eval)
 
-    p = command(sub, "probes", "write long-context probes as text documents (JSON lines), e.g. as training data", "evaluation.md")
+    p = command(sub, "probes", "write long-context probes as text documents (JSON lines), e.g. as training data",
+                "evaluation.md")
     p.add_argument("tasks", nargs="+", metavar="TASK", help="probe tasks (as eval.tasks)")
     p.add_argument("--out", required=True, help="JSON-lines file to write")
     p.add_argument("--lengths", nargs="+", type=int, required=True, metavar="N", help="probe lengths in tokens")
-    p.add_argument("--samples", type=int, default=100, help="probes per task and length, depths spread over [0, 1] (default 100)")
+    p.add_argument("--samples", type=int, default=100,
+                   help="probes per task and length, depths spread over [0, 1] (default 100)")
     p.add_argument("--seed", type=int, default=1, help="probe seed; keep it apart from the runs' eval.seed (default 1)")
     p.add_argument("--value-tokens", type=int, metavar="N", help="answers of at least N tokens (as eval.value_tokens)")
-    p.add_argument("--tokenizer", default="byte", help="tokenizer the lengths count in (as data.tokenizer; default byte)")
+    p.add_argument("--tokenizer", default="byte",
+                   help="tokenizer the lengths count in (as data.tokenizer; default byte)")
     p.set_defaults(func=cmd_probes)
 
     _add_heads_parser(sub)
@@ -175,7 +183,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", required=True, help="folder to write (must be empty or absent unless --force)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("--probes", metavar="FILE", help="a 'hybrid-lightning probes' file: also write it as "
-                   "lm-evaluation-harness tasks in OUT/lm_eval (lm_eval --include_path OUT/lm_eval --tasks hybrid_probes)")
+                   "lm-evaluation-harness tasks in OUT/lm_eval (lm_eval --include_path OUT/lm_eval --tasks "
+                   "hybrid_probes)")
     p.set_defaults(func=cmd_export)
 
     p = command(sub, "params", "per-layer parameter table and totals", "training.md")
@@ -196,9 +205,11 @@ def _add_heads_parser(sub) -> None:
     mask.add_argument("--mask", nargs="+", metavar="LAYER.HEAD", help="mask these heads instead, e.g. --mask 3.0 3.2")
     p.add_argument("--seed", type=int, default=0, help="seed of --mask-random and of the control draws (default 0)")
     p.add_argument("--controls", type=int, default=20, metavar="N", help="with --mask-top: N random draws of as many "
-                   "non-retrieval heads of the same layers and N of non-retrieval heads of any layer, seeded by --seed, the "
-                   "run and the step, and the permutation p of the top K against each (default 20; 0 = none)")
-    p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero", help="zero: a masked head's output is 0; "
+                   "non-retrieval heads of the same layers and N of non-retrieval heads of any layer, seeded by "
+                   "--seed, the run and the step, and the permutation p of the top K against each "
+                   "(default 20; 0 = none)")
+    p.add_argument("--mask-mode", choices=["zero", "uniform"], default="zero",
+                   help="zero: a masked head's output is 0; "
                    "uniform: its pre-softmax logits are 0, so it attends uniformly (Wu et al.) (default zero)")
     p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
     add_set(p, "override an eval.* setting", "eval.heads.lengths=[2048]", "eval.KEY=VALUE")
@@ -208,9 +219,11 @@ def _add_heads_parser(sub) -> None:
 def _add_data_parser(sub) -> None:
     data = command(sub, "data", "token stores and tokenizers: prepare a corpus, train a BPE", "training.md")
     actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    p = command(actions, "prepare", "tokenize the config's corpus into its token store (resumes an interrupted one)", "training.md")
+    p = command(actions, "prepare", "tokenize the config's corpus into its token store (resumes an interrupted one)",
+                "training.md")
     add_config_args(p)
-    p.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: data.prepare_workers, else the cores, at most 8)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="tokenizing processes (default: data.prepare_workers, else the cores, at most 8)")
     p.set_defaults(func=cmd_data_prepare)
     p = command(actions, "tokenizer", "train a byte-level BPE on the config's corpus (tokenizers)", "training.md")
     add_config_args(p)

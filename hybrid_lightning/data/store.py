@@ -9,16 +9,14 @@ A store is a folder::
     manifest.json                           written last and atomically: the store is whole
     .hybrid-lightning-store                 the marker: the names of the files the package wrote here
 
-Each unit of the sources (``data/corpus.py``) is read and tokenized by a worker process and
-becomes one shard; the main process splits it into training and validation documents (document i
-of the corpus is held out when frac(i x golden ratio) < ``data.val_fraction``), stops once
-``data.max_tokens`` training tokens are reached, and writes the shard. At most ``workers``
-units are in memory at once, whatever the corpus size. A killed prepare resumes from its
-finished shards (their checksums verified); a store without a manifest is never read. Only files
-the package wrote are ever removed (``data/store_folder.py``); a non-empty folder that is not a
-store is refused. Each shard's checksum and token ids are checked when it is first read, so a
-damaged shard is an error naming it (and ``data prepare`` rebuilds the store), while opening a
-store costs the same whatever its size.
+Each unit of the sources (``data/corpus.py``) is read and tokenized by a worker process and becomes one shard; the
+main process splits it into training and validation documents (document i of the corpus is held out when frac(i x
+golden ratio) < ``data.val_fraction``), stops once ``data.max_tokens`` training tokens are reached, and writes the
+shard. At most ``workers`` units are in memory at once, whatever the corpus size. A killed prepare resumes from its
+finished shards (their checksums verified); a store without a manifest is never read. Only files the package wrote
+are ever removed (``data/store_folder.py``); a non-empty folder that is not a store is refused. Each shard's
+checksum and token ids are checked when it is first read, so a damaged shard is an error naming it (and ``data
+prepare`` rebuilds the store), while opening a store costs the same whatever its size.
 
 The store lives in ``data.store`` when set, else in ``<cache>/store/<fingerprint>``; the
 fingerprint covers the source files (path, size, mtime), the tokenizer's hash and every setting
@@ -128,11 +126,12 @@ class Store:
             except ValueError:
                 return path
         try:
-            self.val
+            self.val  # noqa: B018 (the property reads and checks the validation shard: ValueError when damaged)
         except ValueError:
             return str(self.folder / self.manifest["val"]["file"])
         for entry in [*self.manifest["shards"], self.manifest["val"]]:  # stores of format 3 before these digests: none
-            if entry.get("docs_sha256") is not None and sha256_file(self.folder / entry["docs"]) != entry["docs_sha256"]:
+            if (entry.get("docs_sha256") is not None
+                    and sha256_file(self.folder / entry["docs"]) != entry["docs_sha256"]):
                 return str(self.folder / entry["docs"])
         return None
 
@@ -142,27 +141,23 @@ class Store:
     def summary(self) -> str:
         m = self.manifest
         return (f"{self.folder}: {m['train_tokens']:,} training tokens in {len(m['shards'])} shards, "
-                f"{m['val']['tokens']:,} validation tokens, {m['documents']:,} documents, tokenizer {m['identity']['tok']}")
+                f"{m['val']['tokens']:,} validation tokens, {m['documents']:,} documents, tokenizer "
+                f"{m['identity']['tok']}")
 
 
 def check_fits(manifest: dict, seq_len: int) -> None:
     """Both splits of the store ``manifest`` describes must hold at least one window of ``seq_len + 1`` tokens."""
     for name, size in (("training", manifest["train_tokens"]), ("validation", manifest["val"]["tokens"])):
         if size < seq_len + 1:
-            raise ValueError(
-                f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = {seq_len + 1}; "
-                "give more text (data.files) or a shorter train.seq_len"
-            )
+            raise ValueError(f"data: the {name} split holds {size} tokens, fewer than train.seq_len + 1 = "
+                             f"{seq_len + 1}; give more text (data.files) or a shorter train.seq_len")
 
 
 def identity(cfg: DataConfig, tokenizer_name: str) -> dict:
     """Everything the store's tokens depend on: the sources' fingerprint, the tokenizer, the settings."""
     files = source_files(cfg)
-    source = (
-        {"hub": [cfg.hub, cfg.hub_config, cfg.hub_split]}
-        if files is None
-        else {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
-    )
+    source = ({"hub": [cfg.hub, cfg.hub_config, cfg.hub_split]} if files is None
+              else {"files": [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]})
     return {"v": FORMAT_VERSION, "tok": tokenizer_name, "src": source, "field": cfg.text_field,
             "max": cfg.max_tokens, "val": cfg.val_fraction, "min_doc": cfg.min_doc_tokens}
 
@@ -249,7 +244,8 @@ def _read_manifest(folder: Path, ident: dict) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise ValueError(f"data.store: {folder / MANIFEST} does not read ({e}); delete the folder to prepare it again") from None
+        raise ValueError(f"data.store: {folder / MANIFEST} does not read ({e}); "
+                         "delete the folder to prepare it again") from None
     if manifest.get("identity") != ident:
         old = manifest.get("identity", {})
         diff = sorted(k for k in ident.keys() | old.keys() if ident.get(k) != old.get(k))
@@ -266,7 +262,8 @@ def _init_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
 
 
-def tokenize_unit(unit: Unit, tokenizer: str, text_field: str, min_doc_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_unit(unit: Unit, tokenizer: str, text_field: str,
+                  min_doc_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, document lengths) of one unit: its kept documents, each followed by the eos id."""
     tok = _WORKER_TOKENIZERS.get(tokenizer) or _WORKER_TOKENIZERS.setdefault(tokenizer, load_tokenizer(tokenizer))
     dtype = token_dtype(tok.vocab_size)
@@ -334,7 +331,8 @@ def _prepare(cfg: DataConfig, tok, folder: Path, ident: dict, workers: int, chec
             while True:
                 while len(pending) < workers and (nxt := next(units, None)) is not None:
                     k, unit = nxt
-                    pending.append((k, pool.submit(tokenize_unit, unit, cfg.tokenizer, cfg.text_field, cfg.min_doc_tokens)))
+                    pending.append((k, pool.submit(tokenize_unit, unit, cfg.tokenizer, cfg.text_field,
+                                                   cfg.min_doc_tokens)))
                 if not pending:
                     break
                 k, future = pending.popleft()
@@ -357,7 +355,8 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
     val_pieces = [f"val_{k:05d}.bin" for k in range(n)]
     train_tokens, val_tokens = sum(r["train_tokens"] for r in records), sum(r["val_tokens"] for r in records)
     if train_tokens + val_tokens == 0:
-        where = f"data.hub {cfg.hub}" if cfg.hub else f"data.files {list(cfg.files)}" if cfg.files else "the embedded corpus"
+        where = (f"data.hub {cfg.hub}" if cfg.hub else f"data.files {list(cfg.files)}" if cfg.files
+                 else "the embedded corpus")
         filtered = f" of at least data.min_doc_tokens={cfg.min_doc_tokens} tokens" if cfg.min_doc_tokens else ""
         raise ValueError(f"data: {where} holds no document{filtered}")
     val_lengths = np.concatenate([np.load(folder / f"val_{k:05d}.docs.npy") for k in range(n)])
@@ -368,19 +367,22 @@ def _finalize(cfg: DataConfig, tok, folder: Path, ident: dict, records: list[dic
         head, val_lengths = split_lengths(val_lengths, cut)
         write_with(folder / "train_tail.docs.npy", lambda f: np.save(f, head))
         shards = [{"file": "train_tail.bin", "docs": "train_tail.docs.npy", "tokens": cut,
-                   "sha256": sha256_file(folder / "train_tail.bin"), "docs_sha256": sha256_file(folder / "train_tail.docs.npy")}]
+                   "sha256": sha256_file(folder / "train_tail.bin"),
+                   "docs_sha256": sha256_file(folder / "train_tail.docs.npy")}]
         train_tokens, val_tokens = cut, val_tokens - cut
     else:
         join(folder, val_pieces, dtype, folder / "val.bin")
-        shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy", "tokens": r["train_tokens"],
-                   "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"], "docs_sha256": r["sha256"][f"train_{r['unit']:05d}.docs.npy"]}
+        shards = [{"file": f"train_{r['unit']:05d}.bin", "docs": f"train_{r['unit']:05d}.docs.npy",
+                   "tokens": r["train_tokens"], "sha256": r["sha256"][f"train_{r['unit']:05d}.bin"],
+                   "docs_sha256": r["sha256"][f"train_{r['unit']:05d}.docs.npy"]}
                   for r in records if r["train_tokens"]]
     write_with(folder / "val.docs.npy", lambda f: np.save(f, val_lengths))
     manifest = {
-        "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-        "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens, "shards": shards,
-        "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens, "sha256": sha256_file(folder / "val.bin"),
-                "docs_sha256": sha256_file(folder / "val.docs.npy")},
+        "identity": ident, "format": FORMAT_VERSION, "dtype": dtype.name, "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id, "documents": sum(r["docs"] for r in records), "units": n, "train_tokens": train_tokens,
+        "shards": shards, "val": {"file": "val.bin", "docs": "val.docs.npy", "tokens": val_tokens,
+                                  "sha256": sha256_file(folder / "val.bin"),
+                                  "docs_sha256": sha256_file(folder / "val.docs.npy")},
     }
     check(manifest)
     write_with(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))

@@ -21,16 +21,16 @@ import tempfile
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig
-from hybrid_lightning.fileio import overlap, own, owned
 from hybrid_lightning.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
-from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.export.lm_eval_task import write_probe_tasks
 from hybrid_lightning.export.source import CONFIG_MODULE, write_model_source
 from hybrid_lightning.export.tokenizer import write_tokenizer
+from hybrid_lightning.fileio import overlap, own, owned
 from hybrid_lightning.kinds import LayerSpec
 from hybrid_lightning.model import HybridLM
 from hybrid_lightning.plan import load_trained
 from hybrid_lightning.plan.resolve import read_run
+from hybrid_lightning.probes.files import read_probes
 from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint, given_checkpoint
 from hybrid_lightning.rundir.files import read_run_config
 from hybrid_lightning.runplan import RunPlan
@@ -122,7 +122,8 @@ def share_modes(folder: Path) -> None:
 
 
 def load_native(cfg: RunConfig, plan: RunPlan, ckpt: Path) -> tuple[HybridLM, ByteTokenizer | JsonTokenizer]:
-    """The run's model (on the CPU, in eval mode) of its plan with the weights of checkpoint ``ckpt``, and its tokenizer."""
+    """The run's model (on the CPU, in eval mode) of its plan with the weights of checkpoint ``ckpt``, and its
+    tokenizer."""
     model, _ = load_trained(plan, ckpt)
     return model.eval(), load_tokenizer(cfg.data.tokenizer)
 

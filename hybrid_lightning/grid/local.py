@@ -27,7 +27,14 @@ from hybrid_lightning.fileio import pid_alive, process_start
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import (
-    CELLS_DIR, add_records, cell_plan_path, cell_states, lock, now, read_jobs, write_jobs,
+    CELLS_DIR,
+    add_records,
+    cell_plan_path,
+    cell_states,
+    lock,
+    now,
+    read_jobs,
+    write_jobs,
 )
 from hybrid_lightning.grid.tensorboard import write_seed_runs
 from hybrid_lightning.training.cluster import check_cpu_devices, trains_on_cpu_here
@@ -48,7 +55,8 @@ class LocalExecutor(Executor):
 
     def check(self) -> None:
         if self.profile is not None or self.overrides:
-            raise ValueError(f"--profile and --set (a SLURM profile's parameters) do not apply to --executor {self.name}")
+            raise ValueError("--profile and --set (a SLURM profile's parameters) do not apply to --executor "
+                             f"{self.name}")
         if self.parallel < 1:
             raise ValueError(f"--parallel must be at least 1, got {self.parallel}")
 
@@ -57,8 +65,8 @@ class LocalExecutor(Executor):
         for cell in cells:
             train = cell.config.train
             if train.num_nodes > 1:
-                raise ValueError(f"cell {cell.name}: train.num_nodes={train.num_nodes}, but --executor {self.name} trains on "
-                                 f"this machine alone; submit it with --executor slurm")
+                raise ValueError(f"cell {cell.name}: train.num_nodes={train.num_nodes}, but --executor {self.name} "
+                                 f"trains on this machine alone; submit it with --executor slurm")
             try:
                 check_cpu_devices(train, trains_on_cpu_here(train))
             except ValueError as e:
@@ -96,7 +104,8 @@ class LocalExecutor(Executor):
         left = run_local(grid, cells, self.parallel, say)
         write_seed_runs(grid)  # the margin charts over seeds (grid/tensorboard.py)
         say(f"grid {grid.name}: {len(cells) - left} of {len(cells)} cell(s) finished" + (
-            f"; see `hybrid-lightning grid status {grid.path}`" if left else "") + f"; tensorboard --logdir {grid.root}")
+            f"; see `hybrid-lightning grid status {grid.path}`" if left else "")
+            + f"; tensorboard --logdir {grid.root}")
         return min(left, 1)
 
     def cancel(self, records: list[dict]) -> None:
@@ -183,7 +192,8 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
             if running and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 last_progress = time.monotonic()
                 rows = cell_states(grid, [c for c, _, _ in running.values()])
-                say(f"[{time.strftime('%H:%M:%S')}] running: " + "; ".join(f"{r.name} {r.step or 0}/{r.max_steps}" for r in rows))
+                say(f"[{time.strftime('%H:%M:%S')}] running: "
+                    + "; ".join(f"{r.name} {r.step or 0}/{r.max_steps}" for r in rows))
             if sigterm:
                 raise KeyboardInterrupt
     except KeyboardInterrupt:

@@ -70,14 +70,16 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
     header += ["GPU-h", f"on {gib(gpu.memory)}"] if on_gpu else []
     table = [header]
     for row in rows:
-        line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]), si(row["tokens"]),
+        line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]),
+                si(row["tokens"]),
                 gib(row["peak_memory"]), gib(row["peak_memory_other_checkpointing"])]
         if on_gpu:
             line += [_gpu_hours(row["gpu_hours"]) if "gpu_hours" in row else "-", _fit(row)]
         table.append(line)
     lines = [format_table(table, left=(0, len(header) - 1) if on_gpu else (0,)),
              f"{len(rows)} cells, {si(sum(r['tokens'] for r in rows))} tokens; run directories in {grid.root}",
-             "memory: estimated peak per device (plan/memory.py); other ckpt: the same with train.activation_checkpointing switched"]
+             "memory: estimated peak per device (plan/memory.py); other ckpt: the same with "
+             "train.activation_checkpointing switched"]
     if on_gpu:
         over = [r for r in on_gpu if not r["fits"]]
         total = _gpu_hours(sum(r["gpu_hours"] for r in on_gpu))
@@ -90,7 +92,8 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
 
 def dry_run_table(grid: Grid) -> str:
     """What ``grid submit`` would train: each cell it would submit with its steps, tokens and time
-    (``training.dryrun.estimates``: throughputs measured here, the cells' distinct training steps together), and the total."""
+    (``training.dryrun.estimates``: throughputs measured here, the cells' distinct training steps together), and the
+    total."""
     from hybrid_lightning.grid.submit import unfinished
     from hybrid_lightning.training.dryrun import duration, estimates
 
@@ -98,10 +101,11 @@ def dry_run_table(grid: Grid) -> str:
     table = [["cell", "state", "steps", "tokens", "tokens/s", "time"]]
     found = estimates([(cell.config, cell.plan) for cell, _ in todo]) if todo else []
     for (cell, state), est in zip(todo, found):
-        table.append([cell.name, state.state, f"{est.steps:,}", si(est.tokens), f"{est.tokens_per_s:,.0f}", duration(est.seconds)])
+        table.append([cell.name, state.state, f"{est.steps:,}", si(est.tokens), f"{est.tokens_per_s:,.0f}",
+                      duration(est.seconds)])
     return (f"{format_table(table, left=(0, 1))}\n{len(todo)} of {len(grid.cells)} cells to submit, about "
-            f"{duration(sum(e.seconds for e in found))} of training one after another (throughput measured here; evaluations "
-            "not counted); nothing written")
+            f"{duration(sum(e.seconds for e in found))} of training one after another (throughput measured here; "
+            "evaluations not counted); nothing written")
 
 
 def status_table(rows: list[CellState]) -> str:
@@ -109,11 +113,13 @@ def status_table(rows: list[CellState]) -> str:
     table = [["cell", "state", "step", "loss", "score", "beyond", "job", "log"]]
     for r in rows:
         table.append([
-            r.name, r.state, f"{r.step or 0}/{r.max_steps or '-'}", *("-" if v is None else f"{v:.3f}" for v in (r.loss, r.longctx,
-                                                                                                        r.longctx_beyond)),
+            r.name, r.state, f"{r.step or 0}/{r.max_steps or '-'}",
+            *("-" if v is None else f"{v:.3f}" for v in (r.loss, r.longctx, r.longctx_beyond)),
             r.job_id or "-", r.log or "-",
         ])
     counts = Counter(r.state for r in rows)
-    lines = [format_table(table, left=(0, 1, 6, 7)), f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
-    lines += [f"{r.state} {r.name}: {r.reason}" for r in rows if r.reason and r.state in ("failed", "cancelled", "incomplete")]
+    lines = [format_table(table, left=(0, 1, 6, 7)),
+             f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    lines += [f"{r.state} {r.name}: {r.reason}" for r in rows
+              if r.reason and r.state in ("failed", "cancelled", "incomplete")]
     return "\n".join(lines)

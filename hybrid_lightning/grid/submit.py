@@ -108,5 +108,6 @@ def cancel_grid(grid: Grid, names: list[str] | tuple[str, ...] = (), say: Callab
             for record in records:
                 record["cancelled"] = True
         write_jobs(grid, jobs)
-    say(f"grid {grid.name}: cancelled {len(live)} cell(s)" + "".join(f"\n  {r.name} ({r.state}, job {r.job_id})" for r in live))
+    say(f"grid {grid.name}: cancelled {len(live)} cell(s)"
+        + "".join(f"\n  {r.name} ({r.state}, job {r.job_id})" for r in live))
     return 0

@@ -54,8 +54,8 @@ def check_cpu_devices(train: TrainConfig, on_cpu: bool | None = None, cores: int
     cores = machine_cores() if cores is None else cores
     if on_cpu and train.devices != "auto" and train.devices > cores:
         raise ValueError(
-            f"train.devices={train.devices} on CPU (train.accelerator={train.accelerator}) starts {train.devices} training "
-            f"processes on one node, but this machine has {cores} cores; set train.devices to at most {cores}"
+            f"train.devices={train.devices} on CPU (train.accelerator={train.accelerator}) starts {train.devices} "
+            f"training processes on one node, but this machine has {cores} cores; set train.devices to at most {cores}"
         )
 
 
@@ -72,8 +72,8 @@ def check_launch(train: TrainConfig) -> None:
         # Lightning reads the allocation as the world unless the job is named bash or interactive
         if (SLURMEnvironment.detect() and tasks > 1) or train.num_nodes > 1:
             raise ValueError(
-                f"train runs in SLURM job {env['SLURM_JOB_ID']} ({nodes} node(s), {tasks} task(s)) but not in a task started "
-                f"by srun, so it would wait at 'Initializing distributed' for tasks that never start; run "
+                f"train runs in SLURM job {env['SLURM_JOB_ID']} ({nodes} node(s), {tasks} task(s)) but not in a task "
+                f"started by srun, so it would wait at 'Initializing distributed' for tasks that never start; run "
                 f"`srun hybrid-lightning train ...` in the job (one task per device: --nodes=train.num_nodes, "
                 f"--ntasks-per-node=train.devices), or submit with `hybrid-lightning grid submit --executor slurm`"
             )
@@ -96,7 +96,8 @@ def set_main_address() -> None:
     except (socket.gaierror, UnicodeError):
         pass
     try:
-        out = subprocess.run(["scontrol", "show", "node", first, "-o"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(["scontrol", "show", "node", first, "-o"], capture_output=True, text=True,
+                             timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     found = re.search(r"\bNodeAddr=(\S+)", out)

@@ -86,8 +86,8 @@ def check_extension(cfg: RunConfig, resume: Resume | None) -> None:
     changed = next((s for s in range(resume.step) if lr_factor(s, before) != lr_factor(s, after)), None)
     if changed is not None:
         raise ValueError(
-            f"train.max_steps: {before.max_steps} -> {after.max_steps} would change the learning rate of step {changed}, "
-            f"already trained, under train.schedule={after.schedule} (it depends on train.max_steps"
+            f"train.max_steps: {before.max_steps} -> {after.max_steps} would change the learning rate of step "
+            f"{changed}, already trained, under train.schedule={after.schedule} (it depends on train.max_steps"
             f"{' once its decay began' if after.schedule == 'wsd' else ''}): the run would not equal one trained for "
             f"{after.max_steps} steps; train that as a new run (another --run-dir), or plan runs to extend with "
             "train.schedule=constant or wsd")
