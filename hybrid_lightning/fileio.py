@@ -291,9 +291,7 @@ class RunLock:
                     self.path.unlink(missing_ok=True)  # it holds a lock on the old file; ours is a new one
                     continue
                 if not stale:
-                    raise ValueError(f"{self.run_dir} is in use by another command ({_describe_holder(holder)}); wait "
-                                     "for it to end, or use another --run-dir (if that process is gone, delete "
-                                     f"{self.path})")
+                    raise self._in_use(holder)
                 if holder:
                     print(f"{self.run_dir}: taking over a stale lock ({_describe_holder(holder)}; that process is "
                           "gone)")
@@ -307,6 +305,21 @@ class RunLock:
             finally:
                 if fd is not None:
                     os.close(fd)
+
+    def refuse_live_holder(self) -> None:
+        """A preview's check, read without locking (``acquire`` decides under the lock): the refusal of a directory
+        in use when its lock names a live process of this host other than this one."""
+        try:
+            holder = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return
+        if (holder.get("host") == socket.gethostname() and holder.get("pid") != os.getpid()
+                and pid_alive(holder.get("pid"), holder.get("started"))):
+            raise self._in_use(holder)
+
+    def _in_use(self, holder: dict) -> ValueError:
+        return ValueError(f"{self.run_dir} is in use by another command ({_describe_holder(holder)}); wait for it to "
+                          f"end, or use another --run-dir (if that process is gone, delete {self.path})")
 
     @staticmethod
     def _try_lock(fd: int) -> bool | None:

@@ -8,12 +8,13 @@ holds a window, are known once it is), and the checkpoint a run resumes from (re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from hybrid_lightning.config import RunConfig
 from hybrid_lightning.data.run_store import check_store
-from hybrid_lightning.fileio import refuse_file_for_folder
+from hybrid_lightning.fileio import RunLock, refuse_file_for_folder
 from hybrid_lightning.plan.resolve import check_planned, default_run_dir, plan_run
 from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR
 from hybrid_lightning.runplan import RunPlan
@@ -26,14 +27,22 @@ def preflight(cfg: RunConfig, run_dir: str | Path | None = None,
     """(resolved config, its plan, run directory) of a run that would start on this machine, or the
     ``ValueError`` ``train`` would raise: the config's geometry, windows and probes (``plan_run``), a plan that
     differs from ``planned``, the one made where a grid's cell was submitted (``plan.resolve.check_planned``), this
-    machine (``check_here``) and the start (``check_start``)."""
+    machine (``check_here``), a run directory in use by a live process and the start (``check_start``)."""
     cfg, plan = plan_run(cfg)  # every derived fact, once; bad probes are refused here
     if planned is not None:
         check_planned(cfg, plan, planned)
     check_here(cfg, plan)
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    if run_dir.is_dir() and is_rank_zero():  # the other ranks start while rank 0 holds the lock
+        RunLock(run_dir).refuse_live_holder()  # in use: said before what the run's config or store would refuse
     check_start(cfg, run_dir)
     return cfg, plan, run_dir
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is global rank 0, from the environment (before any Trainer exists):
+    Lightning's launcher, torchrun and SLURM set these for every other rank."""
+    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK"))
 
 
 def check_here(cfg: RunConfig, plan: RunPlan) -> None:

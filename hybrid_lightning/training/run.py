@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.files import write_config, write_plan
 from hybrid_lightning.rundir.status import process_status, read_status, write_status
 from hybrid_lightning.runplan import RunPlan
-from hybrid_lightning.training.preflight import preflight
+from hybrid_lightning.training.preflight import is_rank_zero, preflight
 from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
 from hybrid_lightning.training.stop import EndAtOnce, Stopped
 
@@ -27,12 +26,6 @@ if TYPE_CHECKING:
     import lightning as L
 
     from hybrid_lightning.training.checkpoints import StopOnSignals
-
-
-def is_rank_zero() -> bool:
-    """Whether this process is global rank 0, from the environment (before any Trainer exists):
-    Lightning's launcher, torchrun and SLURM set these for every other rank."""
-    return all(os.environ.get(k, "0") == "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK"))
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence[L.Callback] = (),
