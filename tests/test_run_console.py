@@ -38,7 +38,9 @@ def test_a_3_step_run_logs_and_validates_its_step_and_prints_no_banners(tmp_path
     assert f"{run_dir}: " in r.stdout and "tokens in 3 steps, from step 0" in r.stdout
     assert "step 3/3  train/loss" in r.stdout  # the progress line of a run without a progress bar
     assert f"{run_dir}: done at step 3: train/loss" in r.stdout and "val/loss" in r.stdout
-    assert f"tensorboard --logdir {run_dir}" in r.stdout
+    # served from its parent, where the run is named after its folder, on the headline page showing it alone
+    assert (f"tensorboard --logdir {tmp_path}  # then open http://localhost:6006/#custom_scalars&regexInput=%5Erun%24"
+            in r.stdout)
     for banner in ("GPU available", "TPU available", "Trainer.fit", "weights_only"):
         assert banner not in r.stdout + r.stderr, banner
 

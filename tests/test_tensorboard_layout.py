@@ -84,6 +84,18 @@ def test_heatmaps_fit_a_card_with_readable_labels_and_a_colour_bar(figure, rows)
         assert min(sizes) >= 9.5, min(sizes)  # pixels: readable at the card's size
 
 
+def test_colour_bars_follow_the_cells():
+    report = long_context_report(tasks=("passkey",))
+    for i, r in enumerate(report["records"]):  # token accuracy under chance: scores -0.12 to -0.08
+        r["token_accuracy"] = 0.1 - 0.08 - 0.04 * i / (len(report["records"]) - 1)
+    norm = heatmap(report).axes[0].images[0].norm
+    assert (norm.vmin, norm.vmax) == pytest.approx((-0.12, -0.02))  # the lowest cell, and a span of 0.1 at least
+    heads = heads_report(scored=(1, 3))
+    heads["heads"][2]["score"] = 0.9
+    norm = score_image(heads).axes[0].images[0].norm
+    assert (norm.vmin, norm.vmax) == pytest.approx((0.0, 0.9))
+
+
 @pytest.mark.parametrize("overrides, keys, window", [
     (["model.pattern=F"], ["model.pattern", "model.pos.full", "seed"], None),
     (["model.pattern=EEEF", "model.window=16"],

@@ -5,6 +5,7 @@ text, images no wider than their cards, an HParams session for a plain ``train``
 the keys a study varies as written, and no stray run ``.`` at a grid's root."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hybrid_lightning.grid import load_grid
 from hybrid_lightning.grid.tensorboard import write_hparams
 from hybrid_lightning.records import HEADLINE, HEADS_TAGS, LONGCTX_TAGS, TASKS_TAGS
 from hybrid_lightning.training.hparams import HPARAMS_METRICS, STUDY_KEYS
+from hybrid_lightning.training.layout import viewer_hint
 from hybrid_lightning.training.run import train
 from test_grid import write_grid
 
@@ -65,6 +67,11 @@ def test_tensorboard_shows_the_config_hparams_for_every_run_and_no_stray_root(tm
     try:
         server.wait_for({"plain", *cells})
         assert set(server.get("/data/runs")) == {"plain", *cells}  # no "." nor "runs/g" at the grid's root
+        # the address a run prints opens on the headline page showing that run alone
+        url = viewer_hint(tmp_path, "plain").split("then open ")[1]
+        assert url.startswith("http://localhost:6006/#custom_scalars&regexInput=")
+        only = urllib.parse.unquote(url.split("regexInput=")[1])
+        assert [run for run in server.get("/data/runs") if re.search(only, run)] == ["plain"]
         tags = server.get("/data/plugin/scalars/tags")["plain"]
         assert "train/loss" in tags and "val/loss" in tags and "epoch" not in tags
         # TensorBoard shows tag groups (the part before the first "/") in name order: training and

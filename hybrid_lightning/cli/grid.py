@@ -96,11 +96,12 @@ def cmd_grid_cancel(args: argparse.Namespace) -> int:
 
 def cmd_grid_tensorboard(args: argparse.Namespace) -> int:
     from hybrid_lightning.grid.tensorboard import write_seed_runs
+    from hybrid_lightning.training.layout import viewer_hint
 
     grid = _grid(args, resolve=False)
     folders = write_seed_runs(grid)
     print(f"grid {grid.name}: {len(folders)} arm(s) with several seeds written as runs under {grid.root / 'seeds'}"
-          f"\ntensorboard --logdir {grid.root}   # CUSTOM SCALARS: the headline of every cell, and over seeds")
+          f"\n{viewer_hint(grid.root)}   (the headline of every cell, and over seeds)")
     return 0
 
 

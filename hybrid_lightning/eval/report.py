@@ -69,6 +69,14 @@ def card_figure(height: float):
     return Figure(figsize=(CARD_PX / CARD_DPI, height), dpi=CARD_DPI, layout="constrained")
 
 
+def colour_limits(values: np.ndarray, floor: float | None = None, span: float = 0.1) -> tuple[float, float]:
+    """A heatmap's colour scale that follows its cells: from their lowest (or ``floor``) to their highest, at least
+    ``span`` wide, so that cells near 0, or below it (a score under chance), do not all take one end of a 0-1 bar."""
+    finite = values[np.isfinite(values)]
+    lo = floor if floor is not None else float(finite.min(initial=0.0))
+    return lo, max(float(finite.max(initial=lo)), lo + span)
+
+
 def heatmap(report: dict):
     """A matplotlib figure for TensorBoard: per task (one row each), the score (answer-token accuracy above chance)
     by needle depth (rows) and length (columns), each cell's value printed, and the colour bar."""
@@ -76,13 +84,19 @@ def heatmap(report: dict):
     tasks = list(dict.fromkeys(r["task"] for r in records))
     fig = card_figure(0.6 + 1.3 * len(tasks))
     axes = np.atleast_1d(fig.subplots(max(1, len(tasks)), 1))
-    for ax, task in zip(axes, tasks):
+    grids = {}  # task -> (lengths, depths, depth x length scores)
+    for task in tasks:
         lengths = sorted({r["length"] for r in records if r["task"] == task})
         depths = sorted({r["depth"] for r in records if r["task"] == task})
-        grid = np.array([[pool(records, task=task, length=n, depth=d)["score"] for n in lengths] for d in depths])
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        grids[task] = lengths, depths, np.array([[pool(records, task=task, length=n, depth=d)["score"]
+                                                  for n in lengths] for d in depths], dtype=float)
+    lo, hi = colour_limits(np.concatenate([g.ravel() for *_, g in grids.values()] or [np.zeros(0)]))
+    for ax, task in zip(axes, tasks):
+        lengths, depths, grid = grids[task]
+        image = ax.imshow(grid, vmin=lo, vmax=hi, cmap="viridis", aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=8)
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < lo + 0.6 * (hi - lo) else "black",
+                    fontsize=8)
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=8)
         ax.set_ylabel("needle depth", fontsize=8)

@@ -38,6 +38,7 @@ from hybrid_lightning.grid.state import (
 )
 from hybrid_lightning.grid.tensorboard import write_seed_runs
 from hybrid_lightning.training.cluster import check_cpu_devices, trains_on_cpu_here
+from hybrid_lightning.training.layout import viewer_hint
 from hybrid_lightning.training.threads import share
 
 PROGRESS_EVERY_S = 60.0
@@ -105,7 +106,7 @@ class LocalExecutor(Executor):
         write_seed_runs(grid)  # the margin charts over seeds (grid/tensorboard.py)
         say(f"grid {grid.name}: {len(cells) - left} of {len(cells)} cell(s) finished" + (
             f"; see `hybrid-lightning grid status {grid.path}`" if left else "")
-            + f"; tensorboard --logdir {grid.root}")
+            + f"\n{viewer_hint(grid.root)}")
         return min(left, 1)
 
     def cancel(self, records: list[dict]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_lightning.eval.report import card_figure
+from hybrid_lightning.eval.report import card_figure, colour_limits
 from hybrid_lightning.records import ABLATION_KEY, HEADS_TAGS
 from hybrid_lightning.rundir import eval_path
 from hybrid_lightning.rundir.evals import write_eval_record
@@ -70,12 +70,13 @@ def score_image(report: dict):
     fig = card_figure(0.9 + 0.22 * n_layers)
     ax = fig.subplots()
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
-    image = ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=cmap, aspect="auto")
+    lo, hi = colour_limits(grid, floor=0.0)
+    image = ax.imshow(np.ma.masked_invalid(grid), vmin=lo, vmax=hi, cmap=cmap, aspect="auto")
     if n_heads <= ANNOTATE_HEADS:
         for (i, j), v in np.ndenumerate(grid):
             mark = {"copy": "C", "locator": "L"}.get(roles.get((i, j)), "")
             text = "n/a" if np.isnan(v) else f"{v:.2f}{mark}"
-            ax.text(j, i, text, ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=7)
+            ax.text(j, i, text, ha="center", va="center", color="white" if v < 0.6 * hi else "black", fontsize=7)
     ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
     ax.set_yticks(range(n_layers), [layer_label(r) for r in report["layers"]], fontsize=7)
     ax.set_xlabel("head", fontsize=8)

@@ -23,7 +23,7 @@ from hybrid_lightning.rundir import CKPT_DIR, EVAL_DIR
 from hybrid_lightning.rundir.status import process_status, write_status
 from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.hparams import study_hparams, write_session
-from hybrid_lightning.training.layout import run_layout
+from hybrid_lightning.training.layout import run_layout, viewer_hint
 from hybrid_lightning.training.steps import AfterStepLogged, OnOptimizerSteps, say
 from hybrid_lightning.units import si
 
@@ -156,7 +156,7 @@ class Console(AfterStepLogged):
         scores = f"  val_longctx/score {score:.4g}" if score is not None else ""
         say(f"{self.run_dir}: {end} at step {trainer.global_step}: {_metrics(trainer, self.SUMMARY)}{scores}\n"
              f"  checkpoints in {self.run_dir / CKPT_DIR}, evaluations in {self.run_dir / EVAL_DIR}; "
-             f"tensorboard --logdir {self.run_dir}")
+             f"{viewer_hint(self.run_dir.parent, self.run_dir.name)}")
 
 
 class RunSummary(L.Callback):

@@ -10,12 +10,26 @@ charts; the cells' own runs hold none of those tags, so that TensorBoard lists n
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from urllib.parse import quote
 
 from hybrid_lightning.records import HEADLINE
 
 HEADLINE_PAGE = "headline"
 SEEDS_PAGE = "headline over seeds: mean, min and max"
 SEED_STATS = ("_seed_mean", "_seed_min", "_seed_max")  # suffixes of the tags of an arm's mean, lowest and highest seed
+PORT = 6006  # TensorBoard's default
+
+
+def viewer_hint(logdir: Path, run: str | None = None) -> str:
+    """The command that serves the runs under ``logdir`` and the address that opens on the headline page
+    (CUSTOM SCALARS) rather than TensorBoard's first tab; with ``run``, the page shows that run alone (a filter
+    of its run selector, which the reader can clear). A run directory is served from its parent folder, where
+    TensorBoard names it after itself (served alone, it is named ".")."""
+    url = f"http://localhost:{PORT}/#custom_scalars"
+    if run is not None:
+        url += "&regexInput=" + quote(f"^{re.escape(run)}$", safe="")
+    return f"tensorboard --logdir {logdir}  # then open {url}"
 
 
 def run_layout() -> dict:
