@@ -19,6 +19,9 @@ from hybrid_lightning.kinds import FULL
 
 DPI = 110
 TITLE_WIDTH = 90  # characters per title line at the suptitle's font size
+LABEL_WIDTH = 32  # characters per legend line: longer run names wrap instead of widening the legend
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DASHES = ("-", "--", "-.", ":")
 
 
 def save(fig: Figure, path: Path) -> Path:
@@ -46,12 +49,13 @@ def file_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", name).strip("_") or "run"
 
 
-def _band(ax, c: pd.DataFrame, label: str, color) -> None:
-    """Seed mean as a line with markers and the min-max range as a band (``curves`` rows of one architecture)."""
+def _band(ax, c: pd.DataFrame, label: str, style: dict) -> None:
+    """Seed mean as a line with markers and the min-max range as a band (``curves`` rows of one architecture),
+    drawn in the architecture's ``style`` (``_styles``)."""
     seeds = int(c["seeds"].max())
-    ax.plot(c["tokens"], c["mean"], marker="o", ms=3, color=color, label=f"{label} ({seeds} seed{'s' * (seeds > 1)})")
+    ax.plot(c["tokens"], c["mean"], **style, label=_legend_text(label, f"({seeds} seed{'s' * (seeds > 1)})"))
     if seeds > 1:
-        ax.fill_between(c["tokens"], c["min"], c["max"], color=color, alpha=0.2, lw=0)
+        ax.fill_between(c["tokens"], c["min"], c["max"], color=style["color"], alpha=0.2, lw=0)
 
 
 def _token_axis(ax) -> None:
@@ -59,23 +63,66 @@ def _token_axis(ax) -> None:
     ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 250k, 1.5M
 
 
-def _colors(labels: list[str]) -> dict[str, tuple]:
+def _styles(labels: list[str]) -> dict[str, dict]:
+    """A colour, marker and dash per architecture, the markers and lines smaller for each later one, so that
+    curves that coincide still show each architecture's marker around the next one's."""
     cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+    n = max(len(labels) - 1, 1)
+    return {label: {"color": cmap(i % cmap.N), "marker": MARKERS[i % len(MARKERS)], "ls": DASHES[i % len(DASHES)],
+                    "ms": 8 - 5 * i / n, "lw": 2.2 - 1.2 * i / n, "mfc": "none" if i % 2 else None}
+            for i, label in enumerate(labels)}
 
 
-def emergence(curve: pd.DataFrame, ylabel: str) -> Figure:
-    """Score vs training tokens, one curve per architecture: seed mean, band = min-max over seeds."""
-    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
-    ax = fig.subplots()
+def _noise_lines(ax, noise: pd.Series, styles: dict[str, dict], z: float) -> None:
+    """Each architecture's noise level (``tables.noise_levels``: ``z`` null standard errors of its seed mean) as a
+    thin dotted line in its colour, or one grey line where they share it."""
+    noise = noise.dropna()
+    if noise.empty:
+        return
+    text = f"noise: {z:g} null SE of the seed mean"
+    if np.allclose(noise.to_numpy(), noise.iloc[0], rtol=0.01):
+        ax.axhline(noise.iloc[0], color="grey", lw=1, ls=(0, (2, 2)), label=text)
+        return
+    for i, (label, level) in enumerate(noise.items()):
+        ax.axhline(level, color=styles[label]["color"], lw=0.8, ls=(0, (2, 2)), label=text if i == 0 else None)
+
+
+def _legend_text(label: str, note: str) -> str:
+    """``label`` wrapped at ``LABEL_WIDTH`` with ``note`` after it, on its last line where it fits."""
+    text = wrap(label, LABEL_WIDTH)
+    return text + (" " if len(text.splitlines()[-1]) + 1 + len(note) <= LABEL_WIDTH else "\n") + note
+
+
+def _height(labels: list[str], least: float = 4.2) -> float:
+    """A figure height (inches) that fits the legend of ``labels`` as ``_band`` wraps them and ``_legend`` lays
+    them out (in two columns beyond 12), with a line for a level or threshold."""
+    lines = sum(len(_legend_text(label, "(10 seeds)").splitlines()) for label in labels)
+    return max(least, 1.0 + 0.17 * (-(-lines // (1 if len(labels) <= 12 else 2)) + 2))
+
+
+def _none(ax, text: str) -> None:
+    """An axes with nothing to draw says so, on a 0-1 scale rather than matplotlib's empty +-0.04."""
+    ax.set_ylim(0, 1)
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="grey")
+
+
+def emergence(curve: pd.DataFrame, ylabel: str, noise: pd.Series | None = None, z: float = 3.0) -> Figure:
+    """Score vs training tokens, one curve per architecture: seed mean, band = min-max over seeds; with ``noise``
+    (architecture -> level), the level above which the verdicts count a signal (``z`` null SE)."""
     labels = sorted(curve["label"].unique())
-    colors = _colors(labels)
+    fig = Figure(figsize=(7.5, _height(labels)), layout="constrained")
+    ax = fig.subplots()
+    styles = _styles(labels)
     for label in labels:
-        _band(ax, curve[curve["label"] == label], label, colors[label])
+        _band(ax, curve[curve["label"] == label], label, styles[label])
     ax.axhline(0, color="grey", lw=0.6, ls=":")
+    if noise is not None:
+        _noise_lines(ax, noise.reindex(labels), styles, z)
     _token_axis(ax)
     ax.set_ylabel(ylabel)
-    fig.suptitle(wrap("Emergence of long-context ability (line: seed mean, band: min-max over seeds)"), fontsize=9)
+    fig.suptitle(wrap("Emergence of long-context ability (line: seed mean, band: min-max over seeds"
+                      + (f"; dotted: {z:g} null SE, the verdicts' signal level)" if noise is not None else ")")),
+                 fontsize=9)
     _legend(ax)
     ax.grid(alpha=0.3)
     return fig
@@ -85,22 +132,27 @@ def laziness(head_curves: dict[str, pd.DataFrame], threshold_line: float | None)
     """Retrieval-head count and the highest head score vs training tokens, one curve per architecture
     (the label names the SWA window); ``head_curves`` maps ``heads/retrieval_heads`` and ``heads/max_score``
     to their ``curves`` tables."""
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    axes = fig.subplots(1, 2)
     labels = sorted(set().union(*(c["label"] for c in head_curves.values())))
-    colors = _colors(labels)
+    fig = Figure(figsize=(11, _height(labels)), layout="constrained")
+    axes = fig.subplots(1, 2)
+    styles = _styles(labels)
     panels = (("heads/retrieval_heads", "retrieval heads (count, score > threshold)"),
               ("heads/max_score", "highest retrieval score of any head (share of answer tokens)"))
     for ax, (tag, ylabel) in zip(axes, panels):
         c = head_curves[tag]
         for label in labels:
             if (c["label"] == label).any():
-                _band(ax, c[c["label"] == label], label, colors[label])
+                _band(ax, c[c["label"] == label], label, styles[label])
         _token_axis(ax)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
+    counts = head_curves["heads/retrieval_heads"]
+    if counts.empty or not (counts["max"] > 0).any():
+        _none(axes[0], "none: no run has a retrieval head")
+    axes[0].yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     if threshold_line is not None:
-        axes[1].axhline(threshold_line, color="grey", lw=0.8, ls="--", label=f"threshold {threshold_line:g}")
+        axes[1].axhline(threshold_line, color="grey", lw=1, ls=(0, (2, 2)),
+                        label=f"threshold {threshold_line:g}: a retrieval head above it")
     _legend(axes[1])
     fig.suptitle(wrap("Retrieval-head formation by SWA window (line: seed mean, band: min-max over seeds)"), fontsize=9)
     return fig

@@ -11,8 +11,9 @@ from pathlib import Path
 import pandas as pd
 
 from hybrid_lightning.analysis import figures, tables
+from hybrid_lightning.analysis.emergence import SIGNAL_Z
 from hybrid_lightning.analysis.load import Runs, load_runs
-from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, metric_tag, record_metric
+from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, SCORE, metric_tag, record_metric
 from hybrid_lightning.fileio import publish
 from hybrid_lightning.rundir import runs_under
 from hybrid_lightning.units import si
@@ -159,7 +160,8 @@ def _emergence(runs: Runs, out: Path, metric: str, tag: str) -> str:
             "their 95% CIs.\n"]
     if curve.empty:
         return "\n".join(text + [f"No run has logged `{tag}` yet.\n"])
-    figures.save(figures.emergence(curve, METRIC_AXIS[metric]), out / "emergence.png")
+    noise = tables.noise_levels(runs.metrics, SIGNAL_Z) if tag == SCORE else None
+    figures.save(figures.emergence(curve, METRIC_AXIS[metric], noise, SIGNAL_Z), out / "emergence.png")
     return "\n".join(text + ["![emergence](emergence.png)\n", _md(thresholds), "\nCSV: `emergence_curves.csv`, "
                              "`emergence_thresholds.csv`.\n"])
 

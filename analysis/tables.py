@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from hybrid_lightning.analysis import stats
-from hybrid_lightning.analysis.metrics import metric_tag, record_metric
+from hybrid_lightning.analysis.metrics import SCORE_SE, metric_tag, record_metric
 
 FRACTIONS = (0.5, 0.9)  # thresholds: shares of the final score
 
@@ -30,6 +30,14 @@ def curves(metrics: pd.DataFrame, tag: str) -> pd.DataFrame:
     g = d.groupby(["label", "step"]).agg(tokens=("tokens", "first"), seeds=("run", "nunique"), mean=("value", "mean"),
                                          std=("value", "std"), min=("value", "min"), max=("value", "max")).reset_index()
     return g[g["seeds"] == g["label"].map(runs)].reset_index(drop=True)
+
+
+def noise_levels(metrics: pd.DataFrame, z: float) -> pd.Series:
+    """Per architecture, ``z`` null standard errors of the mean of its seeds, from each run's last
+    ``SCORE_SE``: the level at which the verdicts count an architecture's seed mean as a signal
+    (analysis/emergence.py). Empty where no run logged the error."""
+    se = metrics[metrics["metric"] == SCORE_SE].sort_values("step").groupby(["label", "run"])["value"].last()
+    return se.groupby(level="label").agg(lambda s: z * float(np.sqrt((s**2).mean() / len(s))))
 
 
 def thresholds(curve: pd.DataFrame, fractions: tuple[float, ...] = FRACTIONS) -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """Labels of unrelated runs (analysis/load.py): only the keys that differ, abbreviated, bounded and
 distinct; and figures whose legends and titles fit inside the saved image (analysis/figures.py)."""
 
+import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
@@ -14,7 +15,7 @@ def unrelated(root, n=12):
     """``n`` runs that differ in window, position encoding, learning rate, data path and pattern."""
     for i in range(n):
         cfg = run_config(i % 2, window=16 * (1 + i % 3), pos_full=("rope", "nope")[i % 2],
-                         pattern=("EEEF", "EF")[i // 6])
+                         pattern=("EEEF", "EF")[i // 6 % 2])
         cfg["train"]["lr"] = (3e-4, 1e-3)[i // 4 % 2]
         cfg["data"]["files"] = [f"/very/long/folder/name/of/the/corpus/number_{i % 4}/train-shard-of-the-corpus.jsonl"]
         fabricate(root / f"run{i}", cfg, "done", {"train/tokens": tokens_scalars(39)},
@@ -73,7 +74,7 @@ def test_labels_cut_alike_are_told_apart_by_what_differs_between_them():
                           "F pos.full=rope max_steps=4000"]
 
 
-@pytest.mark.parametrize("n", [3, 12])
+@pytest.mark.parametrize("n", [3, 12, 20])
 def test_legends_and_titles_fit_in_the_figure(tmp_path, n):
     unrelated(tmp_path, n)
     runs = load_runs(find_runs(tmp_path), root=tmp_path)
@@ -93,3 +94,32 @@ def test_legends_and_titles_fit_in_the_figure(tmp_path, n):
     assert (tmp_path / "e.png").stat().st_size > 10_000
     long = "x" * 50 + " " + "y" * 60 + " " + "z" * 40
     assert max(len(line) for line in figures.wrap(long).splitlines()) <= figures.TITLE_WIDTH
+
+
+def test_emergence_draws_the_noise_level_and_tells_coinciding_arms_apart():
+    curve = pd.DataFrame([{"label": label, "step": step, "tokens": 1000 * step, "seeds": 2, "mean": 0.01 * step,
+                           "min": 0.0, "max": 0.02 * step} for label in ("a", "b") for step in (1, 2, 3)])
+    fig = figures.emergence(curve, "score (share)", pd.Series({"a": 0.05, "b": 0.05}), 3.0)
+    (ax,) = fig.axes
+    a, b = (line for line in ax.get_lines() if line.get_label().startswith(("a ", "b ")))
+    assert (a.get_marker(), a.get_linestyle()) != (b.get_marker(), b.get_linestyle())
+    assert a.get_markersize() > b.get_markersize()  # the first arm's marker shows around the second's
+    (noise,) = [line for line in ax.get_lines() if line.get_label().startswith("noise")]
+    assert noise.get_ydata()[0] == 0.05 and noise.get_label() == "noise: 3 null SE of the seed mean"
+
+
+def test_the_noise_level_is_the_verdicts_error_of_a_seed_mean():
+    from hybrid_lightning.analysis import tables
+    from hybrid_lightning.analysis.metrics import SCORE_SE
+
+    metrics = pd.DataFrame([{"label": "a", "run": run, "metric": SCORE_SE, "step": step, "value": se}
+                            for run, se in (("a0", 0.03), ("a1", 0.04)) for step in (1, 2)])
+    assert tables.noise_levels(metrics, 3.0)["a"] == pytest.approx(3 * ((0.03**2 + 0.04**2) / 2 / 2) ** 0.5)
+
+
+def test_an_empty_head_count_panel_says_none():
+    rows = [{"label": "a", "step": s, "tokens": s, "seeds": 1, "mean": 0.0, "min": 0.0, "max": 0.0} for s in (1, 2)]
+    c = pd.DataFrame(rows)
+    fig = figures.laziness({"heads/retrieval_heads": c, "heads/max_score": c}, 0.1)
+    assert fig.axes[0].get_ylim() == (0, 1)
+    assert any(t.get_text().startswith("none") for t in fig.axes[0].texts)
