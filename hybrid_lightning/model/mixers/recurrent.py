@@ -1,11 +1,13 @@
 """What the recurrent mixers share: how they run packed documents.
 
 A subclass implements ``mix(x, state, positions, cu_seqlens)``; ``forward`` takes the mixer contract's
-``doc_ids`` and chooses. Restricted to a receptive field of R tokens (``model/restrict.py``), a mixer computes each
-position from scratch over its last R inputs (``restrict.windows``), unless it restricts itself (``mix`` reading
-``receptive_field``, as Lightning Attention does through its decayed state); packed documents then run one by one. On the ``fla`` backend the documents go to fla's kernels in one call
+``doc_ids`` and chooses. On the ``fla`` backend the documents go to fla's kernels in one call
 (``cu_seqlens``, each from a zero state) and the short convolution gets each token's position in its
 document; the torch backends run each document alone (``documents.by_document``).
+
+Restricted to a receptive field of R tokens (``model/restrict.py``), a mixer computes each position from scratch over
+its last R inputs (``restrict.windows``), unless it restricts itself (``mix`` reading ``receptive_field``, as
+Lightning Attention does through its decayed state); packed documents then run one by one.
 """
 
 from __future__ import annotations
