@@ -19,10 +19,10 @@ QUIET = ["--set", "model.mixer=lightning", "--set", "train.max_steps=2", "--set"
 def test_the_diagnostics_commands_write_their_records(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--run-dir", str(run), *TINY, *QUIET]) == 0
-    assert main(["restrict", str(run), "--limit", "full:16", "--set", "eval.tasks=[passkey]",
-                 "--set", "eval.lengths=[256]", "--set", "eval.depths=[0.5]", "--set", "eval.position_sequences=1"]) == 0
-    assert main(["restrict", str(run), "--limit", "efficient:16", "--set", "eval.tasks=[passkey]",
-                 "--set", "eval.lengths=[256]", "--set", "eval.depths=[0.5]", "--set", "eval.position_sequences=1"]) == 0
+    small = ["--set", "eval.tasks=[passkey]", "--set", "eval.lengths=[256]", "--set", "eval.depths=[0.5]",
+             "--set", "eval.position_sequences=1"]
+    assert main(["restrict", str(run), "--limit", "full:16", *small]) == 0
+    assert main(["restrict", str(run), "--limit", "efficient:16", *small]) == 0  # joins the first's rows
     assert main(["probe-layers", str(run), "--samples", "20", "--length", "800", "--write-data",
                  str(tmp_path / "probes.json")]) == 0
     assert main(["gradient", str(run), "--samples", "2", "--context", "64", "--limit", "full:8"]) == 0
