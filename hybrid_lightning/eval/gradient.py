@@ -5,8 +5,8 @@ Per text, truncated to its first ``context`` tokens: the target is the sum over 
 averaged over the last ``last`` positions (20; all positions of a shorter text); its gradient with respect to the
 input embeddings (the embedding layer's output, a leaf) gives one L2 norm per position; the norms are summed by
 distance to the last token (0 = the last token) over the texts that reach it, and averaged there. fp32, no
-autocast (the authors' script forces fp32 on CPU). The package's numbers equal the script's on an export of the
-same checkpoint given the same token ids (docs/evaluation.md says how to run both)."""
+autocast (the authors' script forces fp32 on CPU). Given the same token ids, the script on an export of the same
+checkpoint should give these numbers (docs/evaluation.md says how to run both; not yet run side by side)."""
 
 from __future__ import annotations
 

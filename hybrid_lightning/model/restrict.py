@@ -1,4 +1,4 @@
-"""Receptive-field restriction at inference (the paper's Finding 2 test, Qiao et al. 2026, arXiv 2606.15378, §5):
+"""Receptive-field restriction at inference (the test of Finding 2 in Qiao et al. 2026, arXiv 2606.15378):
 the full-attention layers, or the efficient ones, limited to the last R tokens, so that each limited layer's
 output at position t depends on its inputs at t-R+1 ... t only.
 
