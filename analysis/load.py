@@ -123,13 +123,14 @@ def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
             ablations += report.get("ablation", [])
             chosen = report.get("selection") or {}
             selections += [{"step": report["step"], "seed": chosen.get("seed"), **h} for h in chosen.get("heads", [])]
-        else:
+        elif kind == "longctx":
             records += report["records"]
     return records, totals, heads, layers, ablations, selections
 
 
 def _readable(kind: str, report) -> bool:
-    needed = ("step", "tokens", "total", "heads", "layers") if kind == "heads" else ("step", "tokens", "records")
+    needed = {"heads": ("step", "tokens", "total", "heads", "layers"),
+              "longctx": ("step", "tokens", "records")}.get(kind, ("step", "tokens", kind))
     return isinstance(report, dict) and all(k in report for k in needed)
 
 

@@ -152,6 +152,57 @@ class Ablation:
     chance_loss: float = _doc()
 
 
+@dataclasses.dataclass(frozen=True)
+class Restriction:
+    """the receptive-field restriction a diagnostic ran under (model/restrict.py)"""
+
+    layers: str | None = _doc("null: unrestricted; `full` or `efficient`: those layers saw their last "
+                              "`receptive_field` tokens only")
+    receptive_field: int | None = _doc("R; null when unrestricted")
+
+
+@dataclasses.dataclass(frozen=True)
+class RestrictedScores:
+    """one row per restriction, the unrestricted model's among them"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    score: float | None = _doc("`val_longctx/score` of the run's `eval:` probes within the training length")
+    score_beyond: float | None = _doc()
+    exact: float | None = _doc()
+    longppl: float | None = _doc("on the evaluator's key tokens; null without an evaluator")
+    ppl: float | None = _doc("perplexity of the tokens with at least 2K context (LongPPL's scored tokens)")
+    position_loss: list = _doc("[position_lo, position_hi, loss] per position bucket")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerProbe:
+    """one row per layer and feature"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    layer: int = _doc()
+    kind: str = _doc("the layer's mixer")
+    feature: str = _doc("`residual`: the block's output at the last token; `delta`: minus the block's input")
+    accuracy: float = _doc("held-out accuracy of the layer's logistic regression")
+    n_train: int = _doc()
+    n_test: int = _doc()
+    classes: int = _doc("needle values; chance is 1 / classes")
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientInfluence:
+    """one row per distance to the last token"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    distance: int = _doc("0 = the last token")
+    mean_grad_norm: float | None = _doc("mean over texts of the L2 norm of d(target)/d(input embedding); null where "
+                                        "no text reaches the distance")
+    sum_grad_norm: float = _doc()
+    sample_count: int = _doc("texts reaching the distance")
+
+
 # TensorBoard tag groups of the evaluations' scalars and images. TensorBoard orders groups by name, so
 # these sort after ``train/`` and ``val/``: the long-context headline (scores over every task, LongPPL), the
 # retrieval heads (totals, and the layers whose heads have scored), then the per-task detail.
@@ -192,7 +243,10 @@ HEADLINE = {"score within the training length": (Tag.SCORE,), "score beyond the 
 # The record kinds: the key of each list in its file -> the dataclasses making up one of its rows.
 LONG_CONTEXT = {"records": (LongContextCell,), "position_loss": (PositionLoss,), "longppl": (LongPPL,)}
 HEADS = {"heads": (HeadScores,), "layers": (LayerPlace, HeadCounts), "ablation": (Ablation,)}
-KINDS = {**LONG_CONTEXT, **HEADS}
+# The paper's diagnostics (eval/restricted.py, eval/layer_probe.py, eval/gradient.py), each in a file of its own.
+DIAGNOSTICS = {"restricted": (RestrictedScores, Restriction), "layer_probe": (LayerProbe, Restriction),
+               "gradient": (GradientInfluence, Restriction)}
+KINDS = {**LONG_CONTEXT, **HEADS, **DIAGNOSTICS}
 # What the docs add after a kind's fields.
 # The fields that identify an ablation row: a newer row with the same values replaces an older one.
 ABLATION_KEY = ("selection", "mode", "k", "seed", "draw", "masked", "task", "length")

@@ -11,7 +11,7 @@ import os
 import sys
 
 from hybrid_lightning import __version__
-from hybrid_lightning.cli import analysis, grid, run
+from hybrid_lightning.cli import analysis, diagnostics, grid, run
 from hybrid_lightning.cli.analysis import demo_grid
 from hybrid_lightning.fileio import IOFailure
 from hybrid_lightning.interpreter import interpreting, patch
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run.add_parsers(sub)
+    diagnostics.add_parsers(sub)
     grid.add_parsers(sub)
     analysis.add_parsers(sub)
     return parser

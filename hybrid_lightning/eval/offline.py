@@ -62,12 +62,21 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
 def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> dict:
     """Evaluates a checkpoint of ``run_dir`` (``load_checkpoint``) with the run's ``eval:`` config;
     writes ``eval/step_<k>.json`` and returns the report."""
-    from hybrid_lightning.eval.longppl import evaluator_key_tokens
     from hybrid_lightning.eval.report import write_report
+
+    run = load_checkpoint(run_dir, ckpt, overrides)
+    report = long_context_eval(run).run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
+    write_report(run_dir, report)
+    return report
+
+
+def long_context_eval(run: Checkpoint):
+    """The long-context evaluation of the run's ``eval:`` config (``runner.LongContextEval``) with its LongPPL key
+    tokens; a ``ValueError`` where its probes do not fit the tokenizer or its evaluator has no key tokens."""
+    from hybrid_lightning.eval.longppl import evaluator_key_tokens
     from hybrid_lightning.eval.runner import LongContextEval
     from hybrid_lightning.probes.check import check_lengths
 
-    run = load_checkpoint(run_dir, ckpt, overrides)
     check_lengths(run.cfg.eval, run.data.tokenizer)  # the overrides' probes
     ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens, seq_len=run.cfg.train.seq_len,
                          window=run.plan.window)
@@ -75,6 +84,4 @@ def evaluate_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, ove
         ev.keys = evaluator_key_tokens(run.cfg, ev.sequences, next(run.model.parameters()).device, run.dtype)
         if ev.keys.key is None:
             raise ValueError(ev.keys.reason)
-    report = ev.run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype)
-    write_report(run_dir, report)
-    return report
+    return ev

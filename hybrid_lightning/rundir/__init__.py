@@ -11,6 +11,7 @@
     <run_dir>/events.out.tfevents.*  TensorBoard scalars and images (events.read_events)
     <run_dir>/eval/step_<k>.json   long-context evaluation records (EVAL_KINDS, evals.write_eval_record)
     <run_dir>/eval/heads_step_<k>.json  retrieval-head scores and ablations
+    <run_dir>/eval/{restricted,layer_probe,gradient}_step_<k>.json  the paper's diagnostics (records.DIAGNOSTICS)
     <run_dir>/scalars.csv          a packed run's (analysis/pack.py) TensorBoard scalars, in place of the events
 
 A grid keeps its own state in ``<root>/.grid/`` (GRID_DIR), beside its cells' run directories.
@@ -37,7 +38,8 @@ SCALARS_FILE = "scalars.csv"  # a packed run's scalars: step, metric, value
 GRID_DIR = ".grid"  # a grid's state (job records, lock, logs, cell configs) under its root; not a run
 HPARAMS_SUFFIX = ".hparams"  # the TensorBoard event files of a run's HParams session, beside the training's
 # Evaluation record kind -> file name prefix in EVAL_DIR: <prefix><step>.json.
-EVAL_KINDS = {"longctx": "step_", "heads": "heads_step_"}
+EVAL_KINDS = {"longctx": "step_", "heads": "heads_step_", "restricted": "restricted_step_",
+              "layer_probe": "layer_probe_step_", "gradient": "gradient_step_"}
 _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)\.json$")
 DATA_KEY = "data"  # what training adds to config.yaml's provenance: the fingerprint of the data the run trains on
 CKPT_SUFFIX = ".ckpt"

@@ -39,6 +39,7 @@ class Attention(nn.Module):
         # uniformly over the keys it can see (None = none).
         self.head_mask: torch.Tensor | None = None
         self.uniform_heads: torch.Tensor | None = None
+        self.receptive_field: int | None = None  # at most this many keys, the current one included (model/restrict.py)
 
     def project(
         self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None
@@ -60,6 +61,8 @@ class Attention(nn.Module):
         all past keys for full attention, the last W-1 for a window of W. ``doc_ids`` (B, T), with no state:
         no query sees another document's keys, positions count from each document's start."""
         B, T, _ = x.shape
+        R, window = self.receptive_field, self.window
+        window = window if R is None else min(window or R, R)  # a restriction narrows the window to R
         start = state.get("pos", 0) if state is not None else 0
         q, k, v = self.project(x, start, None if doc_ids is None else document_positions(doc_ids))
         if self.uniform_heads is not None:
@@ -67,10 +70,10 @@ class Attention(nn.Module):
         if state is not None:
             if "k" in state:
                 k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
-            keep = k.shape[2] if self.window is None else min(k.shape[2], self.window - 1)
+            keep = k.shape[2] if window is None else min(k.shape[2], window - 1)
             state["k"], state["v"] = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
             state["pos"] = start + T
-        y = attend(q, k, v, window=self.window, backend=self.backend, doc_ids=doc_ids)  # (B, H, T, Dh)
+        y = attend(q, k, v, window=window, backend=self.backend, doc_ids=doc_ids)  # (B, H, T, Dh)
         if self.head_mask is not None:
             y = y * self.head_mask.to(y.dtype).view(1, -1, 1, 1)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

@@ -1,0 +1,120 @@
+"""The paper's diagnostics across runs (the records of ``restrict``, ``probe-layers`` and ``gradient``,
+records.DIAGNOSTICS): one tidy table per kind with each run's architecture label and seed, the seed summaries, and
+the figures of Qiao et al. 2026 (arXiv 2606.15378, Finding 2): scores and LongPPL under each restriction, probe
+accuracy by layer with the full-attention layers marked, gradient influence against distance on log axes. Reads
+the run directory only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.ticker
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from hybrid_lightning.analysis.figures import _colors, _legend, wrap
+from hybrid_lightning.kinds import FULL
+from hybrid_lightning.records import columns
+from hybrid_lightning.rundir import eval_files
+from hybrid_lightning.rundir.evals import read_eval_record
+
+
+def diagnostic_rows(configs: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The ``kind`` rows (a key of ``records.DIAGNOSTICS``) of each run's newest record of that kind, with the run's
+    ``run``, ``label`` and ``seed`` (``configs``: ``load_runs(...).configs``) and ``restriction``: ``none``, or
+    ``LAYERS:R``."""
+    frames = []
+    for run in configs.itertuples():
+        found = [(step, path) for k, step, path in eval_files(Path(run.path)) if k == kind]
+        record = read_eval_record(max(found)[1]) if found else None
+        if record and record.get(kind):
+            frames.append(pd.DataFrame(record[kind]).assign(run=run.run, label=run.label, seed=run.seed))
+    if not frames:
+        return pd.DataFrame(columns=[*columns(kind), "run", "label", "seed", "restriction"])
+    out = pd.concat(frames, ignore_index=True)
+    out["restriction"] = [f"{p}:{int(r)}" if isinstance(p, str) else "none"
+                          for p, r in zip(out["layers"], out["receptive_field"])]
+    return out
+
+
+def seed_summary(rows: pd.DataFrame, keys: list[str], measure: str) -> pd.DataFrame:
+    """``measure`` per ``keys`` over seeds: mean, min, max and the number of seeds."""
+    return (rows.groupby(keys, dropna=False)[measure].agg(["mean", "min", "max", "count"])
+            .rename(columns={"count": "seeds"}).reset_index())
+
+
+def restriction_figure(rows: pd.DataFrame, measures: tuple[str, ...] = ("score", "longppl")) -> Figure:
+    """Per measure, one group of bars per architecture, one bar per restriction: seed mean, whiskers min-max."""
+    fig = Figure(figsize=(4 + 1.2 * rows["label"].nunique(), 3.6 * len(measures)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(measures), 1))
+    setups = list(dict.fromkeys(rows["restriction"]))
+    colors = _colors(setups)
+    labels = sorted(rows["label"].unique())
+    for ax, measure in zip(axes, measures):
+        s = seed_summary(rows.dropna(subset=[measure]), ["label", "restriction"], measure)
+        width = 0.8 / max(1, len(setups))
+        for j, setup in enumerate(setups):
+            c = s[s["restriction"] == setup].set_index("label").reindex(labels)
+            x = np.arange(len(labels)) + j * width
+            ax.bar(x, c["mean"], width, color=colors[setup], label="unrestricted" if setup == "none"
+                   else f"{setup.replace(':', ' layers, last ')} tokens")
+            ax.errorbar(x, c["mean"], yerr=[c["mean"] - c["min"], c["max"] - c["mean"]], fmt="none", color="black",
+                        lw=0.8)
+        ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=20, ha="right", fontsize=7)
+        ax.set_ylabel(measure)
+        _legend(ax)
+    fig.suptitle(wrap("Receptive-field restriction (bar: seed mean, whiskers: min-max over seeds)"), fontsize=9)
+    return fig
+
+
+def layer_probe_figure(rows: pd.DataFrame, feature: str = "residual") -> Figure:
+    """Held-out probe accuracy by layer, one line per architecture (seed mean, band min-max), the full-attention
+    layers' points filled and the others hollow; chance dotted."""
+    rows = rows[(rows["feature"] == feature) & (rows["restriction"] == "none")]
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    labels = sorted(rows["label"].unique())
+    colors = _colors(labels)
+    for label in labels:
+        part = rows[rows["label"] == label]
+        s = seed_summary(part, ["layer", "kind"], "accuracy").sort_values("layer")
+        ax.plot(s["layer"], s["mean"], color=colors[label], label=f"{label} ({int(s['seeds'].max())} seeds)")
+        ax.fill_between(s["layer"], s["min"], s["max"], color=colors[label], alpha=0.2, lw=0)
+        full = s["kind"] == FULL
+        ax.scatter(s["layer"][full], s["mean"][full], color=colors[label], s=28, zorder=3)
+        ax.scatter(s["layer"][~full], s["mean"][~full], facecolors="white", edgecolors=colors[label], s=28, zorder=3)
+    if len(rows):
+        ax.axhline(1 / rows["classes"].max(), color="grey", lw=0.6, ls=":")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("layer (filled: full attention, hollow: efficient)")
+    ax.set_ylabel(f"probe accuracy ({feature})")
+    _legend(ax)
+    fig.suptitle(wrap("Layer-wise probes of the needle's value at the last token (line: seed mean, band: min-max)"),
+                 fontsize=9)
+    return fig
+
+
+def gradient_figure(rows: pd.DataFrame) -> Figure:
+    """Mean gradient norm against distance + 1 on log axes, one line per architecture and restriction (seed mean,
+    band min-max)."""
+    rows = rows.dropna(subset=["mean_grad_norm"])
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    curves = list(dict.fromkeys(zip(rows["label"], rows["restriction"])))
+    colors = _colors(sorted({c[0] for c in curves}))
+    for label, setup in curves:
+        c = rows[(rows["label"] == label) & (rows["restriction"] == setup)]
+        s = seed_summary(c, ["distance"], "mean_grad_norm")
+        name = label if setup == "none" else f"{label}, {setup.replace(':', ' layers last ')}"
+        ax.plot(s["distance"] + 1, s["mean"], color=colors[label], ls="-" if setup == "none" else "--",
+                label=f"{name} ({int(s['seeds'].max())} seeds)")
+        ax.fill_between(s["distance"] + 1, s["min"], s["max"], color=colors[label], alpha=0.15, lw=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("distance to the last token + 1")
+    ax.set_ylabel("gradient norm")
+    _legend(ax)
+    fig.suptitle(wrap("Gradient influence by distance (line: seed mean, band: min-max over seeds)"), fontsize=9)
+    return fig
+

@@ -1,0 +1,56 @@
+"""analysis/diagnostics.py on fabricated records: each run's newest record, seed summaries, and the three figures
+(full-attention layers marked, log axes)."""
+
+import pandas as pd
+import pytest
+from matplotlib.collections import PolyCollection
+
+from hybrid_lightning.analysis.diagnostics import (
+    diagnostic_rows,
+    gradient_figure,
+    layer_probe_figure,
+    restriction_figure,
+    seed_summary,
+)
+from hybrid_lightning.records import row
+from hybrid_lightning.rundir.evals import write_eval_record
+
+
+def fabricate(tmp_path, seed: int, label: str) -> dict:
+    run = tmp_path / f"{label}-{seed}"
+    for step, scale in ((1, 100.0), (2, 1.0)):  # the newest record (step 2) is read
+        restricted = [row("restricted", layers=part, receptive_field=r, step=step, tokens=step, score=scale * s,
+                          score_beyond=None, exact=0.0, longppl=10 - s, ppl=20.0, position_loss=[])
+                      for part, r, s in ((None, None, 0.5 + seed / 10), ("full", 8, 0.1), ("efficient", 8, 0.45))]
+        write_eval_record(run, "restricted", {"step": step, "tokens": step, "restricted": restricted})
+    probes = [row("layer_probe", layers=None, receptive_field=None, step=2, tokens=2, layer=i, kind=kind,
+                  feature="residual", accuracy=acc + seed / 100, n_train=8, n_test=2, classes=8)
+              for i, (kind, acc) in enumerate((("swa", 0.1), ("full", 0.9), ("swa", 0.9)))]
+    write_eval_record(run, "layer_probe", {"step": 2, "tokens": 2, "layer_probe": probes})
+    gradient = [row("gradient", layers=None, receptive_field=None, step=2, tokens=2, distance=d,
+                    mean_grad_norm=1 / (d + 1) if d < 6 else None, sum_grad_norm=1.0, sample_count=int(d < 6))
+                for d in range(8)]
+    write_eval_record(run, "gradient", {"step": 2, "tokens": 2, "gradient": gradient})
+    return {"run": run.name, "path": str(run), "label": label, "seed": seed}
+
+
+def test_rows_summaries_and_figures(tmp_path):
+    configs = pd.DataFrame([fabricate(tmp_path, s, label) for s in (0, 1) for label in ("swa", "lightning")]
+                           + [{"run": "bare", "path": str(tmp_path / "bare"), "label": "x", "seed": 0}])
+    restricted = diagnostic_rows(configs, "restricted")
+    assert len(restricted) == 12 and set(restricted["step"]) == {2}
+    assert restricted["restriction"].tolist()[:3] == ["none", "full:8", "efficient:8"]
+    s = seed_summary(restricted[restricted["restriction"] == "none"], ["label"], "score")
+    assert s["mean"].tolist() == pytest.approx([0.55, 0.55]) and s["min"].tolist() == pytest.approx([0.5, 0.5])
+    assert s["seeds"].tolist() == [2, 2]
+    fig = restriction_figure(restricted)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["score", "longppl"]
+    probes = diagnostic_rows(configs, "layer_probe")
+    ax = layer_probe_figure(probes).axes[0]
+    points = [c for c in ax.collections if len(c.get_offsets()) and c.get_offsets().shape[1] == 2
+              and not isinstance(c, PolyCollection)]
+    filled = [c.get_offsets().tolist() for c in points if c.get_facecolor()[0][:3].tolist() != [1, 1, 1]]
+    assert filled == [[[1.0, pytest.approx(0.905)]]] * 2  # each architecture's full layer, filled
+    grad = gradient_figure(diagnostic_rows(configs, "gradient")).axes[0]
+    assert grad.get_xscale() == grad.get_yscale() == "log" and len(grad.get_lines()) == 2
+    assert diagnostic_rows(configs.iloc[-1:], "gradient").empty
