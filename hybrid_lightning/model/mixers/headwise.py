@@ -39,6 +39,22 @@ def head_groups(windows: tuple[int | None, ...], n_kv: int) -> list[tuple[int | 
     return groups
 
 
+def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: tuple[int | None, ...], *,
+                 backend: str = "auto", doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``attention.attend`` with head h of q (B, H, Tq, Dh) in its own window ``windows[h]`` (None: full), over k, v
+    (B, Hkv, Tk, Dh): one call per group of heads sharing a window (``head_groups``), the outputs (B, H, Tq, Dh) in
+    head order."""
+    groups = head_groups(windows, k.shape[1])
+    if len(groups) == 1:
+        return attend(q, k, v, window=windows[0], backend=backend, doc_ids=doc_ids)
+    outs = [attend(q[:, heads], k[:, kv], v[:, kv], window=window, backend=backend, doc_ids=doc_ids)
+            for window, heads, kv in groups]  # (B, heads of the group, Tq, Dh) each
+    y = torch.cat(outs, dim=1)  # (B, H, Tq, Dh), heads in the groups' order
+    order = [h for w in dict.fromkeys(windows) for h, hw in enumerate(windows) if hw == w]
+    # where that order is not the heads': each head's place in it
+    return y if order == sorted(order) else y[:, sorted(range(len(order)), key=order.__getitem__)]
+
+
 class HeadwiseAttention(Attention):
     """Args: ``opts`` (``Attention``'s and ``heads``, each head's letter), ``spec.window`` (the windowed heads'),
     ``spec.pos``."""
@@ -47,16 +63,7 @@ class HeadwiseAttention(Attention):
         super().__init__(opts, spec)
         self.head_windows = opts.head_windows(spec.window)
         self.window = None if None in self.head_windows else spec.window  # the KV cache keeps all keys for full heads
-        self.groups = head_groups(self.head_windows, self.n_kv)
-        order = [h for w in dict.fromkeys(self.head_windows) for h, hw in enumerate(self.head_windows) if hw == w]
-        # where the groups' outputs, concatenated, stand in another order than the heads: each head's place there
-        self.order = None if order == sorted(order) else sorted(range(self.n_heads), key=order.__getitem__)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:
         """q: (B, H, Tq, Dh), k and v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh): each head within its own window."""
-        if len(self.groups) == 1:
-            return super().attend(q, k, v, doc_ids)
-        outs = [attend(q[:, heads], k[:, kv], v[:, kv], window=window, backend=self.backend, doc_ids=doc_ids)
-                for window, heads, kv in self.groups]  # (B, heads of the group, Tq, Dh) each
-        y = torch.cat(outs, dim=1)  # (B, H, Tq, Dh), heads in the groups' order
-        return y if self.order is None else y[:, self.order]
+        return attend_heads(q, k, v, self.head_windows, backend=self.backend, doc_ids=doc_ids)
