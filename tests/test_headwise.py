@@ -20,8 +20,8 @@ from naive_attention import naive_attention, naive_headwise_attention
 
 W = 5
 MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "window": W, "vocab_size": 20}
-# aligned with the key/value groups of 2 heads; across them; interleaved
-SPLITS = ["FFSS", "SFFS", "FSFS"]
+# aligned with the key/value groups of 2 heads; out of head order; three heads of one kind (one key/value head copied)
+SPLITS = ["FFSS", "SFFS", "FFFS"]
 
 
 def headwise(heads: str, backend: str = "auto", **model):
@@ -190,6 +190,47 @@ def test_retrieval_scores_each_head_in_its_own_window():
     assert head_reach(valid, source, (None, W, W, None)).sum(-1).tolist() == [[4, 0, 0, 4]] * 2
 
 
+def test_retrieval_heads_records_each_heads_window_and_reach():
+    """Scored on probes whose needle lies hundreds of tokens back: a windowed head (W=5) never reaches the copy
+    source, a full head of the same layer always does."""
+    from hybrid_lightning.data.tokenizer import ByteTokenizer
+    from hybrid_lightning.heads.retrieval import RetrievalHeads
+
+    tok = ByteTokenizer()
+    held_out = tok.encode(open(torch.__file__).read() * 4)
+    probe = {"tasks": ["niah_single_1"], "lengths": [600], "depths": [0.5], "samples": 1}
+    cfg = validate_config({"eval": {**probe, "value_tokens": 16, "position_sequences": 0,
+                                    "heads": {**probe, "echo": False}}}).eval
+    model = headwise("SFFS", d_model=32, vocab_size=257).eval()
+    rows = [r for r in RetrievalHeads(cfg, tok, held_out).run(model, step=0, tokens=0)["heads"] if r["layer"] == 0]
+    assert [(r["kind"], r["window"]) for r in rows] == [("headwise", W), ("headwise", None), ("headwise", None),
+                                                        ("headwise", W)]
+    assert [r["reach_steps"] > 0 for r in rows] == [False, True, True, False] and rows[0]["answer_steps"] > 0
+
+
+def test_an_export_gives_the_native_logits_and_generation(tmp_path):
+    """The transformers folder carries the kind (its definition and module) and computes what the package does,
+    its KV cache through generation too."""
+    transformers = pytest.importorskip("transformers", reason="the export extra (transformers) is not installed")
+    from hybrid_lightning.data.tokenizer import ByteTokenizer
+    from hybrid_lightning.export.folder import write_folder
+
+    model = headwise("SFFS", vocab_size=257).eval()
+    write_folder(model, ByteTokenizer(), tmp_path)
+    assert (tmp_path / "hl_kinds_headwise.py").is_file() and (tmp_path / "hl_mixers_headwise.py").is_file()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    ids = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), rtol=0, atol=1e-5)
+        steps = [model(ids)[:, -1:].argmax(-1)]
+        states = model.new_states()
+        model(ids, states)
+        for _ in range(7):  # greedy with the native KV cache
+            steps.append(model(steps[-1], states)[:, -1:].argmax(-1))
+    generated = hf.generate(ids, max_new_tokens=8, do_sample=False)[:, 20:]
+    assert torch.equal(generated, torch.cat(steps, dim=1))
+
+
 def toy_run_config() -> dict:
     return {
         "name": "hw",
@@ -203,7 +244,10 @@ def toy_run_config() -> dict:
     }
 
 
+@pytest.mark.slow
 def test_a_headwise_hybrid_trains_is_scored_per_head_analysed_and_exported(tmp_path):
+    """End to end (about 15 s of CPU): 4 training steps, the evaluation callbacks at the end, analysis's label,
+    and the export of the checkpoint."""
     from hybrid_lightning.analysis.report import analyze
     from hybrid_lightning.training.run import train
 
