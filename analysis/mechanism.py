@@ -35,7 +35,6 @@ from hybrid_lightning.analysis.arms import swa_hybrids
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import MIN_SEEDS, Comparison, Decided, Test
 from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, at_least, complete, stratified_floor
-from hybrid_lightning.kinds import FULL
 
 F = "2. retrieval heads"
 NOT_TESTABLE = "not testable"  # the design cannot tell what the test asks
@@ -51,7 +50,9 @@ def where(runs: Runs) -> Test:
     if reach:
         last = last[last["reach_steps"] > 0]
     retrieval = last["reach_retrieval" if reach else "retrieval"].astype(bool)
-    last = last.assign(retrieval=retrieval, full=last["kind"].eq(FULL), window=last["run"].map(tables.windows(c)))
+    # a head attends fully where its record holds no window: a full layer's, or a head-wise layer's full heads
+    full = last["window"].isna()
+    last = last.assign(retrieval=retrieval, full=full, window=last["run"].map(tables.windows(c)))
     per_run = pd.DataFrame({"heads": last["full"].groupby(last["run"]).mean(),
                             "retrieval": retrieval.groupby(last["run"]).sum(),
                             "retrieval_full": (retrieval & last["full"]).groupby(last["run"]).sum()})

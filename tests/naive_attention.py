@@ -50,3 +50,15 @@ def naive_attention(
         weights = scores.masked_fill(~listed, float("-inf")).softmax(-1)  # the padding weighs nothing
         rows.append(torch.einsum("hin,hind->hid", weights, vv))  # (H, Tq, Dh)
     return torch.stack(rows)
+
+
+def naive_headwise_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[int | None], doc_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Head-wise attention: query head ``h`` of ``H`` sees the keys of its own window ``windows[h]`` (None: every
+    earlier key), in key/value head ``h // (H // Hkv)``, each head on its own through ``naive_attention``.
+    q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh). Returns (B, H, Tq, Dh)."""
+    rep = q.shape[1] // k.shape[1]
+    heads = [naive_attention(q[:, h : h + 1], k[:, h // rep : h // rep + 1], v[:, h // rep : h // rep + 1], w, doc_ids)
+             for h, w in enumerate(windows)]  # (B, 1, Tq, Dh) each
+    return torch.cat(heads, dim=1)

@@ -21,7 +21,7 @@ from hybrid_lightning.plan.count import count
 
 def test_architectures_are_the_papers_seven_over_the_registered_mixers():
     archs = architectures((128, 512, 2048))
-    recurrent = [m for m in mixer_names(efficient_only=True) if m != "swa"]
+    recurrent = [m for m in mixer_names(efficient_only=True) if not KINDS[m].has_window]
     assert list(archs)[:4] == ["full", "SWA-128", "SWA-512", "SWA-2048"]
     assert len(archs) == 4 + len(recurrent)
     for name, arch in archs.items():

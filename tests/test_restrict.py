@@ -42,7 +42,7 @@ def test_restricted_full_attention_is_a_window_of_r():
     torch.testing.assert_close(pieces, swa(x), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("mixer", ["lightning", "mamba2", "gated_deltanet", "swa"])
+@pytest.mark.parametrize("mixer", ["lightning", "mamba2", "gated_deltanet", "swa", "headwise"])
 def test_a_restricted_layer_equals_recomputing_each_position_over_its_last_r_tokens(mixer):
     """fp32, outputs within 1e-5; whole and in pieces through the state (Lightning by its decayed state, the others
     by recomputation)."""

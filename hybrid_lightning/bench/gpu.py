@@ -5,8 +5,9 @@ autocast, the optimizer's fused kernel, synchronisation and the backends: on a G
 nothing left to discover but numbers.
 
 1. Correctness in bf16: the attention backends that run on CUDA (flash-attn when installed, FlexAttention,
-   SDPA) against the fp32 reference on the same bf16 inputs, outputs and gradients, full attention and
-   windows, with and without cached keys before the queries.
+   SDPA) against the fp32 reference on the same bf16 inputs, outputs and gradients, full attention,
+   windows and head-wise layers (some heads full, the others windowed), with and without cached keys before
+   the queries.
 2. The recurrent mixers' fla kernels against their references: ``hybrid_lightning.bench.gpu_recurrent.main()``,
    when that module is installed.
    On the CPU (``--rehearse``) the same checks run through Triton's interpreter, in a process of their own.
@@ -42,13 +43,17 @@ from hybrid_lightning.bench.measure import sync
 from hybrid_lightning.bench.training import PlainStep
 from hybrid_lightning.fileio import write_owned
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
+from hybrid_lightning.model.mixers.headwise import attend_heads
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count
 from hybrid_lightning.plan.precision import peak_bf16_tflops
 
 TOLERANCE = 2e-2  # relative RMS error allowed in bf16 (its unit roundoff is 2**-8 = 3.9e-3)
-# (T, window, cached keys before the queries, heads, kv heads): full, windows, a ragged T, GQA, a KV cache
-CASES = [(1024, None, 0, 8, 8), (2048, 128, 0, 8, 8), (4096, 512, 0, 8, 2), (1000, 300, 0, 8, 4), (256, 64, 200, 8, 8)]
+# (T, window, cached keys before the queries, heads, kv heads): full, windows, a ragged T, GQA, a KV cache, and
+# head-wise layers (a window per head) whose groups split the GQA groups or follow them
+HEADWISE = (None, 128) * 4, (None,) * 4 + (300,) * 4
+CASES = [(1024, None, 0, 8, 8), (2048, 128, 0, 8, 8), (4096, 512, 0, 8, 2), (1000, 300, 0, 8, 4), (256, 64, 200, 8, 8),
+         (2048, HEADWISE[0], 0, 8, 2), (1000, HEADWISE[1], 200, 8, 2)]
 MFU_MODEL = {"n_layers": 12, "d_model": 768, "n_heads": 12, "vocab_size": 50304, "tie_embeddings": True}
 MFU_SEQ, MFU_BATCH, MFU_WARMUP, MFU_STEPS = 4096, 8, 3, 10
 
@@ -68,7 +73,7 @@ class Sizes:
 
 
 GPU = Sizes(CASES, MFU_MODEL, MFU_SEQ, MFU_BATCH, MFU_WARMUP, MFU_STEPS, 512, 3)
-REHEARSAL = Sizes([(64, None, 0, 4, 4), (96, 16, 0, 4, 2), (50, 20, 10, 4, 2)],
+REHEARSAL = Sizes([(64, None, 0, 4, 4), (96, 16, 0, 4, 2), (50, 20, 10, 4, 2), (96, (None, 16) * 2, 10, 4, 2)],
                   {"n_layers": 4, "d_model": 64, "n_heads": 2, "vocab_size": 257, "tie_embeddings": True},
                   128, 2, 1, 2, 32, 1)  # compiling takes 1-4 minutes a model on one CPU core
 
@@ -79,10 +84,11 @@ def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def backend_errors(backend: str, T: int, window: int | None, past: int, heads: int, kv_heads: int,
+def backend_errors(backend: str, T: int, window: int | None | tuple, past: int, heads: int, kv_heads: int,
                    device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Relative RMS errors of ``backend`` against the fp32 reference on the same ``dtype`` inputs:
-    the output and the gradients of q, k and v. Shapes: q (2, heads, T, 64), k and v (2, kv_heads, past+T, 64)."""
+    the output and the gradients of q, k and v. Shapes: q (2, heads, T, 64), k and v (2, kv_heads, past+T, 64).
+    ``window``: one for every head, or a head-wise layer's, one per head (``attend_heads``)."""
     g = torch.Generator(device=device).manual_seed(T + past)
     q = torch.randn(2, heads, T, 64, generator=g, device=device, dtype=dtype)
     k, v = (torch.randn(2, kv_heads, past + T, 64, generator=g, device=device, dtype=dtype) for _ in range(2))
@@ -90,7 +96,10 @@ def backend_errors(backend: str, T: int, window: int | None, past: int, heads: i
     results = []
     for b, cast in ((backend, dtype), ("reference", torch.float32)):
         inputs = [t.to(cast).requires_grad_() for t in (q, k, v)]
-        out = attend(*inputs, window=window, backend=b)
+        if isinstance(window, tuple):
+            out = attend_heads(*inputs, window, backend=b)
+        else:
+            out = attend(*inputs, window=window, backend=b)
         results.append((out, *torch.autograd.grad(out, inputs, grad.to(cast))))
     names = ("out", "dq", "dk", "dv")
     return {name: rel_rms(a, b) for name, a, b in zip(names, *results)}
@@ -108,7 +117,8 @@ def correctness(device: torch.device, cases: list) -> list[dict]:
     for backend in attention_backends(device):
         for T, window, past, heads, kv_heads in cases:
             errors = backend_errors(backend, T, window, past, heads, kv_heads, device)
-            rows.append({"backend": backend, "T": T, "window": window or "full", "cached keys": past,
+            shown = "head-wise " + "/".join(str(w or "full") for w in window) if isinstance(window, tuple) else window
+            rows.append({"backend": backend, "T": T, "window": shown or "full", "cached keys": past,
                          "heads / kv": f"{heads}/{kv_heads}", **errors, "ok": max(errors.values()) <= TOLERANCE})
     return rows
 

@@ -41,11 +41,13 @@ CPU_BATCH, TARGET_RECURRENT_CPU = 8, 1.25  # a recurrent hybrid's step at most 1
 
 def architectures(windows: tuple[int, ...] = WINDOWS) -> dict[str, dict]:
     """Model-config overrides of the seven designs (3 efficient : 1 full layers for the hybrids; the
-    recurrent hybrids parameter-matched to full attention)."""
+    recurrent hybrids parameter-matched to full attention). A windowed mixer with settings of its own (head-wise
+    attention) is a variant of SWA, not one of the designs: not benched."""
     archs = {"full": {"pattern": "F"}}
     for mixer in mixer_names(efficient_only=True):
         if KINDS[mixer].has_window:
-            archs.update({f"SWA-{w}": {"pattern": "EEEF", "mixer": mixer, "window": w} for w in windows})
+            if KINDS[mixer].section is None:
+                archs.update({f"SWA-{w}": {"pattern": "EEEF", "mixer": mixer, "window": w} for w in windows})
         else:
             archs[f"{mixer} hybrid"] = {"pattern": "EEEF", "mixer": mixer, "match_params": "F"}
     return archs

@@ -33,10 +33,11 @@ averaged over samples (they keep samples answered with ROUGE-1 recall > 0.5); a 
   answer steps whose source lay inside its window (``reach_steps``) and its score over those alone
   (``reach_score``): where retrieval heads lie is compared among heads that could reach a source.
 
-Only attention mixers (full and sliding-window) are scored; other layers are reported as not
-applicable. Attention rows are computed only for the answer steps: while the model runs in pieces,
-forward pre-hooks keep each attention layer's keys (all positions for full attention, the last W-1
-before the answer for a window of W) and its queries at the answer rows; then those queries meet
+Only attention mixers (full, sliding-window and head-wise) are scored, each head in its own window (its record's
+``window``: a head-wise layer's full heads have none); other layers are reported as not applicable. Attention
+rows are computed only for the answer steps: while the model runs in pieces, forward pre-hooks keep each
+attention layer's keys (all positions where a head is full, the last W-1 before the answer for a window of W)
+and its queries at the answer rows; then those queries meet
 the keys (B x H x answer x T scores, never T x T). Memory: a second copy of the full-attention KV
 cache's keys.
 """
@@ -68,7 +69,7 @@ SAMPLE_STATS = ("samples", "kept", "exact", "answer_tokens", "correct")
 
 
 def attention_layers(model) -> list[tuple[int, Attention]]:
-    """(layer index, mixer) of every attention layer (full or sliding-window) of a ``HybridLM``."""
+    """(layer index, mixer) of every attention layer (full, sliding-window or head-wise) of a ``HybridLM``."""
     return [(i, block.mixer) for i, block in enumerate(model.layers) if isinstance(block.mixer, Attention)]
 
 
@@ -137,7 +138,7 @@ def head_stats(probs: torch.Tensor, valid: torch.Tensor, source: torch.Tensor, s
         probs: (B, H, nq, nk) attention weights of the answer rows over the keys.
         valid: (B, nq) rows that predict a copied answer token.
         source, span, token: (B, nq, nk) targets of each row (``answer_targets``).
-        reach: (B, nq) valid rows with a copy source the head can see (``reachable``).
+        reach: (B, H, nq) valid rows with a copy source each head can see (``head_reach``).
     """
     H = probs.shape[1]
     top = probs.argmax(dim=-1, keepdim=True)  # (B, H, nq, 1); ties go to the first position
@@ -152,7 +153,7 @@ def head_stats(probs: torch.Tensor, valid: torch.Tensor, source: torch.Tensor, s
     span_mass = ((probs * span[:, None]).sum(-1).double() * v).sum(-1)
     source_mass = ((probs * source[:, None]).sum(-1).double() * v).sum(-1)
     steps = valid.sum(dim=1).double()[:, None].expand(-1, H)  # (B, H)
-    reached = reach.sum(dim=1).double()[:, None].expand(-1, H)
+    reached = reach.sum(dim=-1).double()  # (B, H)
     return torch.stack([hits / n, token_hits / n, in_span / n, span_mass / n, source_mass / n, hits, in_span, steps,
                         reached], dim=-1)
 
@@ -162,6 +163,24 @@ def reachable(valid: torch.Tensor, source: torch.Tensor, window: int | None) -> 
     the last nk key positions, the rows being the last nq) within ``window`` of the row."""
     allowed = causal_mask(source.shape[1], source.shape[2], window, source.device)  # (nq, nk)
     return valid & (source & allowed).any(dim=-1)
+
+
+def head_reach(valid: torch.Tensor, source: torch.Tensor, windows: tuple[int | None, ...]) -> torch.Tensor:
+    """(B, H, nq) bool: ``reachable`` for each head in its own window (``windows``, (H,): ``Attention.head_windows``;
+    a head-wise layer's differ)."""
+    by_window = {w: reachable(valid, source, w) for w in dict.fromkeys(windows)}
+    return torch.stack([by_window[w] for w in windows], dim=1)
+
+
+def head_probs(q: torch.Tensor, k: torch.Tensor, windows: tuple[int | None, ...]) -> torch.Tensor:
+    """``attention_probs`` (B, H, nq, nk) of queries q (B, H, nq, Dh) over keys k (B, Hkv, nk, Dh) with each head
+    in its own window (``windows``, (H,))."""
+    probs = None
+    for w in dict.fromkeys(windows):
+        mine = attention_probs(q, k, w)  # (B, H, nq, nk), every head in window w
+        heads = torch.tensor([hw == w for hw in windows], device=q.device).view(1, -1, 1, 1)
+        probs = mine if probs is None else torch.where(heads, mine, probs)
+    return probs
 
 
 class RetrievalHeads:
@@ -224,10 +243,10 @@ class RetrievalHeads:
         valid, source, span, token = (torch.from_numpy(np.stack(t)).to(device) for t in zip(*targets))
         H = model.opts.n_heads
         for (index, mixer), capture in zip(layers, captures):
-            probs = attention_probs(capture.queries(), capture.keys(), mixer.window)  # (B, H, nq, nk)
+            probs = head_probs(capture.queries(), capture.keys(), mixer.head_windows)  # (B, H, nq, nk)
             seen = source[..., capture.lo :]
             per = head_stats(probs, valid, seen, span[..., capture.lo :], token[..., capture.lo :],
-                             reachable(valid, seen, mixer.window))
+                             head_reach(valid, seen, mixer.head_windows))
             heads.update(index * H + torch.arange(H), (per * (weight * kept)[:, None, None]).sum(dim=0))
 
     def report(self, model, heads: torch.Tensor, samples: torch.Tensor, step: int, tokens: int) -> dict:
@@ -241,7 +260,7 @@ class RetrievalHeads:
             t = dict(zip(HEAD_STATS, heads[layer * H + head].tolist()))
             spec = model.plan[layer]
             row = {"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": spec.mixer,
-                   "window": spec.window, "pos": spec.pos}  # the fields of records.HeadScores
+                   "window": model.layers[layer].mixer.head_windows[head], "pos": spec.pos}  # records.HeadScores
             if n["kept"]:
                 row |= {k: t[k] / n["kept"] for k in ("score", "token_score", "in_span", "span_mass", "source_mass")}
                 row["copy_precision"] = t["hits"] / t["in_span_steps"] if t["in_span_steps"] else None

@@ -1,7 +1,7 @@
 """The mixers as data: the one registry (``KINDS``) that config, layer plan, model, export, analysis and bench
 read, filled by the definitions, one file per mixer (``attention``, ``mamba2``, ``gated_deltanet``,
-``lightning``), each registering itself when imported (``base.register``): the imports below are the package's
-registration lines, one per definition. A definition says what a mixer *is* (``base.MixerKind``: its name in
+``lightning``, ``headwise``), each registering itself when imported (``base.register``): the imports below are the
+package's registration lines, one per definition. A definition says what a mixer *is* (``base.MixerKind``: its name in
 configs, its letter in ``model.pattern``, whether it takes a window and a positional encoding, its ``nn.Module``
 class and operator modules by dotted name, its measured CPU bf16 speed-up), the options its module reads (a
 frozen dataclass), and its ``model.<name>`` config section (a settings dataclass, from which config/schema.py
@@ -28,12 +28,13 @@ from hybrid_lightning.kinds.base import (
 )
 
 # The package's mixers, one registration line per definition file (importing it registers its mixers).
-# Unsorted on purpose: their order is the order of KINDS (attention, mamba2, gated_deltanet, lightning).
+# Unsorted on purpose: their order is the order of KINDS (attention, mamba2, gated_deltanet, lightning, headwise).
 # isort: off
 from hybrid_lightning.kinds.attention import FULL, AttentionOptions  # full, swa
 from hybrid_lightning.kinds.mamba2 import KIND as MAMBA2  # noqa: F401
 from hybrid_lightning.kinds.gated_deltanet import KIND as GATED_DELTANET  # noqa: F401
 from hybrid_lightning.kinds.lightning import KIND as LIGHTNING  # noqa: F401
+from hybrid_lightning.kinds.headwise import KIND as HEADWISE  # noqa: F401
 # isort: on
 
 __all__ = ["EFFICIENT_LETTER", "FULL", "KINDS", "AttentionOptions", "HeadsSettings", "LayerSpec", "MixerKind",

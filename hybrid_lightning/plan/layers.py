@@ -29,7 +29,8 @@ def model_options(cfg: Any) -> ModelOptions:
 def mixer_options(cfg: Any, mixer: str) -> MixerOptions:
     """The options of a ``mixer`` layer in the model of ``cfg``: each field of its options class takes the
     value of that name among the model's settings, the attention or recurrent ones and the kind's own
-    ``model:`` section (``KINDS[mixer].section``), heads left open there resolved by ``cfg.heads``."""
+    ``model:`` section (``KINDS[mixer].section``), heads left open there resolved by ``cfg.heads``, and those
+    the section's settings resolve against the model (their optional ``options(cfg)``)."""
     kind = KINDS[mixer]
     values = {"d_model": cfg.d_model, "norm_eps": cfg.norm_eps, "n_layers": cfg.n_layers}
     if kind.attention:
@@ -39,9 +40,12 @@ def mixer_options(cfg: Any, mixer: str) -> MixerOptions:
         values |= {"backend": cfg.recurrent_backend, "chunk": cfg.recurrent_chunk}
     if kind.section is not None:
         settings = cfg.settings(mixer)
-        values |= dataclasses.asdict(settings)
-        if "n_heads" in values:
+        own = dataclasses.asdict(settings)
+        values |= own
+        if "n_heads" in own:
             values["n_heads"], values["head_dim"] = cfg.heads(settings)
+        if hasattr(settings, "options"):  # values the settings resolve against the model (kinds/headwise.py)
+            values |= settings.options(cfg)
     return kind.options(**{f.name: values[f.name] for f in dataclasses.fields(kind.options)})
 
 

@@ -24,7 +24,8 @@ class Attention(nn.Module):
     def __init__(self, opts: AttentionOptions, spec: LayerSpec):
         super().__init__()
         D, self.n_heads, self.n_kv, self.head_dim = opts.d_model, opts.n_heads, opts.kv_heads, opts.head_dim
-        self.window = spec.window
+        self.window = spec.window  # the widest a head sees (None: some head is full): what the KV cache keeps
+        self.head_windows = (self.window,) * self.n_heads  # each head's window (heads/retrieval.py, FLOPs)
         self.backend = opts.backend
         self.wq = nn.Linear(D, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(D, self.n_kv * self.head_dim, bias=False)
@@ -61,8 +62,7 @@ class Attention(nn.Module):
         all past keys for full attention, the last W-1 for a window of W. ``doc_ids`` (B, T), with no state:
         no query sees another document's keys, positions count from each document's start."""
         B, T, _ = x.shape
-        R, window = self.receptive_field, self.window
-        window = window if R is None else min(window or R, R)  # a restriction narrows the window to R
+        window = self.restricted(self.window)
         start = state.get("pos", 0) if state is not None else 0
         q, k, v = self.project(x, start, None if doc_ids is None else document_positions(doc_ids))
         if self.uniform_heads is not None:
@@ -73,7 +73,16 @@ class Attention(nn.Module):
             keep = k.shape[2] if window is None else min(k.shape[2], window - 1)
             state["k"], state["v"] = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
             state["pos"] = start + T
-        y = attend(q, k, v, window=window, backend=self.backend, doc_ids=doc_ids)  # (B, H, T, Dh)
+        y = self.attend(q, k, v, doc_ids)  # (B, H, T, Dh)
         if self.head_mask is not None:
             y = y * self.head_mask.to(y.dtype).view(1, -1, 1, 1)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:
+        """q: (B, H, Tq, Dh), k and v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh): every head within the layer's window."""
+        return attend(q, k, v, window=self.restricted(self.window), backend=self.backend, doc_ids=doc_ids)
+
+    def restricted(self, window: int | None) -> int | None:
+        """A head's window under the layer's ``receptive_field`` R (model/restrict.py): at most R keys."""
+        R = self.receptive_field
+        return window if R is None else min(window or R, R)
