@@ -8,9 +8,13 @@ import torch
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.config.schedule import decay_start
+from hybrid_lightning.grid.branches import launch_order
+from hybrid_lightning.grid.report import plan_rows, plan_table
+from hybrid_lightning.grid.spec import load_grid
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.training.run import train
 from test_accumulation import NO_EVAL, scalars
+from test_grid import TINY_BASE, write_grid
 
 LONG, SHORT = 11, 10  # WSD over 20% of the steps: the long run decays from step 9, the short one from step 8
 
@@ -98,3 +102,37 @@ def test_a_branch_killed_inside_its_decay_resumes_to_its_budget_trained_alone(tm
     assert read_status(short)["state"] == "done"
     train(validate_config(raw | {"train": {**raw["train"], "stable_phase": None}}), alone)
     assert identical(state(short), state(alone))
+
+
+WSD_BASE = {**TINY_BASE, "train": {**TINY_BASE["train"], "schedule": "wsd"}}
+
+
+def test_a_grid_shares_one_stable_phase_per_model_and_seed_and_plans_the_tokens_saved(tmp_path):
+    """Six budgets at a 20% decay: the longest run's 1,000 steps and the others' decays, 1,300 steps instead of
+    2,500; a cell publishes the decay starts of the shorter budgets only, each seed has its own stable phase, and the
+    longest budget is submitted first."""
+    path = write_grid(tmp_path, base=WSD_BASE, share_stable_phase=True,
+                      axes={"train.max_steps": [100, 200, 300, 400, 500, 1000], "seed": [0, 1]})
+    grid = load_grid(path, cells=["max_steps=1000,*", "max_steps=300,seed=0"])  # a cell's phase whatever --cells says
+    phases = {c.name: c.config.train.stable_phase for c in grid.cells}
+    assert phases["max_steps=1000,seed=0"].publish == (80, 160, 240, 320, 400)
+    assert phases["max_steps=300,seed=0"].publish == (80, 160)
+    assert phases["max_steps=300,seed=0"].dir == str(tmp_path / "runs" / "g" / ".grid" / "stable" / "seed=0")
+    assert phases["max_steps=1000,seed=1"].dir.endswith("seed=1")
+    full = load_grid(path)
+    rows = {r["name"]: r for r in plan_rows(full)}
+    seed0 = [r for name, r in rows.items() if name.endswith("seed=0")]
+    tokens_per_step = 8 * 128
+    assert sum(r["tokens"] for r in seed0) == 2500 * tokens_per_step
+    assert sum(r["tokens"] - r["tokens_saved"] for r in seed0) == 1300 * tokens_per_step
+    assert rows["max_steps=1000,seed=0"]["tokens_saved"] == 0 and rows["max_steps=100,seed=0"]["branch_from_step"] == 80
+    table = plan_table(full, list(rows.values()))
+    assert "2 shared stable phases (share_stable_phase) train 2.66M tokens instead of 5.12M" in table
+    assert [c.name for c in launch_order(grid.cells)][:2] == ["max_steps=1000,seed=0", "max_steps=1000,seed=1"]
+
+
+def test_a_shared_stable_phase_needs_wsd(tmp_path):
+    path = write_grid(tmp_path, share_stable_phase=True, axes={"train.max_steps": [100, 200]})
+    with pytest.raises(ValueError, match="share_stable_phase needs train.schedule: wsd, but cell max_steps=100 has "
+                                         "constant"):
+        load_grid(path)
