@@ -13,11 +13,10 @@ architectures) follow from these tags, and the docs' table is ``roles_table()``.
 
 from __future__ import annotations
 
-import typing
-
 from pydantic import BaseModel
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, ROLE_KEY
+from hybrid_lightning.config.loading import _section_type
 from hybrid_lightning.config.schema import RunConfig
 
 ROLE_NOTES = {
@@ -33,24 +32,17 @@ def _tag(field) -> str | None:
     return extra.get(ROLE_KEY) if isinstance(extra, dict) else None
 
 
-def _section(annotation) -> type[BaseModel] | None:
-    """The section type of a field typed ``Section`` or ``Section | None``; None for a value."""
-    for t in (annotation, *typing.get_args(annotation)):
-        if isinstance(t, type) and issubclass(t, BaseModel):
-            return t
-    return None
-
-
 def _walk(model: type[BaseModel], prefix: str, inherited: str | None, keys: dict, sections: dict) -> None:
     for name, field in model.model_fields.items():
         key, tag = prefix + name, _tag(field) or inherited
-        section = _section(field.annotation)
+        section = _section_type(field.annotation)
         if section is not None:
             if tag is not None:
                 sections[key] = tag
-            if section is not field.annotation:  # an optional section: null, or its keys
+            if section is not field.annotation:  # an optional section (null by default): one key, its keys its role
                 keys[key] = tag or IDENTITY
-            _walk(section, key + ".", tag, keys, sections)
+            else:
+                _walk(section, key + ".", tag, keys, sections)
         else:
             keys[key] = tag or IDENTITY
 

@@ -16,10 +16,10 @@ from hybrid_lightning.units import figure, format_table, si
 def plan_rows(grid: Grid, gpu: Gpu = DEFAULT_GPU) -> list[dict]:
     """One dict per cell, from its run plan: name, axis labels, overrides, run directory, parameters, tokens, the
     estimated peak memory per device (bytes, with the cell's and the other activation checkpointing setting, and
-    its parts), the step a branch of a shared stable phase starts from and the tokens that saves (``grid.branches``,
-    0 for a cell trained from step 0); for a cell that may train on a GPU (``train.accelerator`` not cpu), its GPU-hours on ``gpu`` and
-    whether it fits the GPU's memory (``fits``), else the setting that would (``fitting_setting``, null where
-    none does: ``plan.memory.fitting_setting``)."""
+    its parts), its stable phase's folder, the step a branch of it starts from and the tokens that saves
+    (``grid.branches``; 0 for a cell trained from step 0); for a cell that may train on a GPU (``train.accelerator``
+    not cpu), its GPU-hours on ``gpu`` for the tokens it trains and whether it fits the GPU's memory (``fits``), else
+    the setting that would (``fitting_setting``, null where none does: ``plan.memory.fitting_setting``)."""
     from hybrid_lightning.plan.memory import fitting_setting
 
     rows = []
