@@ -43,7 +43,7 @@ def test_bad_selections_name_the_option(tmp_path, overrides, cells, message):
 
 
 def test_a_smoke_run_of_one_cell_of_a_real_grid_previews_with_the_command_line(tmp_path, capsys):
-    cell = "arch=full,size=15M,tokens_per_param=100.0,seed=0"
+    cell = "arch=full,size=S1,tokens_per_param=100.0,seed=0"
     assert main(["grid", "submit", str(REPO / "ablations" / "paper.yaml"), "--root", str(tmp_path), "--cells", cell,
                  "--set", "train.max_steps=5", "--set", "train.tokens_per_param=null", "--set", "train.warmup_steps=1",
                  "--print-config"]) == 0

@@ -55,12 +55,12 @@ def test_print_config_of_a_budget_in_tokens_per_param_counts_parameters_with_tor
 
 
 def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_path):
-    cells = ["--cells", "arch=full,size=15M,tokens_per_param=100.0,*", "--cells",
-             "arch=mamba2,size=15M,tokens_per_param=1000.0,*"]
+    cells = ["--cells", "arch=full,size=S1,tokens_per_param=100.0,*", "--cells",
+             "arch=mamba2,size=S1,tokens_per_param=1000.0,*"]
     rc, modules, out = loaded("grid", "status", PAPER, "--root", str(tmp_path), "--json")
     assert rc == 0 and not modules & (TRAINING | ANALYSIS), sorted(modules & (TRAINING | ANALYSIS))
     rows = {r["name"]: r for r in json.loads(out)}
-    assert len(rows) == 300 and {r["state"] for r in rows.values()} == {"not submitted"}
+    assert len(rows) == 330 and {r["state"] for r in rows.values()} == {"not submitted"}
     # steps of a budget in tokens_per_param: counted once planned
     assert {r["max_steps"] for r in rows.values()} == {None}
     # a cell that trained recorded its plan: its steps follow from the parameters it recorded, with no count here
@@ -81,7 +81,7 @@ def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_pa
 
 def test_params_and_grid_plan_load_torch_but_not_lightning(tmp_path):
     for args in (["params", QUICKSTART], ["grid", "plan", PAPER, "--root", str(tmp_path), "--cells",
-                                          "arch=full,size=15M,*"]):
+                                          "arch=full,size=S1,*"]):
         rc, modules, out = loaded(*args)
         assert rc == 0, out
         assert "torch" in modules and not modules & (TRAINING - {"torch"}) and not modules & ANALYSIS, args

@@ -9,7 +9,7 @@ from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMAB
 from hybrid_lightning.config.roles import NOT_IDENTITY, RESUMABLE_CHANGES, ROLES, SECTION_ROLES, role_of, roles_table
 from hybrid_lightning.kinds import KINDS, expand, layer_traits
 from hybrid_lightning.runplan import Budget, LayerPlan, RunPlan
-from hybrid_lightning.training.resume import _check_same
+from hybrid_lightning.training.resume import check_same_config
 
 CFG = RunConfig.model_validate({"model": {"pattern": "EEEF", "mixer": "swa", "vocab_size": 256}})
 
@@ -25,10 +25,10 @@ WRITTEN_ROLES = {
         "data.num_workers",
         "train.activation_checkpointing", "train.check_memory", "train.compile", "train.threads",
         "train.checkpoint_every_n_steps", "train.keep_checkpoints", "train.log_every_n_steps",
-        "train.val_every_n_steps", "train.val_batches", "train.progress_bar",
+        "train.val_every_n_steps", "train.val_batches", "train.progress_bar", "train.stable_phase",
     ], BOOKKEEPING),
 }
-WRITTEN_SECTIONS = {"eval": BOOKKEEPING, "eval.heads": BOOKKEEPING}
+WRITTEN_SECTIONS = {"eval": BOOKKEEPING, "eval.heads": BOOKKEEPING, "train.stable_phase": BOOKKEEPING}
 # Keys that decide what is trained; a few of them, named so that the table's default is not taken on trust.
 WRITTEN_IDENTITY = ["train.accumulate_grad_batches", "train.batch_size", "train.seq_len", "train.lr", "data.doc_mask",
                     "model.pattern", "model.mixer", "model.window", "model.d_model", "model.pos.full"]
@@ -62,11 +62,11 @@ def _changed(key: str) -> dict:
 @pytest.mark.parametrize("key", sorted(ROLES))
 def test_a_resume_refuses_exactly_the_keys_that_are_fixed_for_a_run(key, tmp_path):
     if written_role(key) in (RESUMABLE, BOOKKEEPING):
-        _check_same(tmp_path, _changed(key), CFG, "config.yaml")
+        check_same_config(tmp_path, _changed(key), CFG, "config.yaml")
         assert key in RESUMABLE_CHANGES
     else:
         with pytest.raises(ValueError, match=f"{key}: '<changed>'"):
-            _check_same(tmp_path, _changed(key), CFG, "config.yaml")
+            check_same_config(tmp_path, _changed(key), CFG, "config.yaml")
 
 
 def test_analysis_tells_architectures_apart_by_the_identity_keys():
@@ -125,6 +125,6 @@ def test_data_files_moved_elsewhere_are_the_same_run_and_renamed_ones_are_not(tm
         return RunConfig.model_validate({**config_to_dict(CFG), "data": {"files": files}})
 
     old = config_to_dict(with_files("/old/checkout/runs/a.jsonl", "/old/b.txt"))
-    _check_same(tmp_path, old, with_files("/new/place/a.jsonl", "/new/b.txt"), "config.yaml")
+    check_same_config(tmp_path, old, with_files("/new/place/a.jsonl", "/new/b.txt"), "config.yaml")
     with pytest.raises(ValueError, match="data.files"):
-        _check_same(tmp_path, old, with_files("/new/place/a.jsonl", "/new/c.txt"), "config.yaml")
+        check_same_config(tmp_path, old, with_files("/new/place/a.jsonl", "/new/c.txt"), "config.yaml")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, ROLE_KEY
+from hybrid_lightning.config.loading import _section_type
 from hybrid_lightning.config.schema import RunConfig
 
 ROLE_NOTES = {
@@ -34,10 +35,14 @@ def _tag(field) -> str | None:
 def _walk(model: type[BaseModel], prefix: str, inherited: str | None, keys: dict, sections: dict) -> None:
     for name, field in model.model_fields.items():
         key, tag = prefix + name, _tag(field) or inherited
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+        section = _section_type(field.annotation)
+        if section is not None:
             if tag is not None:
                 sections[key] = tag
-            _walk(field.annotation, key + ".", tag, keys, sections)
+            if section is not field.annotation:  # an optional section (null by default): one key, its keys its role
+                keys[key] = tag or IDENTITY
+            else:
+                _walk(section, key + ".", tag, keys, sections)
         else:
             keys[key] = tag or IDENTITY
 

@@ -20,7 +20,13 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     # WSD (warmup, stable, decay): constant, then linear decay over the last decay_fraction of steps.
-    decay_start = cfg.max_steps - max(1, round(cfg.decay_fraction * cfg.max_steps))
-    if step < decay_start:
+    start = decay_start(cfg)
+    if step < start:
         return 1.0
-    return 1.0 - (1 - floor) * min(1.0, (step - decay_start + 1) / (cfg.max_steps - decay_start))
+    return 1.0 - (1 - floor) * min(1.0, (step - start + 1) / (cfg.max_steps - start))
+
+
+def decay_start(cfg: TrainConfig) -> int:
+    """WSD's first decaying step (0-based): the last ``decay_fraction`` of ``max_steps``, at least one step. Before
+    it the learning rate does not depend on ``max_steps``: the stable phase a budget's branch shares."""
+    return cfg.max_steps - max(1, round(cfg.decay_fraction * cfg.max_steps))

@@ -14,6 +14,7 @@ from pydantic import Field, StrictBool, ValidationInfo, create_model, model_vali
 
 from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, Number, Whole, _Frozen, role
 from hybrid_lightning.config.sections import SECTIONS
+from hybrid_lightning.config.stable import StablePhaseConfig
 from hybrid_lightning.kinds import FULL, KINDS, HeadsSettings, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
@@ -220,6 +221,9 @@ class TrainConfig(_Frozen):
                                                            "`decay_fraction`) or `constant`")
     warmup_steps: Whole = Field(20, ge=0, description="linear warmup steps; must be below `max_steps`")
     decay_fraction: Number = Field(0.2, gt=0, le=1, description="WSD: share of steps spent decaying")
+    stable_phase: StablePhaseConfig | None = Field(None, description="WSD: start from the stable phase's checkpoint at "
+                                                   "this run's decay start where one is published (docs/grids.md)",
+                                                   **role(BOOKKEEPING))
     weight_decay: Number = Field(0.1, ge=0, description="AdamW weight decay, on matrices only")
     betas: tuple[Number, Number] = Field((0.9, 0.95), description="AdamW betas")
     grad_clip: Number | None = Field(1.0, gt=0, description="gradient-norm clipping; null = off (the norm before "
@@ -263,6 +267,9 @@ class TrainConfig(_Frozen):
             raise ValueError(f"train.threads must be at least 1 (or auto), got {self.threads}")
         if self.devices != "auto" and self.devices < 1:
             raise ValueError(f"train.devices must be at least 1 (or auto), got {self.devices}")
+        if self.stable_phase is not None and self.schedule != "wsd":
+            raise ValueError(f"train.stable_phase needs train.schedule=wsd (got {self.schedule}): only WSD's learning "
+                             "rate before the decay does not depend on the budget")
         if self.tokens_per_param is not None and self.devices == "auto":
             raise ValueError("train.tokens_per_param needs train.devices as a number: the tokens of a step "
                              "depend on it")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from hybrid_lightning.grid.branches import branch_steps
 from hybrid_lightning.grid.capacity import DEFAULT_GPU, Gpu
 from hybrid_lightning.grid.spec import Grid, format_value
 from hybrid_lightning.grid.state import CellState, cell_states
@@ -15,25 +16,30 @@ from hybrid_lightning.units import figure, format_table, si
 def plan_rows(grid: Grid, gpu: Gpu = DEFAULT_GPU) -> list[dict]:
     """One dict per cell, from its run plan: name, axis labels, overrides, run directory, parameters, tokens, the
     estimated peak memory per device (bytes, with the cell's and the other activation checkpointing setting, and
-    its parts); for a cell that may train on a GPU (``train.accelerator`` not cpu), its GPU-hours on ``gpu`` and
-    whether it fits the GPU's memory (``fits``), else the setting that would (``fitting_setting``, null where
-    none does: ``plan.memory.fitting_setting``)."""
+    its parts), its stable phase's folder, the step a branch of it starts from and the tokens that saves
+    (``grid.branches``; 0 for a cell trained from step 0); for a cell that may train on a GPU (``train.accelerator``
+    not cpu), its GPU-hours on ``gpu`` for the tokens it trains and whether it fits the GPU's memory (``fits``), else
+    the setting that would (``fitting_setting``, null where none does: ``plan.memory.fitting_setting``)."""
     from hybrid_lightning.plan.memory import fitting_setting
 
     rows = []
+    starts = branch_steps(grid.cells)
     for cell in grid.cells:
         plan = cell.plan
         tokens, memory = plan.budget.tokens, plan.memory_estimate
+        saved = plan.budget.tokens_at(starts[cell.name])  # a branch trains from its stable phase's checkpoint
         row = {
             "name": cell.name, "axes": cell.labels, "overrides": cell.overrides, "run_dir": str(cell.run_dir),
             "non_embedding_params": plan.params["non_embedding"], "tokens": tokens,
+            "stable_phase": phase.dir if (phase := cell.config.train.stable_phase) else None,
+            "branch_from_step": starts[cell.name], "tokens_saved": saved,
             "peak_memory": memory.peak(), "peak_memory_other_checkpointing": memory.peak(not memory.checkpointing),
             "memory": dict(plan.memory),
         }
         if cell.config.train.accelerator != "cpu":
             setting = fitting_setting(plan, gpu.memory)
-            row |= {"gpu_hours": tokens / gpu.tokens_per_s(plan.flops_per_token) / 3600, "fits": setting == {},
-                    "fitting_setting": setting or None}
+            hours = (tokens - saved) / gpu.tokens_per_s(plan.flops_per_token) / 3600  # the tokens it trains
+            row |= {"gpu_hours": hours, "fits": setting == {}, "fitting_setting": setting or None}
         rows.append(row)
     return rows
 
@@ -66,12 +72,13 @@ def _gpu_hours(hours: float) -> str:
 def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
     axes = list(grid.axes)
     on_gpu = [r for r in rows if "gpu_hours" in r]
-    header = ["cell", *axes, "non-emb params", "tokens", "memory", "other ckpt"]
+    branched = any(r["tokens_saved"] for r in rows)
+    header = ["cell", *axes, "non-emb params", "tokens", *(["saved"] * branched), "memory", "other ckpt"]
     header += ["GPU-h", f"on {gib(gpu.memory)}"] if on_gpu else []
     table = [header]
     for row in rows:
         line = [row["name"], *(format_value(row["axes"][a]) for a in axes), si(row["non_embedding_params"]),
-                si(row["tokens"]),
+                si(row["tokens"]), *([si(row["tokens_saved"]) if row["tokens_saved"] else "-"] * branched),
                 gib(row["peak_memory"]), gib(row["peak_memory_other_checkpointing"])]
         if on_gpu:
             line += [_gpu_hours(row["gpu_hours"]) if "gpu_hours" in row else "-", _fit(row)]
@@ -80,6 +87,8 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
              f"{len(rows)} cells, {si(sum(r['tokens'] for r in rows))} tokens; run directories in {grid.root}",
              "memory: estimated peak per device (plan/memory.py); other ckpt: the same with "
              "train.activation_checkpointing switched"]
+    if branched:
+        lines.append(_branch_line(rows))
     if on_gpu:
         over = [r for r in on_gpu if not r["fits"]]
         total = _gpu_hours(sum(r["gpu_hours"] for r in on_gpu))
@@ -88,6 +97,19 @@ def plan_table(grid: Grid, rows: list[dict], gpu: Gpu = DEFAULT_GPU) -> str:
         lines.append(f"on {gib(gpu.memory)}: {len(over)} of {len(on_gpu)} cells exceed the GPU's memory" + (
             "; the column names the setting that fits, keeping each cell's tokens per step" if over else ""))
     return "\n".join(lines)
+
+
+def _branch_line(rows: list[dict]) -> str:
+    """The tokens the shared stable phases save, in all and per stable phase in units of its model's non-embedding
+    parameters (N)."""
+    tokens, saved = sum(r["tokens"] for r in rows), sum(r["tokens_saved"] for r in rows)
+    phases = len({r["stable_phase"] for r in rows if r["stable_phase"]})
+    per_n = sum(r["tokens"] / r["non_embedding_params"] for r in rows if r["stable_phase"]) / phases
+    saved_n = sum(r["tokens_saved"] / r["non_embedding_params"] for r in rows) / phases
+    return (f"saved: {phases} shared stable phases (share_stable_phase) train {si(tokens - saved)} tokens instead of "
+            f"{si(tokens)}, each {figure(per_n - saved_n)} N instead of {figure(per_n)} N on average: every branch "
+            "from its stable phase's checkpoint at its decay start, once the longest budget has passed it; GPU-h "
+            "counts the tokens trained")
 
 
 def dry_run_table(grid: Grid) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from hybrid_lightning.config.fields import _Frozen
 from hybrid_lightning.config.loading import validate
@@ -34,6 +34,11 @@ class GridConfig(_Frozen):
     exclude: tuple[dict[str, Any], ...] = Field(
         (),
         description="partial assignments (axis: value) whose cells are dropped",
+    )
+    share_stable_phase: StrictBool = Field(
+        False,
+        description="budgets as decay branches: cells that differ only in their budget share a WSD stable phase "
+                    "(docs/grids.md, Budgets as branches)",
     )
 
     @model_validator(mode="after")

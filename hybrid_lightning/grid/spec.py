@@ -40,8 +40,9 @@ from hybrid_lightning.config import (
     suggest,
     validate_config,
 )
+from hybrid_lightning.grid.branches import share_stable_phases
 from hybrid_lightning.grid.schema import GridConfig, validate_grid_config
-from hybrid_lightning.plan.resolve import plan_run
+from hybrid_lightning.plan.resolve import plan_run, resolve_config
 from hybrid_lightning.rundir import GRID_DIR
 from hybrid_lightning.runplan import RunPlan
 
@@ -164,7 +165,22 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
     if not found:
         raise ValueError(f"{path}: the exclusions leave no cell")
     chosen = _overridden(_matching(found, cells), overrides)
-    return Grid(name, path, root, [_planned(c, path) for c in chosen] if resolve else chosen, label_values)
+    if resolve:
+        chosen = [_planned(c, path) for c in chosen]
+    if resolve and spec.share_stable_phase:
+        chosen = _sharing(chosen, found if cells and not overrides else chosen, root, short, path)
+    return Grid(name, path, root, chosen, label_values)
+
+
+def _sharing(chosen: list[Cell], pool: list[Cell], root: Path, short: dict[str, str], grid_path: Path) -> list[Cell]:
+    """``chosen`` (planned) with their stable phases (``grid.branches``), grouped among ``pool``: every cell of the
+    grid, so that what a cell publishes does not depend on ``--cells``, unless ``--set`` changed the chosen ones. The
+    others are only resolved (their steps), not planned."""
+    planned = {c.name: c for c in chosen}
+    pool = [planned.get(c.name) or _resolved(c, grid_path) for c in pool]
+    shared = share_stable_phases(pool, root, lambda labels: cell_name_for(labels, short), str(grid_path))
+    by_name = {c.name: c for c in shared}
+    return [by_name[c.name] for c in chosen]
 
 
 def _overridden(cells: list[Cell], overrides: Sequence[str]) -> list[Cell]:
@@ -212,6 +228,14 @@ def _planned(cell: Cell, grid_path: Path) -> Cell:
     except ValueError as e:
         raise ValueError(f"{grid_path}: cell {cell.name}: {e}") from None
     return dataclasses.replace(cell, config=cfg, plan=plan)
+
+
+def _resolved(cell: Cell, grid_path: Path) -> Cell:
+    """The cell with its config resolved (``resolve_config``: its steps from its budget), not planned."""
+    try:
+        return dataclasses.replace(cell, config=resolve_config(cell.config))
+    except ValueError as e:
+        raise ValueError(f"{grid_path}: cell {cell.name}: {e}") from None
 
 
 def _normalised(labels: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hybrid_lightning.grid.branches import launch_order
 from hybrid_lightning.grid.executor import executor_class, executor_for
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import CellState, cell_states, lock, read_jobs, record_plan, write_jobs
@@ -43,7 +44,7 @@ def submit_grid(
 
     with lock(grid):
         rows = cell_states(grid)
-        todo = [cell for cell, _ in unfinished(grid, rows)]
+        todo = launch_order([cell for cell, _ in unfinished(grid, rows)])  # a stable phase's longest budget first
         counts = Counter(r.state for r in rows)
         summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         say(f"grid {grid.name}: {len(rows)} cells ({summary}); {len(todo)} to submit; run directories in {grid.root}")

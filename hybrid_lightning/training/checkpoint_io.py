@@ -26,6 +26,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from hybrid_lightning.fileio import IOFailure, fsync_dir, temporary_beside
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_complete
+from hybrid_lightning.training.branch import publish
 
 
 class CheckpointWriteError(IOFailure):
@@ -115,6 +116,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def remove_checkpoint(self, path) -> None:
         self.check()
         self.pending.append((lambda: Path(path).unlink(missing_ok=True), lambda: None))
+
+    def publish_checkpoint(self, path, folder: Path) -> None:
+        """Hard-links ``path`` into ``folder`` once it has its name (``branch.publish``), queued after the checkpoints
+        saved before it and before any removal queued after."""
+        self.check()
+        self.pending.append((lambda: publish(Path(path), folder), lambda: None))
 
     def commit(self) -> None:
         """Gives the checkpoints saved so far their names (in the background, in order)."""

@@ -21,7 +21,8 @@ STEP_FILE = re.compile(r"^step_(\d+)\.ckpt$")
 
 
 class StepCheckpoints(OnOptimizerSteps):
-    """``step_<N>.ckpt`` every ``every`` optimizer steps and at the last one, with ``last.ckpt`` beside it; of the
+    """``step_<N>.ckpt`` every ``every`` optimizer steps, at the last one and at each of ``publish`` (hard-linked into
+    ``published`` too, ``train.stable_phase``), with ``last.ckpt`` beside it; of the
     step files the newest ``keep`` are kept (-1: all), whatever an earlier invocation kept (the files on disk
     decide, so ``train.keep_checkpoints`` may change on resume). A checkpoint is only ever written once an
     optimizer step has ended (never inside an accumulation window), at most once per file and step.
@@ -33,8 +34,10 @@ class StepCheckpoints(OnOptimizerSteps):
     after it.
     """
 
-    def __init__(self, folder: Path, every: int, keep: int):
+    def __init__(self, folder: Path, every: int, keep: int, publish: tuple[int, ...] = (),
+                 published: Path | None = None):
         self.folder, self.every, self.keep = Path(folder), every, keep
+        self.publish, self.published = publish, published  # train.stable_phase: steps saved and linked there
         self._saved: dict[str, int] = {}  # file name -> the step it was last written at
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -46,9 +49,12 @@ class StepCheckpoints(OnOptimizerSteps):
 
     def on_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
-        if step % self.every == 0 or step >= trainer.max_steps:
+        if step % self.every == 0 or step >= trainer.max_steps or step in self.publish:
             self.save(trainer, step_checkpoint_name(step))
             self.save(trainer, LAST_CKPT)
+            if step in self.publish and trainer.is_global_zero:
+                trainer.strategy.checkpoint_io.publish_checkpoint(self.folder / step_checkpoint_name(step),
+                                                                  self.published)
             self._rotate(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

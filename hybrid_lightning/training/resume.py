@@ -46,9 +46,9 @@ def check_same_run(run_dir: Path, cfg: RunConfig, resume: Resume | None = None, 
     old = read_config_dict(run_dir)
     if old is not None:
         old.pop(PROVENANCE_KEY, None)
-        _check_same(run_dir, old, cfg, CONFIG_FILE, flag)
+        check_same_config(run_dir, old, cfg, CONFIG_FILE, flag)
     if resume is not None and resume.config is not None:
-        _check_same(run_dir, resume.config, cfg, f"{CKPT_DIR}/{resume.path.name}", flag)
+        check_same_config(run_dir, resume.config, cfg, f"{CKPT_DIR}/{resume.path.name}", flag)
 
 
 def _compared(key: str, value):
@@ -60,13 +60,17 @@ def _compared(key: str, value):
     return value
 
 
-def _check_same(run_dir: Path, old: dict, cfg: RunConfig, source: str, flag: str = "--run-dir") -> None:
+def check_same_config(run_dir: Path, old: dict, cfg: RunConfig, source: str, flag: str = "--run-dir",
+                      also: frozenset[str] = frozenset(), hint: str | None = None) -> None:
+    """Refuses ``cfg`` where it differs from ``old`` (a config ``source`` in ``run_dir`` holds) in a key that may not
+    change on resume and is not in ``also``; ``hint``: what the refusal says instead of naming ``flag``."""
     a, b = flatten(old), flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if _compared(k, a.get(k)) != _compared(k, b.get(k)))
-    blocking = [k for k in changed if not may_change_on_resume(k)]
+    blocking = [k for k in changed if not may_change_on_resume(k) and k not in also]
     if blocking:
         diffs = "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in blocking[:8])
-        raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); use another {flag}")
+        raise ValueError(f"{run_dir} holds a run with another config (by its {source}: {diffs}); "
+                         f"{hint or f'use another {flag}'}")
 
 
 def check_numbering(run_dir: Path, resume: Resume | None) -> None:

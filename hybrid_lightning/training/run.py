@@ -18,6 +18,7 @@ from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.files import write_config, write_plan
 from hybrid_lightning.rundir.status import process_status, read_status, write_status
 from hybrid_lightning.runplan import RunPlan
+from hybrid_lightning.training.branch import start_of_branch
 from hybrid_lightning.training.preflight import is_rank_zero, preflight
 from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
 from hybrid_lightning.training.stop import EndAtOnce, Stopped
@@ -61,6 +62,7 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
 
     resume = Resume.of(run_dir)  # the checkpoint read once, for every check below
     check_same_run(run_dir, cfg, resume)
+    branch = resume is None and (resume := start_of_branch(cfg)) is not None  # a budget's branch of its stable phase
     step = resume.step if resume else 0
     check_extension(cfg, resume)
     if step >= cfg.train.max_steps:
@@ -69,7 +71,8 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
             old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
             write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
         return run_dir
-    check_numbering(run_dir, resume)
+    if not branch:  # a published checkpoint is of this version, which counts the steps completed
+        check_numbering(run_dir, resume)
     # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
     store = ensure_store(cfg, recorded_data(run_dir, resume))
     # Imported here: Lightning is slow to import and not needed to validate.
@@ -86,7 +89,8 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
         write_config(run_dir, cfg, {**provenance(), DATA_KEY: fingerprint(store.manifest)})
         write_plan(run_dir, plan)
     if resume is not None:
-        print(f"{run_dir}: resuming from {resume.path.name} at step {step}")
+        print(f"{run_dir}: {f'branching from {resume.path}' if branch else f'resuming from {resume.path.name}'} "
+              f"at step {step}")
     _status(trainer, run_dir, "running", step)
     try:
         fit(trainer, module, datamodule, resume.path if resume else None)  # saves the last step (StepCheckpoints)

@@ -63,6 +63,22 @@ class LMSystem(L.LightningModule):
             raise ValueError(f"train.devices x train.num_nodes: the run was planned for {self.plan.budget.world_size} "
                              f"processes but trains in {self.trainer.world_size}; set train.devices to a number")
 
+    def on_train_start(self) -> None:
+        """Every rank starts at one step, and that step's learning rate is this run's schedule's, whatever the
+        checkpoint it resumes from holds: one saved under another ``train.max_steps`` (a budget's branch from its
+        stable phase, a run extended) holds the rate its own schedule gave the step."""
+        step = self.global_step
+        if self.trainer.world_size > 1:
+            steps = self.all_gather(torch.tensor(step, device=self.device))  # (world,)
+            if steps.min() != steps.max():
+                raise RuntimeError(f"the ranks resumed at different steps ({steps.tolist()}): a checkpoint appeared "
+                                   "while they started; run again")
+        scheduler = self.lr_schedulers()
+        rates = [base * lr_factor(step, self.cfg.train) for base in scheduler.base_lrs]  # as LambdaLR computes them
+        for group, rate in zip(self.optimizers().param_groups, rates, strict=True):
+            group["lr"] = rate
+        scheduler._last_lr = rates  # what LambdaLR's step sets beside the groups' rates (its state_dict holds it)
+
     def tokens_at(self, step: int) -> int:
         """Training tokens consumed by all ranks after ``step`` optimizer steps (the plan's)."""
         return self.plan.budget.tokens_at(step)

@@ -62,7 +62,9 @@ def build_trainer(
         # no duplicates, no gaps.
         purge_step=resume_step + 1,
     )
-    checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints)
+    phase = t.stable_phase
+    checkpoints = StepCheckpoints(run_dir / CKPT_DIR, t.checkpoint_every_n_steps, t.keep_checkpoints,
+                                  *((phase.publish, Path(phase.dir)) if phase else ()))
     throughput = Throughput(plan, t.log_every_n_steps)
     datamodule = LMDataModule(cfg)
     # the checkpoints first: the last step is saved before the evaluations at the end, so a stop during them keeps it
