@@ -32,6 +32,8 @@ SHARED = (
     "hybrid_lightning.model.init",
     "hybrid_lightning.model.mixers",
     "hybrid_lightning.model.mixers.recurrent",
+    "hybrid_lightning.model.mixers.attention",
+    "hybrid_lightning.model.observe",
     "hybrid_lightning.model.ops",
     "hybrid_lightning.model.ops.common",
     "hybrid_lightning.model.ops.short_conv",
