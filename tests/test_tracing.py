@@ -96,3 +96,35 @@ def test_qk_distance_is_the_norm_of_the_heads_rows_and_its_kv_group():
     assert d[(0, 0)]["k_rel_l2"] == pytest.approx(0.25 * math.sqrt(128) / 50.0, rel=1e-6)  # the reference's norm: 50
     assert math.isinf(d[(0, 1)]["q_rel_l2"]) or d[(0, 1)]["q_rel_l2"] > 1e9  # its reference rows are 0 (+ eps)
     assert d[(0, 1)]["qk_l2"] == pytest.approx(d[(0, 1)]["q_l2"] + d[(0, 1)]["k_l2"])
+
+
+@pytest.mark.slow
+def test_trace_chooses_the_final_checkpoints_heads_and_traces_them_back(tmp_path, capsys):
+    """A tiny run with checkpoints at steps 2 and 4: ``trace`` picks the top 2 heads at step 4 and writes both
+    steps' records (Q/K distances 0 at the reference, step 2) and TensorBoard scalars; a bad head is refused."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from conftest import TINY
+    from hybrid_lightning.cli import main
+
+    run_dir = tmp_path / "run"
+    settings = {"train.max_steps": 4, "train.checkpoint_every_n_steps": 2, "train.keep_checkpoints": -1,
+                "train.warmup_steps": 1, "eval.every_n_steps": 0, "eval.at_end": "false",
+                "eval.heads.every_n_steps": 0, "eval.heads.at_end": "false"}
+    overrides = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    assert main(["train", "--run-dir", str(run_dir), *TINY, *overrides]) == 0
+    niah = tmp_path / "niah.jsonl"
+    niah.write_text("".join(json.dumps({"input": f"key {v}: x. " * 3 + "The key is", "outputs": [str(v)]}) + "\n"
+                            for v in (314, 2718)))
+    assert main(["trace", str(run_dir), "--niah", str(niah), "--top", "2"]) == 0
+    assert "qk_rel_l2" in capsys.readouterr().out
+    first, last = (json.loads((run_dir / "tracing" / f"step_{s}.json").read_text()) for s in (2, 4))
+    chosen = target_heads(np.array([[r["mass"] for r in last["mass"] if r["layer"] == 1]]), k=2)
+    assert [(r["layer"], r["head"]) for r in last["trace"]] == [(1, h) for _, h in chosen]  # the full layer's
+    assert [r["target"] for r in first["mass"]] == [r["target"] for r in last["mass"]]
+    assert first["reference_step"] == 2 and all(r["qk_l2"] == 0 for r in first["trace"])
+    assert all(r["qk_l2"] > 0 for r in last["trace"]) and last["samples_used"] == 2
+    acc = EventAccumulator(str(run_dir / "tracing")).Reload()
+    assert [e.step for e in acc.Scalars("tracing/entropy_norm")] == [2, 4]
+    assert main(["trace", str(run_dir), "--niah", str(niah), "--heads", "0.5"]) == 2
+    assert "not an attention head" in capsys.readouterr().err
