@@ -153,13 +153,19 @@ class Ablation:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadMass:
-    """one row per attention head (heads/mass.py)"""
+class _Head:
+    """the checkpoint and head a tracing row is of"""
 
     step: int = _doc()
     tokens: int = _doc()
     layer: int = _doc()
     head: int = _doc()
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadMass(_Head):
+    """one row per attention head (heads/mass.py)"""
+
     kind: str = _doc("`full`, `swa`")
     window: int | None = _doc()
     mass: float = _doc("attention mass of the query at len - 2 on the needle's tokens, mean over samples")
@@ -167,13 +173,9 @@ class HeadMass:
 
 
 @dataclasses.dataclass(frozen=True)
-class TracedHead:
+class TracedHead(_Head):
     """one row per target head (heads/mass.py)"""
 
-    step: int = _doc()
-    tokens: int = _doc()
-    layer: int = _doc()
-    head: int = _doc()
     final_step: int = _doc("the checkpoint whose top heads these are")
     reference_step: int = _doc("the checkpoint of the Q/K distances")
     entropy: float = _doc("at the last 4 queries, mean over queries and samples")
