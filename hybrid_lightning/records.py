@@ -1,6 +1,6 @@
 """The evaluation records of a run directory, defined once (torch-free): the rows of
-``eval/step_<k>.json`` (long-context cells, position losses, LongPPL) and of
-``eval/heads_step_<k>.json`` (heads, layers, ablations). The writers build their rows with ``row``,
+``eval/step_<k>.json`` (long-context cells, position losses, LongPPL), of ``eval/heads_step_<k>.json``
+(heads, layers, ablations) and of ``tracing/step_<k>.json`` (mass, trace). The writers build their rows with ``row``,
 analysis takes its columns from ``columns``, the docs' tables come from ``docs_row``; and the one
 pooling of long-context cells (``weighted_sums``, ``pooled``) that the evaluation's scalars and
 analysis's scores both use.
@@ -203,11 +203,48 @@ class GradientInfluence:
     sample_count: int = _doc("texts reaching the distance")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    """the checkpoint and head a tracing row is of"""
+
+    step: int = _doc()
+    tokens: int = _doc()
+    layer: int = _doc()
+    head: int = _doc()
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadMass(_Head):
+    """one row per attention head (heads/mass.py)"""
+
+    kind: str = _doc("`full`, `swa`")
+    window: int | None = _doc()
+    mass: float = _doc("attention mass of the query at len - 2 on the needle's tokens, mean over samples")
+    target: bool = _doc("bool: one of the final checkpoint's top K")
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedHead(_Head):
+    """one row per target head (heads/mass.py)"""
+
+    final_step: int = _doc("the checkpoint whose top heads these are")
+    reference_step: int = _doc("the checkpoint of the Q/K distances")
+    entropy: float = _doc("at the last 4 queries, mean over queries and samples")
+    entropy_norm: float = _doc("entropy / log(keys seen)")
+    q_l2: float = _doc()
+    k_l2: float = _doc("L2 norms of the differences of the head's q_proj rows and its KV group's k_proj rows")
+    q_rel_l2: float = _doc()
+    k_rel_l2: float = _doc("the same over the reference's norm")
+    qk_l2: float = _doc()
+    qk_rel_l2: float = _doc("q + k")
+
+
 # TensorBoard tag groups of the evaluations' scalars and images. TensorBoard orders groups by name, so
 # these sort after ``train/`` and ``val/``: the long-context headline (scores over every task, LongPPL), the
 # retrieval heads (totals, and the layers whose heads have scored), then the per-task detail.
 LONGCTX_TAGS = "val_longctx"
 HEADS_TAGS = "val_longctx_heads"
+TRACING_TAGS = "tracing"  # the target heads traced over a run's checkpoints (heads/tracing.py), in <run>/tracing/
 TASKS_TAGS = "val_longctx_tasks"
 
 
@@ -246,7 +283,8 @@ HEADS = {"heads": (HeadScores,), "layers": (LayerPlace, HeadCounts), "ablation":
 # The paper's diagnostics (eval/restricted.py, eval/layer_probe.py, eval/gradient.py), each in a file of its own.
 DIAGNOSTICS = {"restricted": (RestrictedScores, Restriction), "layer_probe": (LayerProbe, Restriction),
                "gradient": (GradientInfluence, Restriction)}
-KINDS = {**LONG_CONTEXT, **HEADS, **DIAGNOSTICS}
+TRACING = {"mass": (HeadMass,), "trace": (TracedHead,)}  # tracing/step_<k>.json (heads/tracing.py)
+KINDS = {**LONG_CONTEXT, **HEADS, **DIAGNOSTICS, **TRACING}
 # What the docs add after a kind's fields.
 # The fields that identify an ablation row: a newer row with the same values replaces an older one.
 ABLATION_KEY = ("selection", "mode", "k", "seed", "draw", "masked", "task", "length")

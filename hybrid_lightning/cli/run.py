@@ -1,5 +1,5 @@
 """The commands of one run: ``train`` (with ``--print-config`` and ``--dry-run``), ``params``, ``eval``,
-``heads``, ``probes``, ``export`` and ``data``. Each imports what it needs when it runs: ``--print-config``
+``heads``, ``trace``, ``probes``, ``export`` and ``data``. Each imports what it needs when it runs: ``--print-config``
 loads neither torch nor Lightning, ``params`` and ``--dry-run`` torch (they count parameters on blocks built
 on the meta device and estimate memory on fake tensors) but not Lightning."""
 
@@ -123,6 +123,18 @@ def cmd_heads(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    from hybrid_lightning.heads.ablation import parse_heads
+    from hybrid_lightning.heads.tracing import trace_run, trace_table
+    from hybrid_lightning.rundir import TRACING_DIR
+
+    traced = trace_run(args.run_dir, args.niah, args.top, args.max_samples, args.max_tokens, args.reference,
+                       parse_heads(args.heads or []))
+    print(trace_table(traced))
+    print(f"written to {Path(args.run_dir) / TRACING_DIR}/step_<k>.json ({len(traced)} checkpoints)")
+    return 0
+
+
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from hybrid_lightning.data.store import open_store
 
@@ -142,7 +154,7 @@ def cmd_data_tokenizer(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub) -> None:
-    """``train``, ``eval``, ``probes``, ``heads``, ``export``, ``params`` and ``data``."""
+    """``train``, ``eval``, ``probes``, ``heads``, ``trace``, ``export``, ``params`` and ``data``."""
     p = command(sub, "train", "train (or resume) one run", "training.md")
     add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: runs/<name>)")
@@ -175,6 +187,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_probes)
 
     _add_heads_parser(sub)
+    _add_trace_parser(sub)
 
     p = command(sub, "export", "a run's checkpoint as a transformers model folder (AutoModelForCausalLM "
                 "with trust_remote_code=True, AutoTokenizer)", "export.md")
@@ -214,6 +227,23 @@ def _add_heads_parser(sub) -> None:
     p.add_argument("--mask-each", action="store_true", help="also mask every attention head alone")
     add_set(p, "override an eval.* setting", "eval.heads.lengths=[2048]", "eval.KEY=VALUE")
     p.set_defaults(func=cmd_heads)
+
+
+def _add_trace_parser(sub) -> None:
+    p = command(sub, "trace", "retrieval heads by attention mass on a run's final checkpoint, traced back over its "
+                "kept checkpoints by attention entropy and Q/K weight distance (writes tracing/step_<k>.json)",
+                "evaluation.md")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--niah", required=True, metavar="JSONL", help="needle-in-a-haystack rows with 'input' (the "
+                   "prompt) and 'outputs' (its answers), as RULER writes them")
+    p.add_argument("--top", type=int, default=4, metavar="K", help="target heads: the K of highest attention mass "
+                   "over all layers of the final checkpoint (default 4)")
+    p.add_argument("--heads", nargs="+", metavar="LAYER.HEAD", help="trace these heads instead of the top K")
+    p.add_argument("--max-samples", type=int, default=200, metavar="N", help="the first N rows (default 200)")
+    p.add_argument("--max-tokens", type=int, default=8192, metavar="N",
+                   help="prompts cut to their first N tokens (default 8192)")
+    p.add_argument("--reference", metavar="CKPT", help="checkpoint of the Q/K distances (default: the oldest kept)")
+    p.set_defaults(func=cmd_trace)
 
 
 def _add_data_parser(sub) -> None:

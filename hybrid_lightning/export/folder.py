@@ -2,7 +2,8 @@
 
     <out>/config.json              HybridLightningConfig: the model's options and the layer plan with each layer's
                                    mixer options, as dicts (hybrid_lightning/kinds/)
-    <out>/model.safetensors        the weights, fp32, as the run's HybridLM holds them under ``model.``
+    <out>/model.safetensors        the weights, fp32, as the run's HybridLM holds them under ``model.``, an attention
+                                   layer's under Llama's names (``model.layers.<i>.self_attn.q_proj.weight``, ...)
     <out>/configuration_hybrid_lightning.py, modeling_hybrid_lightning.py   the wrapper (trust_remote_code)
     <out>/hl_*.py                  the package's model source, copied (export/source.py)
     <out>/tokenizer.json, tokenizer_config.json   the run's tokenizer (export/tokenizer.py)
@@ -28,6 +29,7 @@ from hybrid_lightning.export.tokenizer import write_tokenizer
 from hybrid_lightning.fileio import overlap, own, owned
 from hybrid_lightning.kinds import LayerSpec
 from hybrid_lightning.model import HybridLM
+from hybrid_lightning.model.observe import attention_layers
 from hybrid_lightning.plan import load_trained
 from hybrid_lightning.plan.resolve import read_run
 from hybrid_lightning.probes.files import read_probes
@@ -145,14 +147,18 @@ def write_folder(model: HybridLM, tok: ByteTokenizer | JsonTokenizer, out: Path)
 
     from hybrid_lightning.export.remote.configuration_hybrid_lightning import HybridLightningConfig
 
+    attention = dict(attention_layers(model))
+    first = next(iter(attention.values()), None)  # the attention layers share their heads (the model's options)
     config = HybridLightningConfig(
         hybrid_model=dataclasses.asdict(model.opts), layers=[exported_layer(s) for s in model.plan],
+        num_key_value_heads=first and first.n_kv, head_dim=first and first.head_dim,
         architectures=[MODEL_CLASS], auto_map=AUTO_MAP, eos_token_id=tok.eos_id, dtype="float32",
     )
     config.save_pretrained(out)
     GenerationConfig(eos_token_id=tok.eos_id, pad_token_id=tok.eos_id).save_pretrained(out)
     # clone: safetensors stores no shared tensors (a tied head is the embedding; both keys load into it)
-    weights = {"model." + k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    weights = {"model." + llama_key(k, set(attention)): v.detach().float().clone()
+               for k, v in model.state_dict().items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     write_model_source(out)
     write_tokenizer(tok, out)
@@ -166,3 +172,17 @@ def exported_layer(spec: LayerSpec) -> dict:
     if "backend" in layer["options"]:
         layer["options"]["backend"] = "auto"
     return layer
+
+
+def llama_key(key: str, attention: set[int]) -> str:
+    """The name in model.safetensors of ``HybridLM`` parameter ``key``: the parameters of the ``attention`` layers
+    (their indices) under Llama's names (``layers.3.mixer.wq.weight`` -> ``layers.3.self_attn.q_proj.weight``,
+    ``ATTENTION_NAMES``), the others as they are."""
+    from hybrid_lightning.export.remote.configuration_hybrid_lightning import ATTENTION_MODULE, ATTENTION_NAMES
+
+    parts = key.split(".")
+    if parts[0] != "layers" or int(parts[1]) not in attention or parts[2] != ATTENTION_MODULE[0]:
+        return key
+    if parts[3] not in ATTENTION_NAMES:
+        raise RuntimeError(f"{key}: an attention parameter without a Llama name; add it to ATTENTION_NAMES")
+    return ".".join(["layers", parts[1], ATTENTION_MODULE[1], ATTENTION_NAMES[parts[3]], *parts[4:]])

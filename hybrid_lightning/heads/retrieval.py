@@ -56,6 +56,7 @@ from hybrid_lightning.eval.runner import SumTable, probe_batches
 from hybrid_lightning.eval.scoring import STATS, evaluating, score_samples
 from hybrid_lightning.model.attention import attention_probs, causal_mask
 from hybrid_lightning.model.mixers.attention import Attention
+from hybrid_lightning.model.observe import attention_layers
 from hybrid_lightning.probes.near import make_probe
 from hybrid_lightning.probes.tasks import GenContext, Sample
 
@@ -66,11 +67,6 @@ HEAD_STATS = ("score", "token_score", "in_span", "span_mass", "source_mass", "hi
               "reach_steps")
 # Per-evaluation sums: samples, samples kept by the filter, exact matches, answer tokens, correct ones.
 SAMPLE_STATS = ("samples", "kept", "exact", "answer_tokens", "correct")
-
-
-def attention_layers(model) -> list[tuple[int, Attention]]:
-    """(layer index, mixer) of every attention layer (full, sliding-window or head-wise) of a ``HybridLM``."""
-    return [(i, block.mixer) for i, block in enumerate(model.layers) if isinstance(block.mixer, Attention)]
 
 
 class _Capture:

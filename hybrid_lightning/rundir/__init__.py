@@ -12,6 +12,8 @@
     <run_dir>/eval/step_<k>.json   long-context evaluation records (EVAL_KINDS, evals.write_eval_record)
     <run_dir>/eval/heads_step_<k>.json  retrieval-head scores and ablations
     <run_dir>/eval/{restricted,layer_probe,gradient}_step_<k>.json  the paper's diagnostics (records.DIAGNOSTICS)
+    <run_dir>/tracing/step_<k>.json  the final checkpoint's retrieval heads by attention mass traced at step k
+                                   (heads/tracing.py), with their TensorBoard events
     <run_dir>/scalars.csv          a packed run's (analysis/pack.py) TensorBoard scalars, in place of the events
 
 A grid keeps its own state in ``<root>/.grid/`` (GRID_DIR), beside its cells' run directories.
@@ -34,6 +36,7 @@ STATUS_FILE = "status.json"
 CKPT_DIR = "checkpoints"
 LAST_CKPT = "last.ckpt"
 EVAL_DIR = "eval"
+TRACING_DIR = "tracing"
 SCALARS_FILE = "scalars.csv"  # a packed run's scalars: step, metric, value
 GRID_DIR = ".grid"  # a grid's state (job records, lock, logs, cell configs) under its root; not a run
 HPARAMS_SUFFIX = ".hparams"  # the TensorBoard event files of a run's HParams session, beside the training's
@@ -83,6 +86,11 @@ def remove_temporaries(run_dir: Path) -> list[Path]:
 def eval_path(run_dir: Path, kind: str, step: int) -> Path:
     """The file of the ``kind`` (``EVAL_KINDS``) evaluation record at ``step``."""
     return Path(run_dir) / EVAL_DIR / f"{EVAL_KINDS[kind]}{step}.json"
+
+
+def tracing_path(run_dir: Path, step: int) -> Path:
+    """The tracing record of the checkpoint at ``step``."""
+    return Path(run_dir) / TRACING_DIR / f"step_{step}.json"
 
 
 def eval_files(run_dir: Path) -> list[tuple[str, int, Path]]:

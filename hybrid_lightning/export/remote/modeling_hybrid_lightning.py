@@ -8,6 +8,13 @@ Mamba-2, Gated DeltaNet and Lightning layers. Each step after the prompt feeds o
 generation costs time linear in the generated length (times the full-attention layers' cache).
 
 Padded batches are refused: the native state starts every sequence at position 0.
+
+``output_attentions=True`` returns each layer's softmax probabilities (B, H, T, T), the attention mixer's own
+(``hl_observe.py``), None for layers without attention; ``output_hidden_states=True`` the embeddings and then
+each block's output (n_layers + 1 tensors, the last before the final norm); ``inputs_embeds`` (B, T, D) stands for
+``input_ids``. These run one forward from position 0 without a state (as ``use_cache=False``). An attention
+layer's weights are stored under Llama's names (``model.layers.<i>.self_attn.q_proj.weight``) and loaded back
+into the model's (``configuration_hybrid_lightning.key_mapping``).
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_hybrid_lightning import HybridLightningConfig
+from .configuration_hybrid_lightning import HybridLightningConfig, key_mapping
 from .hl_kinds import ModelOptions, spec_from_dict
+from .hl_observe import observe
 from .hl_registry import REGISTERED  # noqa: F401 (every mixer of the exporting process registered, its class at hand)
 from .hl_transformer import HybridLM
 
@@ -38,6 +46,8 @@ class HybridLightningOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     state: HybridState | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor | None, ...] | None = None
 
 
 class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
@@ -57,6 +67,7 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
+        kwargs.setdefault("key_mapping", key_mapping())  # the Llama names of the attention layers' weights
         model = super().from_pretrained(*args, **kwargs)
         model.restore_buffers()
         return model
@@ -88,26 +99,40 @@ class HybridLightningForCausalLM(PreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model keeps its own state (HybridState), not a transformers Cache
 
-    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 state: HybridState | None = None, use_cache: bool | None = None,
                 labels: torch.LongTensor | None = None, return_dict: bool | None = None,
-                **kwargs) -> HybridLightningOutput:
-        """input_ids: (B, T) -> logits (B, T, vocab). With ``use_cache`` (or a ``state``), ``input_ids``
-        continue the tokens ``state`` has seen and the returned ``state`` holds them all."""
+                inputs_embeds: torch.Tensor | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, **kwargs) -> HybridLightningOutput:
+        """input_ids: (B, T) (or ``inputs_embeds`` (B, T, D)) -> logits (B, T, vocab). With ``use_cache`` (or a
+        ``state``), ``input_ids`` continue the tokens ``state`` has seen and the returned ``state`` holds them all.
+        ``output_attentions``, ``output_hidden_states`` and ``inputs_embeds`` take one forward without a state."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("hybrid-lightning models take unpadded batches only (attention_mask all ones); "
                              "run batches of equal-length inputs or batch size 1")
+        observing = bool(output_attentions or output_hidden_states) or inputs_embeds is not None
+        if observing and (state is not None or use_cache):
+            raise ValueError("output_attentions, output_hidden_states and inputs_embeds run without a cache: pass "
+                             "use_cache=False and no state")
         if use_cache is None:
-            use_cache = self.config.use_cache
+            use_cache = self.config.use_cache and not observing
         if state is None and use_cache:
             state = HybridState(self.model.new_states())
-        logits = self.model(input_ids, None if state is None else state.layers)  # (B, T, vocab)
+        seen = None
+        if observing:
+            seen = observe(self.model, input_ids, inputs_embeds, hidden_states=bool(output_hidden_states),
+                           rows=(input_ids if inputs_embeds is None else inputs_embeds).shape[1]
+                           if output_attentions else None)
+            logits = seen.logits
+        else:
+            logits = self.model(input_ids, None if state is None else state.layers)  # (B, T, vocab)
         if state is not None:
             state.seen += input_ids.shape[1]
         loss = None
         if labels is not None:  # position t predicts labels[:, t + 1]
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return HybridLightningOutput(loss=loss, logits=logits, state=state)
+        return HybridLightningOutput(loss=loss, logits=logits, state=state,
+                                     hidden_states=seen and seen.hidden_states, attentions=seen and seen.attentions)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, state: HybridState | None = None,
                                       attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,

@@ -82,6 +82,10 @@ class Attention(nn.Module):
         """q: (B, H, Tq, Dh), k and v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh): every head within the layer's window."""
         return attend(q, k, v, window=self.restricted(self.window), backend=self.backend, doc_ids=doc_ids)
 
+    def head_window(self, head: int) -> int | None:
+        """The window head ``head`` attends within: the layer's (a head-wise layer's own per head)."""
+        return self.window
+
     def restricted(self, window: int | None) -> int | None:
         """A head's window under the layer's ``receptive_field`` R (model/restrict.py): at most R keys."""
         R = self.receptive_field

@@ -64,6 +64,9 @@ class HeadwiseAttention(Attention):
         self.head_windows = opts.head_windows(spec.window)
         self.window = None if None in self.head_windows else spec.window  # the KV cache keeps all keys for full heads
 
+    def head_window(self, head: int) -> int | None:
+        return self.head_windows[head]
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:
         """q: (B, H, Tq, Dh), k and v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh): each head within its own window (narrowed
         by a receptive-field restriction)."""
