@@ -85,6 +85,7 @@ def check_start(cfg: RunConfig, run_dir: Path, flag: str = "--run-dir") -> None:
     for the windows)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"{flag} {run_dir} is a file, not a folder; give a run directory")
+    refuse_file_for_folder(run_dir, flag)  # a file above it, or a place nothing can be written
     for folder in (CKPT_DIR, EVAL_DIR):  # folders the run writes into, refused as files before anything is made
         refuse_file_for_folder(run_dir / folder, f"the run's {folder} folder:")
     check_same_run(run_dir, cfg, flag=flag)
