@@ -123,7 +123,7 @@ def test_a_document_index_cut_short_is_refused_and_prepared_again(tmp_path, caps
     index = tmp_path / "store" / store.manifest["shards"][0]["docs"]
     whole = index.read_bytes()
     index.write_bytes(whole[:-3])
-    with pytest.raises(ValueError, match=f"{index} is missing or cut short"):
+    with pytest.raises(ValueError, match=f"{index} is missing or not the size the manifest says"):
         open_store(data)  # train: refused, naming it and what prepares it again
     capsys.readouterr()
     open_store(data, verify=True)  # data prepare: prepared again

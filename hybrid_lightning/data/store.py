@@ -208,7 +208,7 @@ def open_store(cfg: DataConfig, build: bool = True, workers: int | None = None, 
     manifest = None if verify else read_whole(folder, ident)
     if manifest is not None:
         if (bad := wrong_size(folder, manifest)) is not None:
-            raise ValueError(f"data.store: {bad} is missing or cut short (not the size the manifest says); run "
+            raise ValueError(f"data.store: {bad} is missing or not the size the manifest says; run "
                              "`hybrid-lightning data prepare` with this config to prepare the store again")
         check(manifest)
         return Store(folder, manifest)
