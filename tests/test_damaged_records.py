@@ -54,12 +54,17 @@ def test_analyze_skips_a_damaged_record_with_a_warning(world, capsys):  # noqa: 
     assert f"skipping {run / 'eval' / 'step_3.json'}" in err
 
 
-def test_a_bit_flip_in_a_document_index_is_found(tmp_path, capsys):
+def store_and_index(tmp_path):
+    """(the data section of a store prepared in ``tmp_path/store``, its first document index)."""
     corpus = tmp_path / "docs.txt"
     corpus.write_text("one document of text. " * 400)
     data = validate_config({"data": {"files": [str(corpus)], "store": str(tmp_path / "store")}}).data
+    return data, tmp_path / "store" / open_store(data).manifest["shards"][0]["docs"]
+
+
+def test_a_bit_flip_in_a_document_index_is_found(tmp_path, capsys):
+    data, index = store_and_index(tmp_path)
     store = open_store(data)
-    index = tmp_path / "store" / store.manifest["shards"][0]["docs"]
     lengths = np.load(index)
     lengths[0] += 1  # the same size, another value
     np.save(index, lengths)
@@ -116,11 +121,7 @@ def test_a_packed_runs_scalars_cut_short_damaged_or_gone_are_named(world, capsys
 
 
 def test_a_document_index_cut_short_is_refused_and_prepared_again(tmp_path, capsys):
-    corpus = tmp_path / "docs.txt"
-    corpus.write_text("one document of text. " * 400)
-    data = validate_config({"data": {"files": [str(corpus)], "store": str(tmp_path / "store")}}).data
-    store = open_store(data)
-    index = tmp_path / "store" / store.manifest["shards"][0]["docs"]
+    data, index = store_and_index(tmp_path)
     whole = index.read_bytes()
     index.write_bytes(whole[:-3])
     with pytest.raises(ValueError, match=f"{index} is missing or not the size the manifest says"):
