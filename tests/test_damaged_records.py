@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import yaml
 
+from conftest import TINY
 from hybrid_lightning.analysis.load import damaged_records
 from hybrid_lightning.cli import main
-from hybrid_lightning.config import validate_config
+from hybrid_lightning.config import load_config, validate_config
 from hybrid_lightning.data.store import open_store
 from test_refusals import fabricated_run, refused, world  # noqa: F401  (world: the fixture)
 
@@ -133,7 +134,9 @@ def test_a_document_index_cut_short_is_refused_and_prepared_again(tmp_path, caps
 
 
 def test_a_missing_plan_is_named_missing_not_older(world):  # noqa: F811 (the fixture imported above)
+    from hybrid_lightning.plan.resolve import plan_run
     from hybrid_lightning.rundir.files import read_plan
+    from hybrid_lightning.training.resume import Resume, check_numbering
 
     run = done_run(world)
     config = yaml.safe_load((run / "config.yaml").read_text())
@@ -142,6 +145,8 @@ def test_a_missing_plan_is_named_missing_not_older(world):  # noqa: F811 (the fi
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ValueError, match=r"plan.json is missing, though config.yaml was written by a version"):
         read_plan(run)
+    _, plan = plan_run(load_config(None, TINY[1::2]))  # a resume checks its numbering by its checkpoint's plan
+    check_numbering(run, Resume(run / "checkpoints" / "last.ckpt", 1, None, None, plan.as_dict()))
     config["provenance"]["layers"] = [{"layer": 0, "kind": "swa", "window": 32, "pos": "rope"},
                                       {"layer": 1, "kind": "full", "window": None, "pos": "rope"}]
     (run / "config.yaml").write_text(yaml.safe_dump(config))  # layers in the provenance: before plan.json

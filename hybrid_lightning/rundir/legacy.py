@@ -36,7 +36,7 @@ def plan_of_record(data: Mapping, source: str) -> RunPlan:
 def check_planless(run_dir: Path, raw: Mapping) -> None:
     """Refuses to rebuild the plan of a run whose config.yaml (``raw``) a version that writes plan.json wrote: its
     provenance holds the data's fingerprint (recorded since before plan.json) and no layer list (recorded in the
-    provenance until plan.json took it over). Its plan.json is missing, not yet to be written."""
+    provenance until plan.json took it over). Its plan.json was lost, not never written."""
     provenance = raw.get(PROVENANCE_KEY) or {}
     if isinstance(provenance, Mapping) and provenance.get(DATA_KEY) and not provenance.get(LAYERS_KEY):
         raise ValueError(f"{Path(run_dir) / PLAN_FILE} is missing, though {CONFIG_FILE} was written by a version that "
