@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hybrid_lightning.analysis.scalars import TAGS, missing_scalars, read_scalars, scalar_records
 from hybrid_lightning.analysis.scores import record_scores
 from hybrid_lightning.config import PROVENANCE_KEY, flatten
 from hybrid_lightning.config.roles import is_identity
@@ -30,18 +31,14 @@ from hybrid_lightning.records import Tag, columns
 from hybrid_lightning.rundir import (
     CONFIG_FILE,
     DATA_KEY,
-    SCALARS_FILE,
     eval_files,
     find_runs,  # noqa: F401 (re-exported: load_runs(find_runs(root)))
 )
 from hybrid_lightning.rundir.evals import read_eval_record
-from hybrid_lightning.rundir.events import read_events
 from hybrid_lightning.rundir.files import read_config_dict, read_plan
 from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
 
-# TensorBoard scalars read by default; the others are skipped while reading.
-TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC)
 HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of heads_step_<k>.json "total"
 PARAM_FIELDS = ("embedding", "non_embedding", "total")  # the plan's parameter counts
 PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)
@@ -93,20 +90,6 @@ def flat_config(d: dict) -> dict:
     return {k: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v for k, v in flatten(d).items()}
 
 
-def read_scalars(run_dir: Path, tags: Iterable[str] = TAGS) -> pd.DataFrame:
-    """The run's TensorBoard scalars of ``tags``: columns step, metric, value (steps a resume purged excluded);
-    a packed run's (analysis/pack.py) from its ``scalars.csv``."""
-    tags = tuple(tags)
-    acc = read_events(run_dir)
-    present = set(acc.Tags()["scalars"]) if acc is not None else set()
-    # A packed run, also once unpacked into a grid's root, where the grid's hparams events (no scalars) join it.
-    if not present and (Path(run_dir) / SCALARS_FILE).is_file():
-        packed = pd.read_csv(Path(run_dir) / SCALARS_FILE, dtype={"step": "int64", "metric": str, "value": "float64"})
-        return packed[packed["metric"].isin(tags)].reset_index(drop=True)
-    rows = [(e.step, tag, e.value) for tag in tags if tag in present for e in acc.Scalars(tag)]
-    return pd.DataFrame(rows, columns=["step", "metric", "value"])
-
-
 def read_evals(run_dir: Path) -> tuple[list[dict], ...]:
     """(long-context records, head totals with step and tokens, head rows, layer rows, ablation rows, selection
     rows) of eval/*.json."""
@@ -156,12 +139,8 @@ def damaged_records(run_dir: Path) -> list[str]:
         found.append(read_status(run_dir)["error"])
     found += [f"{path}: not an evaluation "
               "record" for kind, _, path in eval_files(run_dir) if not _readable(kind, read_eval_record(path))]
-    if (Path(run_dir) / SCALARS_FILE).is_file():
-        try:
-            pd.read_csv(Path(run_dir) / SCALARS_FILE, dtype={"step": "int64", "metric": str, "value": "float64"})
-        except (ValueError, pd.errors.ParserError) as e:
-            found.append(f"{Path(run_dir) / SCALARS_FILE}: {e}")
-    return found
+    scalars, damaged = scalar_records(run_dir)
+    return found + damaged + missing_scalars(run_dir, read_status(run_dir) or {}, scalars)
 
 
 def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
@@ -174,8 +153,11 @@ def _read_run(run_dir: Path, tags: tuple[str, ...]) -> dict:
     flat = flat_config(config)
     if provenance.get(DATA_KEY):  # the data by its fingerprint, not by where its files were on the machine that trained
         flat["data.files"] = json.dumps(provenance[DATA_KEY], sort_keys=True)
+    scalars = read_scalars(run_dir, tags)
+    for line in missing_scalars(run_dir, status, scalars):
+        print(f"warning: {line}", file=sys.stderr)
     return {"config": flat, "plan": read_plan(run_dir), "status": status,
-            "scalars": read_scalars(run_dir, tags), "records": records, "totals": totals, "heads": heads,
+            "scalars": scalars, "records": records, "totals": totals, "heads": heads,
             "layers": layers, "ablations": ablations, "selections": selections}
 
 

@@ -3,7 +3,7 @@
 
 A packed run is a run directory without checkpoints or TensorBoard events: ``config.yaml``,
 ``status.json`` and ``eval/*.json`` as training wrote them, and the TensorBoard scalars that
-analysis reads (``load.TAGS``) as ``scalars.csv`` (``SCALARS_FILE``: step, metric, value, each
+analysis reads (``scalars.TAGS``) as ``scalars.csv`` (``SCALARS_FILE``: step, metric, value, each
 value the float TensorBoard stored, written exactly). A packed run packs again into itself. ``analyze`` reads a
 packed run as it reads the run; a grid counts a packed ``done`` run copied into its root as done and trains only
 the other cells.
@@ -40,9 +40,9 @@ def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = 
 
     A target folder that holds anything a packed run does not, or a packed run of another config,
     is refused before anything is written (``ValueError``): pack replaces only what it wrote.
-    ``tags``: the scalars kept; default those analysis reads (``load.TAGS``).
+    ``tags``: the scalars kept; default those analysis reads (``scalars.TAGS``).
     """
-    from hybrid_lightning.analysis.load import TAGS  # pandas: not at the command line's start
+    from hybrid_lightning.analysis.scalars import TAGS  # pandas: not at the command line's start
 
     root, out, tags = Path(root), Path(out), tags or TAGS
     refuse_file_for_folder(out, "--out")
@@ -62,7 +62,7 @@ def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = 
 
 def packed_files(run: Path, tags: tuple[str, ...]) -> dict[str, bytes]:
     """The packed run of run directory ``run``: relative path -> content."""
-    from hybrid_lightning.analysis.load import read_scalars
+    from hybrid_lightning.analysis.scalars import read_scalars
 
     files = {name: (run / name).read_bytes() for name in (CONFIG_FILE, PLAN_FILE, STATUS_FILE)
              if (run / name).is_file()}
@@ -114,6 +114,9 @@ def copy_packed(packed: str | Path, root: str | Path) -> list[str]:
     packed, root = Path(packed), Path(root)
     refuse_file_for_folder(root, "--into")
     runs = find_runs(packed)
+    if not runs:
+        raise ValueError(f"{packed} holds no packed run (a folder with {CONFIG_FILE}); give the --out folder of "
+                         "hybrid-lightning pack")
     for run in runs:
         _check_sound(run)
     copied = []

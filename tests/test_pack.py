@@ -11,6 +11,9 @@ from conftest import REPO, run_cli
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.analysis.pack import pack_runs
 from hybrid_lightning.analysis.report import analyze
+from hybrid_lightning.config import validate_config
+from hybrid_lightning.plan.resolve import plan_run
+from hybrid_lightning.rundir.files import write_plan
 from test_analysis import fabricated  # noqa: F401 (a fixture: six fabricated runs, five done, one running)
 from test_grid import TINY_BASE
 
@@ -100,7 +103,11 @@ def test_runs_of_the_same_data_from_other_folders_are_one_architecture(tmp_path)
 
     for name, seed, folder, tokens in (("a-s0", 0, "sitting1", "d1"), ("a-s1", 1, "sitting2", "d1"),
                                        ("b-s0", 0, "sitting2", "d2")):
-        fabricate(tmp_path / "runs" / name, config(seed, folder, tokens), "done", {"train/tokens": tokens_scalars(39)})
+        cfg = config(seed, folder, tokens)
+        fabricate(tmp_path / "runs" / name, cfg, "done", {"train/tokens": tokens_scalars(39)})
+        # a run recording its data's fingerprint records its plan too
+        trained = validate_config({k: v for k, v in cfg.items() if k != "provenance"})
+        write_plan(tmp_path / "runs" / name, plan_run(trained, sources=False)[1])
     labels = load_runs(find_runs(tmp_path / "runs")).configs.set_index("run")["label"]
     assert labels["a-s0"] == labels["a-s1"] != labels["b-s0"], labels.to_dict()
 

@@ -110,7 +110,8 @@ def test_a_usage_error_is_one_line_that_points_at_help(world, capsys, argv, name
 
 
 def fabricated_run(world: Path) -> Path:
-    """A run directory with config.yaml and a checkpoint of step 0 (a whole torch archive, no weights)."""
+    """A run directory with config.yaml, a checkpoint of step 0 (a whole torch archive, no weights) and its scalars as
+    a packed run holds them."""
     import torch
 
     run = world / "work" / "run"
@@ -119,6 +120,7 @@ def fabricated_run(world: Path) -> Path:
     (run / "config.yaml").write_text(yaml.safe_dump({**raw, "provenance": {"git_revision": None}}, sort_keys=False))
     torch.save({"global_step": 0, "state_dict": {}, "hyper_parameters": {"config": raw}},
                run / "checkpoints" / "last.ckpt")
+    (run / "scalars.csv").write_text("step,metric,value\n0,train/loss,5.5\n")
     return run
 
 

@@ -29,7 +29,9 @@ A run config is YAML with the sections below; every key has a default, so an emp
 embedded default. `hybrid-lightning train CONFIG --print-config` prints a config with every key
 resolved; `--set dotted.key=value` (repeatable, the value parsed as YAML) overrides any key, e.g.
 `--set model.window=128` or `--set data.files=[a.txt,b.jsonl]`. Unknown keys are refused with the
-closest valid key; types are strict (`true`/`false` is not a number). How a run is trained and
+closest valid key; types are strict (`true`/`false` is not a number, an integer key takes no `3.0`, and
+integers are YAML 1.2's decimal ones: `0b11` or `1_000` is refused, `010` is ten). Evaluation settings are checked
+whether or not evaluation runs. How a run is trained and
 resumed: [training.md](training.md), [resume.md](resume.md); grids of configs: [grids.md](grids.md).
 """
 

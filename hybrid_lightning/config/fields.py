@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
@@ -18,15 +19,29 @@ def role(name: str) -> dict:
     return {"json_schema_extra": {ROLE_KEY: name}}
 
 
+_YAML_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")  # a number as YAML 1.2 writes it
+
+
 def _a_number(value):
     if isinstance(value, bool):
         raise ValueError(f"input should be a number, not {str(value).lower()}")
     if isinstance(value, str):
-        try:
-            float(value)
-        except ValueError:  # a word, not a quoted number
-            raise ValueError(f"takes numbers, not the string {json.dumps(value)}; give a number") from None
-        raise ValueError(f"takes numbers, not the string {json.dumps(value)}; write it without quotes")
+        if _YAML_NUMBER.match(value.strip()):  # a quoted number
+            raise ValueError(f"takes numbers, not the string {json.dumps(value)}; write it without quotes")
+        try:  # a literal YAML 1.2 does not read as a number (0b11, 0x1f, 1_000)
+            how = f"write it in decimal: {int(value, 0)}"
+        except ValueError:
+            how = "give a number"
+        raise ValueError(f"takes numbers, not the string {json.dumps(value)}; {how}")
+    return value
+
+
+def _whole(value):
+    """A whole number as written: not a float, however round (``max_steps: 3.0``), nor a string of another base."""
+    value = _a_number(value)
+    if isinstance(value, float):
+        shown = f"{value:.0f}" if value.is_integer() and abs(value) < 1e16 else None
+        raise ValueError(f"takes whole numbers, not {value!r}" + (f"; write {shown}" if shown else ""))
     return value
 
 
@@ -38,9 +53,10 @@ def _finite(value: float) -> float:
 
 # Numbers as written: neither YAML's true/false nor a quoted number ("32" would otherwise pass as 32,
 # and a grid would name it apart from 32), nor .inf or .nan. Configs are read with YAML 1.2's number rules
-# (config/loading.read_yaml), so an unquoted 3e-4 is a float.
+# (config/loading.read_yaml), so an unquoted 3e-4 is a float, 0b11 and 1_000 are strings and 010 is ten. A whole
+# number is an integer as written: 3.0 is refused, not read as 3.
 Number = Annotated[float, BeforeValidator(_a_number), AfterValidator(_finite)]
-Whole = Annotated[int, BeforeValidator(_a_number)]
+Whole = Annotated[int, BeforeValidator(_whole)]
 
 
 class _Frozen(BaseModel):

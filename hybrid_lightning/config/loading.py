@@ -53,14 +53,18 @@ MAX_NODES = 1_000_000  # values in a config once its aliases are expanded (a gri
 
 class _Loader(yaml.SafeLoader):
     """``yaml.safe_load`` with YAML 1.2's numbers (``3e-4`` is a float; PyYAML's YAML 1.1 rules make it the
-    string "3e-4", which the strict number check would refuse), and a key given twice in one mapping refused
+    string "3e-4", which the strict number check would refuse; integers are decimal, where YAML 1.1 reads ``0b11``
+    as 3 and ``010`` as 8), and a key given twice in one mapping refused
     (YAML 1.2 forbids it; PyYAML would keep the last)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):  # a list or a mapping as a key: no config key
+                raise yaml.constructor.ConstructorError(None, None, f"a key is a name or a number, not {key!r}",
+                                                        key_node.start_mark)
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
@@ -69,6 +73,11 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
                               list("-+0123456789."))
+_INT = "tag:yaml.org,2002:int"  # YAML 1.2's integers are decimal: 0b11, 0x1f, 1_000 and 1:30 stay strings, 010 is ten
+_Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in resolvers if tag != _INT]
+                                   for first, resolvers in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_INT, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_Loader.add_constructor(_INT, lambda loader, node: int(loader.construct_scalar(node), 10))
 
 
 def read_yaml(text: str, source: str | Path) -> Any:

@@ -20,6 +20,9 @@ from hybrid_lightning.kinds import FULL, KINDS, HeadsSettings, check_pattern, mi
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
 MAX_STEPS = 10**12  # more optimizer steps than any budget can mean (the paper's largest: under 10^12 tokens)
 MAX_TOKENS_PER_PARAM = 10**6  # the paper trains on 100N to 1000N tokens
+MAX_LAYERS = 4096  # bounds checked before anything is counted or allocated (the largest published models: ~200)
+MAX_PROBE_TOKENS = 2**21  # probe and evaluation lengths: 2M tokens, beyond any evaluated context
+MAX_SEED = 2**32 - 1  # seeds are numpy's and Lightning's seed_everything's: 0 to 2^32 - 1
 class PosConfig(_Frozen):
     """Positional encoding per layer type. NoPE applies no rotation at all."""
 
@@ -37,7 +40,7 @@ _EFFICIENT = ", ".join(f"`{name}`" for name in mixer_names(efficient_only=True))
 class _ModelLayout(_Frozen):
     """The ``model:`` section; ``build_model`` takes it (or the same keys as a dict)."""
 
-    n_layers: Whole = Field(4, ge=1, description="layers; `model.pattern` is tiled to them")
+    n_layers: Whole = Field(4, ge=1, le=MAX_LAYERS, description="layers; `model.pattern` is tiled to them")
     d_model: Whole = Field(128, ge=1, description="model width")
     n_heads: Whole = Field(4, ge=1, description="attention heads; must divide `d_model`")
     n_kv_heads: Whole | None = Field(None, ge=1, description="key/value heads (GQA); must divide `n_heads`; null = "
@@ -263,6 +266,8 @@ class TrainConfig(_Frozen):
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must be below train.max_steps={self.max_steps}: "
                              f"set train.warmup_steps to at most {self.max_steps - 1} (e.g. --set "
                              "train.warmup_steps=0)")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"train.betas must each be in [0, 1) (AdamW's decay rates), got {list(self.betas)}")
         if self.threads != "auto" and self.threads < 1:
             raise ValueError(f"train.threads must be at least 1 (or auto), got {self.threads}")
         if self.devices != "auto" and self.devices < 1:
@@ -281,8 +286,8 @@ def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...]
     checked by the evaluation code that owns them (probes/tasks.py ``check_tasks``)."""
     if len(set(tasks)) != len(tasks) or len(set(lengths)) != len(lengths):
         raise ValueError(f"{section}.tasks and {section}.lengths must not repeat an entry")
-    if any(n < 2 for n in lengths):
-        raise ValueError(f"{section}.lengths must be at least 2 tokens each, got {list(lengths)}")
+    if any(not 2 <= n <= MAX_PROBE_TOKENS for n in lengths):
+        raise ValueError(f"{section}.lengths must be 2 to {MAX_PROBE_TOKENS:,} tokens each, got {list(lengths)}")
     if any(not 0 <= d <= 1 for d in depths) or not depths:
         raise ValueError(f"{section}.depths must be between 0 and 1 (and not empty), got {list(depths)}")
 
@@ -311,9 +316,9 @@ class HeadsConfig(_Frozen):
                                               "filter, ROUGE-1 recall > 0.5); null = all")
     echo: StrictBool = Field(True, description="add echo probes (probes/near.py), one per task, length and sample at "
                              "the middle depth: a copy source inside small windows")
-    selection_seed: Whole | None = Field(None, description="probe seed of the scores that choose the heads "
-                                       "`hybrid-lightning heads --mask-top/--mask-random` masks; null = eval.seed + 1 "
-                                       "(held out from the probes scored)")
+    selection_seed: Whole | None = Field(None, ge=0, le=MAX_SEED, description="probe seed of the scores that choose "
+                                         "the heads `hybrid-lightning heads --mask-top/--mask-random` masks; null = "
+                                         "eval.seed + 1 (held out from the probes scored)")
 
     @model_validator(mode="after")
     def _check(self) -> HeadsConfig:
@@ -335,7 +340,8 @@ class EvalConfig(_Frozen):
     depths: tuple[Number, ...] = Field((0.0, 0.5, 1.0), description="needle depths, 0 = start of the haystack, 1 = its "
                                        "end")
     samples: Whole = Field(1, ge=1, description="samples per (task, length, depth)")
-    seed: Whole = Field(0, description="seed of the probes: every run of a study sees the same probes, whatever its "
+    seed: Whole = Field(0, ge=0, le=MAX_SEED, description="seed of the probes: every run of a study sees the same "
+                        "probes, whatever its "
                         "own seed")
     value_tokens: Whole | None = Field(None, ge=1, description="lengthen needle values (more digits, words, UUIDs) to "
                                      "at least this many tokens: long answers for retrieval-head probing")
@@ -350,7 +356,8 @@ class EvalConfig(_Frozen):
                               "in pieces with its incremental state")
     position_sequences: Whole = Field(2, ge=0, description="held-out sequences for per-position loss and LongPPL; 0 = "
                                       "off")
-    position_length: Whole | None = Field(None, ge=2, description="their length; null = the largest of eval.lengths")
+    position_length: Whole | None = Field(None, ge=2, le=MAX_PROBE_TOKENS, description="their length; null = the "
+                                          "largest of eval.lengths")
     longppl_context: Whole = Field(128, ge=1, description="LongPPL short context K: a token sees K to 2K-1 tokens "
                                  "(Fang et al.: 4096 with their long context; 128 is the CPU scale)")
     longppl_evaluator: str | None = Field(None, description="LongPPL's evaluator: a finished run's directory (its "
@@ -375,7 +382,7 @@ class RunConfig(_Frozen):
 
     name: str | None = Field(None, description="run name; the default run directory is `runs/<name>` (default: the "
                              "config file's stem)", **role(LABEL))
-    seed: Whole = Field(0, description="seeds initialisation and the data order", **role(LABEL))
+    seed: Whole = Field(0, ge=0, le=MAX_SEED, description="seeds initialisation and the data order", **role(LABEL))
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

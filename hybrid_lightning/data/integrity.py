@@ -36,12 +36,24 @@ def check_shard(path: Path, dtype: np.dtype, sha256: str | None, vocab_size: int
 
 def wrong_size(folder: Path, manifest: dict) -> Path | None:
     """The first shard of the store in ``folder`` that is missing or not the size its ``manifest`` says (a
-    truncated one), or None."""
+    truncated one), or whose document index is missing or cut short (its header's length beyond the file's), or
+    None. Reads the headers only: its cost does not grow with the store."""
     for entry in [*manifest["shards"], manifest["val"]]:
         path, size = Path(folder) / entry["file"], entry["tokens"] * np.dtype(manifest["dtype"]).itemsize
         if entry["tokens"] and (not path.is_file() or path.stat().st_size != size):
             return path
+        if entry["tokens"] and not _whole_index(Path(folder) / entry["docs"]):
+            return Path(folder) / entry["docs"]
     return None
+
+
+def _whole_index(path: Path) -> bool:
+    """Whether a document index (``.npy``) is there and holds at least the values its header says."""
+    try:
+        np.load(path, mmap_mode="r")
+        return True
+    except (OSError, ValueError, EOFError):
+        return False
 
 
 def _digest(blob) -> str:

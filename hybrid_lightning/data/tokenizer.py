@@ -91,13 +91,17 @@ def load_tokenizer(spec: str) -> ByteTokenizer | JsonTokenizer:
     return JsonTokenizer(path)
 
 
+MAX_BPE_VOCAB = 2**20  # the trainer allocates by the size asked (10^9 aborts the process); the largest in use: ~2.6e5
+
+
 def train_bpe(documents: Iterable[str], vocab_size: int, out: str | Path) -> JsonTokenizer:
     """Trains a byte-level BPE (GPT-2 style: every byte is a token, merges learned on top) with
     ``<|endoftext|>`` as its end-of-document token, saves it to ``out`` and returns it loaded."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < 257:
-        raise ValueError(f"--vocab-size must be at least 257 (256 bytes and <|endoftext|>), got {vocab_size}")
+    if not 257 <= vocab_size <= MAX_BPE_VOCAB:
+        raise ValueError(f"--vocab-size must be 257 (256 bytes and <|endoftext|>) to {MAX_BPE_VOCAB:,}, got "
+                         f"{vocab_size}")
     refuse_existing(Path(out), "--out")  # before the training, which reads the whole corpus
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

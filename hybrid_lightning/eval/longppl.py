@@ -26,8 +26,7 @@ import torch
 from hybrid_lightning.config import EvalConfig, RunConfig
 from hybrid_lightning.eval.scoring import evaluating, short_context_nll, token_nll
 from hybrid_lightning.fileio import write_atomic
-from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE
-from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint
+from hybrid_lightning.rundir.checkpoints import find_resume_checkpoint, not_run_or_checkpoint
 from hybrid_lightning.rundir.status import read_status
 
 NO_EVALUATOR = "no evaluator model (eval.longppl_evaluator is null): key tokens are chosen by one model for all"
@@ -74,12 +73,10 @@ def resolve_evaluator(spec: str) -> tuple[Path | None, str | None]:
     """(checkpoint, None) for ``eval.longppl_evaluator`` = a finished run's directory (its newest
     valid checkpoint) or a checkpoint file inside a run's ``checkpoints/``; (None, why) otherwise."""
     path = Path(spec)
+    if (why := not_run_or_checkpoint(path)) is not None:
+        return None, f"eval.longppl_evaluator: {why}"
     if path.is_file():
-        if not (path.parent.parent / CONFIG_FILE).is_file() or path.parent.name != CKPT_DIR:
-            return None, f"eval.longppl_evaluator: {spec} is not a checkpoint inside a run directory's {CKPT_DIR}/"
         return path, None
-    if not (path / CONFIG_FILE).is_file():
-        return None, f"eval.longppl_evaluator: {spec} is neither a run directory nor a checkpoint file"
     if (read_status(path) or {}).get("state") != "done":  # its newest checkpoint would change under us
         return None, f"eval.longppl_evaluator: {spec} has not finished training"
     found = find_resume_checkpoint(path)

@@ -3,6 +3,7 @@ RUN_DIR``: the long-context callback's evaluation of it (``hybrid-lightning head
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +30,18 @@ class Checkpoint:
     dtype: torch.dtype | None
 
 
-def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = ()) -> Checkpoint:
+def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = (),
+                    check: Callable[[RunConfig, RunPlan], None] | None = None) -> Checkpoint:
     """Loads a checkpoint of ``run_dir`` (default: its newest valid one) with the run's config,
     changed by ``eval.*`` overrides. On the machine that trained the run, evaluating it gives the
-    callbacks' numbers for the same weights: same probes, same batches, same precision."""
+    callbacks' numbers for the same weights: same probes, same batches, same precision. The overrides' probes
+    (``probes.check.check_probes``), and ``check`` of the config and plan, are checked before the checkpoint and
+    the data are read (nothing is prepared for a command refused)."""
     from hybrid_lightning.data.datamodule import LMDataModule
+    from hybrid_lightning.data.tokenizer import load_tokenizer
     from hybrid_lightning.plan import load_trained
     from hybrid_lightning.plan.resolve import read_run
+    from hybrid_lightning.probes.check import check_probes
 
     run_dir = Path(run_dir)
     cfg, plan = read_run(run_dir)
@@ -43,6 +49,9 @@ def load_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrid
     if outside:
         raise ValueError(f"overrides may only change eval.* keys, got {outside}")
     cfg = validate_config(apply_overrides(config_to_dict(cfg), list(overrides)))
+    check_probes(cfg.eval, load_tokenizer(cfg.data.tokenizer), cfg.train.seq_len)
+    if check is not None:
+        check(cfg, plan)
     if ckpt is None:
         found = find_resume_checkpoint(run_dir)
         if found is None:
@@ -75,9 +84,7 @@ def long_context_eval(run: Checkpoint):
     tokens; a ``ValueError`` where its probes do not fit the tokenizer or its evaluator has no key tokens."""
     from hybrid_lightning.eval.longppl import evaluator_key_tokens
     from hybrid_lightning.eval.runner import LongContextEval
-    from hybrid_lightning.probes.check import check_lengths
 
-    check_lengths(run.cfg.eval, run.data.tokenizer)  # the overrides' probes
     ev = LongContextEval(run.cfg.eval, run.data.tokenizer, run.data.val_tokens, seq_len=run.cfg.train.seq_len,
                          window=run.plan.window)
     if ev.sequences and run.cfg.eval.longppl_evaluator is not None:

@@ -43,6 +43,9 @@ class GridConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> GridConfig:
+        if self.name is not None and (self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0")):
+            raise ValueError(f"name: {self.name!r} is not a folder name (runs/<name> holds the cells): no path "
+                             "separators, not . or ..")
         for key, values in self.axes.items():
             if isinstance(values, dict):
                 if not values:

@@ -127,6 +127,8 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
     """
     path = Path(path)
     raw = read_yaml(read_text_file(path, "grid file"), path)
+    if not raw:  # a grid of the defaults alone is no study
+        raise ValueError(f"{path}: the grid file is empty; give its base config and axes (docs/grids.md)")
     try:
         spec = validate_grid_config(raw)
     except ValueError as e:

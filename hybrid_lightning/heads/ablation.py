@@ -50,6 +50,25 @@ def parse_heads(items: list[str]) -> list[tuple[int, int]]:
     return out
 
 
+def check_selection(heads: list[tuple[int, int]], selection: str, k: int | None = None,
+                    listed: list[tuple[int, int]] = ()) -> str:
+    """Refuses a selection of ``heads`` (the model's attention heads as (layer, head)) that cannot be made: an
+    unknown selection, a listed head that is none of them, a K outside 1 to their number. Returns its option."""
+    option = SELECTIONS.get(selection)
+    if option is None:
+        raise ValueError(f"head selection {selection!r} is not one of {sorted(SELECTIONS)}")
+    if selection == "list":
+        unknown = [h for h in listed if h not in heads]
+        if unknown or not listed:
+            layers = sorted({layer for layer, _ in heads})
+            n_heads = 1 + max((h for _, h in heads), default=-1)
+            raise ValueError(f"--mask: {[f'{a}.{b}' for a, b in unknown] or 'nothing'} is not a list of attention "
+                             f"heads (attention layers {layers}, {n_heads} heads each)")
+    elif k is None or not 1 <= k <= len(heads):
+        raise ValueError(f"{option}: K must be between 1 and {len(heads)} (the model's attention heads), got {k}")
+    return option
+
+
 def choose_heads(report: dict, selection: str, k: int | None = None, listed: list[tuple[int, int]] = (),
                  seed: int = 0) -> list[tuple[int, int]]:
     """The heads to mask, as (layer, head), from a retrieval-head report (``RetrievalHeads.run``).
@@ -60,20 +79,10 @@ def choose_heads(report: dict, selection: str, k: int | None = None, listed: lis
         listed: the heads for ``list``; each must be an attention head of the model.
         seed: seed of the random draw.
     """
-    option = SELECTIONS.get(selection)
-    if option is None:
-        raise ValueError(f"head selection {selection!r} is not one of {sorted(SELECTIONS)}")
     heads = [(r["layer"], r["head"]) for r in report["heads"]]
+    option = check_selection(heads, selection, k, listed)
     if selection == "list":
-        unknown = [h for h in listed if h not in heads]
-        if unknown or not listed:
-            layers = sorted({layer for layer, _ in heads})
-            n_heads = 1 + max((h for _, h in heads), default=-1)
-            raise ValueError(f"--mask: {[f'{a}.{b}' for a, b in unknown] or 'nothing'} is not a list of attention "
-                             f"heads (attention layers {layers}, {n_heads} heads each)")
         return list(dict.fromkeys(listed))
-    if k is None or not 1 <= k <= len(heads):
-        raise ValueError(f"{option}: K must be between 1 and {len(heads)} (the model's attention heads), got {k}")
     ranked = [(r["layer"], r["head"]) for r in sorted(report["heads"], key=lambda r: -(r["score"] or 0.0))]
     if selection == "top":
         if report["kept"] == 0:

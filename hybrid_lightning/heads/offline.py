@@ -6,11 +6,13 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+from hybrid_lightning.config import RunConfig
 from hybrid_lightning.eval.offline import load_checkpoint
-from hybrid_lightning.heads.ablation import ablations
+from hybrid_lightning.heads.ablation import ablations, check_selection
 from hybrid_lightning.heads.report import write_heads
 from hybrid_lightning.heads.retrieval import RetrievalHeads
-from hybrid_lightning.probes.check import check_heads_probes
+from hybrid_lightning.kinds import KINDS
+from hybrid_lightning.runplan import RunPlan
 
 
 def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overrides: list[str] = (),
@@ -21,9 +23,14 @@ def heads_checkpoint(run_dir: str | Path, ckpt: str | Path | None = None, overri
     probes (``ablation.ablations``, masking in ``mode``: heads chosen on held-out probes, ``controls`` random
     draws against the top K, every head alone). Writes ``eval/heads_step_<k>.json`` and returns the
     report, its ``ablation`` rows and ``ablation_tests`` included."""
-    run = load_checkpoint(run_dir, ckpt, overrides)
+    def check(cfg: RunConfig, plan: RunPlan) -> None:  # before the checkpoint and the data are read
+        if selection is not None:
+            heads = [(layer.index, h) for layer in plan.layers if KINDS[layer.mixer].attention
+                     for h in range(cfg.model.n_heads)]
+            check_selection(heads, selection, k, listed)
+
+    run = load_checkpoint(run_dir, ckpt, overrides, check)
     tok, held_out = run.data.tokenizer, run.data.val_tokens
-    check_heads_probes(run.cfg.eval, tok)  # the overrides' probes
     report = RetrievalHeads(run.cfg.eval, tok, held_out).run(run.model, step=run.step, tokens=run.tokens,
                                                              dtype=run.dtype)
     if selection is not None or each:

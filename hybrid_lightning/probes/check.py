@@ -51,14 +51,14 @@ def check_heads_probes(cfg: EvalConfig, tokenizer) -> int:
 
 
 def check_probes(cfg: EvalConfig, tokenizer, seq_len: int) -> dict:
-    """Checks the probes of each enabled evaluation (long-context, heads; a ``ValueError`` naming the key);
-    returns what the run plan records of them: per evaluation its tasks, and its lengths within and beyond
-    the training length ``seq_len``; for the heads, ``nearest_source`` (``check_heads_probes``: a windowed
-    head of window W can score only where W - 1 reaches it)."""
+    """Checks the probes of both evaluations (long-context, heads; a ``ValueError`` naming the key), whether or not
+    they run: settings taken are settings checked. Returns what the run plan records of each enabled one: its tasks,
+    and its lengths within and beyond the training length ``seq_len``; for the heads, ``nearest_source``
+    (``check_heads_probes``: a windowed head of window W can score only where W - 1 reaches it)."""
     checked = {}
     for name, section, check in (("eval", cfg, check_lengths), ("heads", cfg.heads, check_heads_probes)):
+        nearest = check(cfg, tokenizer)
         if section.every_n_steps or section.at_end:
-            nearest = check(cfg, tokenizer)
             checked[name] = {"tasks": list(section.tasks), "within": [n for n in section.lengths if n <= seq_len],
                              "beyond": [n for n in section.lengths if n > seq_len]}
             if nearest is not None:

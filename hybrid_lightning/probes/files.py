@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import DataConfig
+from hybrid_lightning.config.schema import MAX_PROBE_TOKENS
 from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.fileio import refuse_existing, write_atomic
@@ -31,8 +32,10 @@ def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples
     refuse_existing(Path(out), "--out")
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
-    if not lengths or min(lengths) < 2:
-        raise ValueError(f"--lengths must be at least 2 tokens each, got {list(lengths)}")
+    if not lengths or not all(2 <= n <= MAX_PROBE_TOKENS for n in lengths):
+        raise ValueError(f"--lengths must be 2 to {MAX_PROBE_TOKENS:,} tokens each, got {list(lengths)}")
+    if value_tokens is not None and value_tokens < 1:
+        raise ValueError(f"--value-tokens must be at least 1, got {value_tokens}")
     tok = load_tokenizer(tokenizer)
     _, held_out = load_corpus(DataConfig(tokenizer=tokenizer), tok)  # the essay haystacks' text
     ctx = GenContext(tok, held_out, value_tokens)

@@ -6,7 +6,7 @@ import warnings
 import zipfile
 from pathlib import Path
 
-from hybrid_lightning.rundir import CKPT_DIR, CKPT_SUFFIX, LAST_CKPT
+from hybrid_lightning.rundir import CKPT_DIR, CKPT_SUFFIX, CONFIG_FILE, LAST_CKPT
 
 DATA_FINGERPRINT = "data_fingerprint"  # a checkpoint's key: the fingerprint of the data it was trained on
 
@@ -30,14 +30,27 @@ def checkpoint_is_valid(path: Path) -> bool:
 
 
 def read_checkpoint_meta(path: Path) -> dict:
-    """``{"step", "config", "data"}`` of a checkpoint: its stored global step, the resolved run config
-    it was trained with and the fingerprint of its data (None where it has none). Tensors are
+    """``{"step", "config", "data", "plan"}`` of a checkpoint: its stored global step, the resolved run config
+    it was trained with, the fingerprint of its data and its run plan (None where it has none). Tensors are
     memory-mapped, not read."""
     import torch
 
     ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    return {"step": int(ckpt["global_step"]), "config": (ckpt.get("hyper_parameters") or {}).get("config"),
-            "data": ckpt.get(DATA_FINGERPRINT)}
+    stored = ckpt.get("hyper_parameters") or {}
+    return {"step": int(ckpt["global_step"]), "config": stored.get("config"), "data": ckpt.get(DATA_FINGERPRINT),
+            "plan": stored.get("plan")}
+
+
+def not_run_or_checkpoint(path: Path) -> str | None:
+    """Why ``path`` is neither a run directory (a folder with config.yaml) nor a checkpoint file in a run directory's
+    checkpoints/ folder; None where it is one of them."""
+    if not path.exists():
+        return f"{path} does not exist"
+    if path.is_file():
+        if path.parent.name != CKPT_DIR or not (path.parent.parent / CONFIG_FILE).is_file():
+            return f"{path} is not a checkpoint inside a run directory's {CKPT_DIR}/"
+        return None
+    return None if (path / CONFIG_FILE).is_file() else f"{path} is neither a run directory nor a checkpoint file"
 
 
 def given_checkpoint(path: str | Path) -> Path:

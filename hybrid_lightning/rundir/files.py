@@ -9,7 +9,7 @@ from pathlib import Path
 from hybrid_lightning.config import PROVENANCE_KEY, RunConfig, dump_config, read_text_file, read_yaml, validate_config
 from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.rundir import CONFIG_FILE, PLAN_FILE
-from hybrid_lightning.rundir.legacy import plan_of_record, rebuilt_plan
+from hybrid_lightning.rundir.legacy import check_planless, plan_of_record, rebuilt_plan
 from hybrid_lightning.runplan import RunPlan
 
 
@@ -45,7 +45,8 @@ def write_plan(run_dir: Path, plan: RunPlan) -> None:
 def read_plan(run_dir: Path) -> RunPlan:
     """The run's plan: ``plan.json`` (of this version or an older one: ``legacy.plan_of_record``), or for a run
     written before plans were recorded, the plan rebuilt from its config.yaml (``legacy.rebuilt_plan``). A
-    ``ValueError`` names a file that does not read."""
+    ``ValueError`` names a file that does not read, and a plan.json missing from a run of a version that writes one
+    (``legacy.check_planless``)."""
     path = Path(run_dir) / PLAN_FILE
     if path.is_file():
         try:
@@ -56,4 +57,5 @@ def read_plan(run_dir: Path) -> RunPlan:
     raw = read_config_dict(run_dir)
     if raw is None:
         raise ValueError(f"{run_dir}: neither {PLAN_FILE} nor {CONFIG_FILE}; is this a run directory?")
+    check_planless(run_dir, raw)
     return rebuilt_plan(run_dir, raw)

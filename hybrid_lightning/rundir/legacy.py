@@ -3,7 +3,9 @@
 - a run written before ``plan.json``: its plan rebuilt from its config.yaml (``rebuilt_plan``): the layers its
   provenance recorded (else from ``model.pattern``), its parameter counts and its budget;
 - a ``plan.json`` of version 1, whose records number a step by the index of its last batch (``plan_of_record``);
-- such a run is not resumed (``check_resumable``): its records would mix two numberings.
+- such a run is not resumed (``check_resumable``): its records would mix two numberings;
+- a run whose config.yaml says a version that writes plan.json wrote it, without one: not rebuilt, named missing
+  (``check_planless``).
 
 Every reader of a run directory goes through ``files.read_plan``, which sends these cases here.
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from hybrid_lightning.config import PROVENANCE_KEY, config_to_dict, flatten, validate_config
 from hybrid_lightning.kinds import expand, layer_traits
-from hybrid_lightning.rundir import CONFIG_FILE
+from hybrid_lightning.rundir import CONFIG_FILE, DATA_KEY, PLAN_FILE
 from hybrid_lightning.runplan import STEPS_INDEXED, Budget, LayerPlan, RunPlan, plan_from_dict
 
 # What runs written before plan.json recorded in config.yaml's provenance instead: the layers (one entry per
@@ -29,6 +31,17 @@ def plan_of_record(data: Mapping, source: str) -> RunPlan:
     if isinstance(data, Mapping) and isinstance(data.get("version"), int) and data["version"] < 2:
         data = {**data, "step_numbering": STEPS_INDEXED}  # recorded before steps counted the optimizer steps completed
     return plan_from_dict(data, source)
+
+
+def check_planless(run_dir: Path, raw: Mapping) -> None:
+    """Refuses to rebuild the plan of a run whose config.yaml (``raw``) a version that writes plan.json wrote: its
+    provenance holds the data's fingerprint (recorded since before plan.json) and no layer list (recorded in the
+    provenance until plan.json took it over). Its plan.json was lost, not never written."""
+    provenance = raw.get(PROVENANCE_KEY) or {}
+    if isinstance(provenance, Mapping) and provenance.get(DATA_KEY) and not provenance.get(LAYERS_KEY):
+        raise ValueError(f"{Path(run_dir) / PLAN_FILE} is missing, though {CONFIG_FILE} was written by a version that "
+                         f"writes it (its provenance holds the data's fingerprint and no layer list); restore it, or "
+                         "train the run again (same command) to write it from the checkpoint's plan")
 
 
 def rebuilt_plan(run_dir: Path, raw: dict) -> RunPlan:

@@ -21,6 +21,7 @@ import socket
 import subprocess
 
 from hybrid_lightning.config import TrainConfig
+from hybrid_lightning.training.threads import cores_given
 
 
 def in_srun_step() -> bool:
@@ -59,12 +60,23 @@ def check_cpu_devices(train: TrainConfig, on_cpu: bool | None = None, cores: int
         )
 
 
+# What a launcher of several nodes sets in each process (torchrun, Lightning's own multi-node environment).
+_LAUNCHED = ("WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
 def check_launch(train: TrainConfig) -> None:
     """Refuses, before anything is prepared, a launch that would hang or crowd this machine (see the
-    module's docstring)."""
+    module's docstring), and more threads per process than its cores."""
+    if train.threads != "auto" and train.threads > cores_given():
+        raise ValueError(f"train.threads={train.threads}, but this process may run on {cores_given()} cores; set "
+                         f"train.threads to at most {cores_given()} (or auto)")
     if in_srun_step():  # one process per task: SLURM placed them
         return
     env = os.environ
+    if train.num_nodes > 1 and "SLURM_JOB_ID" not in env and not any(k in env for k in _LAUNCHED):
+        raise ValueError(f"train.num_nodes={train.num_nodes}, but this process runs outside a cluster (no SLURM job, "
+                         "no torchrun), so it would wait for nodes that never come; submit it with `hybrid-lightning "
+                         "grid submit --executor slurm`, or start one process per node with srun or torchrun")
     if "SLURM_JOB_ID" in env:
         from lightning.pytorch.plugins.environments import SLURMEnvironment  # here: a preview needs no Lightning
 

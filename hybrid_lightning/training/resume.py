@@ -15,7 +15,7 @@ from hybrid_lightning.config.schedule import lr_factor
 from hybrid_lightning.rundir import CKPT_DIR, CONFIG_FILE, DATA_KEY
 from hybrid_lightning.rundir.checkpoints import newest_checkpoint
 from hybrid_lightning.rundir.files import read_config_dict, read_plan
-from hybrid_lightning.rundir.legacy import check_resumable
+from hybrid_lightning.rundir.legacy import check_resumable, plan_of_record
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,15 @@ class Resume:
     step: int
     config: dict | None  # the resolved config it was trained with
     data: dict | None  # the fingerprint of its data
+    plan: dict | None = None  # the run plan it was trained with
 
     @classmethod
     def of(cls, run_dir: Path) -> Resume | None:
         """The run's newest valid checkpoint (``rundir.checkpoints.newest_checkpoint``), None for a new run."""
         found = newest_checkpoint(run_dir)
-        return None if found is None else cls(found[0], found[1]["step"], found[1]["config"], found[1]["data"])
+        if found is None:
+            return None
+        return cls(found[0], found[1]["step"], found[1]["config"], found[1]["data"], found[1]["plan"])
 
 
 def check_same_run(run_dir: Path, cfg: RunConfig, resume: Resume | None = None, flag: str = "--run-dir") -> None:
@@ -74,10 +77,12 @@ def check_same_config(run_dir: Path, old: dict, cfg: RunConfig, source: str, fla
 
 
 def check_numbering(run_dir: Path, resume: Resume | None) -> None:
-    """A run written before steps counted the optimizer steps completed is not resumed (``legacy.check_resumable``)."""
+    """A run written before steps counted the optimizer steps completed is not resumed (``legacy.check_resumable``):
+    by the plan stored in the checkpoint it would resume from, else by the run's plan.json (or its config.yaml)."""
     if resume is None:
         return
-    check_resumable(run_dir, read_plan(run_dir))
+    stored = resume.plan and plan_of_record(resume.plan, f"{resume.path}: its plan")
+    check_resumable(run_dir, stored or read_plan(run_dir))
 
 
 def check_extension(cfg: RunConfig, resume: Resume | None) -> None:
