@@ -61,8 +61,8 @@ def warnings(d: Design) -> list[str]:
 
 def plan_tests(tests: list[Planned]) -> list[Planned]:
     """Fills each test's Holm-adjusted floor, its power at its seeds and the seeds for 80% power."""
-    for finding in dict.fromkeys(t.finding for t in tests):  # claims the analysis computes count, reachable or not
-        floors = [(t, f) for t in tests if t.finding == finding for f in t.floor(t.seeds)]
+    for finding in dict.fromkeys(t.finding for t in tests):  # a claim that cannot pass by design leaves the family
+        floors = [(t, f if not t.why else math.nan) for t in tests if t.finding == finding for f in t.floor(t.seeds)]
         m = sum(not math.isnan(f) for _, f in floors)
         adjusted = holm([f for _, f in floors])
         for t in [t for t in tests if t.finding == finding and not t.why]:
