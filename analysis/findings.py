@@ -45,9 +45,9 @@ from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.units import si
 
 TEST_COLUMNS = ["finding", "test", "verdict", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
-                "reason", "evidence"]
+                "reason", "evidence", "ci_level"]
 COMPARISON_COLUMNS = ["finding", "test", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
-                      "verdict", "reason"]
+                      "verdict", "reason", "ci_level"]
 
 
 def findings(runs: Runs) -> pd.DataFrame:
@@ -78,7 +78,7 @@ def verdicts(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _numbers(c: Comparison) -> dict:
     """A comparison's columns in the tables: compared, effect, unit, ci_low, ci_high, p, p_holm, seeds."""
     return {"compared": c.what, "effect": c.effect, "unit": c.unit, "ci_low": c.ci[0], "ci_high": c.ci[1], "p": c.p,
-            "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds)}
+            "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds), "ci_level": c.ci_level}
 
 
 def _row(t: Test, decided: list[Decided]) -> dict:
@@ -87,7 +87,7 @@ def _row(t: Test, decided: list[Decided]) -> dict:
     other way round, else inconclusive; the numbers of the comparison it rests on."""
     row = {"finding": t.finding, "test": t.test, "verdict": t.verdict, "compared": "", "effect": math.nan, "unit": "",
            "ci_low": math.nan, "ci_high": math.nan, "p": math.nan, "p_holm": math.nan, "seeds": "", "reason": t.reason,
-           "evidence": t.evidence}
+           "evidence": t.evidence, "ci_level": math.nan}
     if not decided:
         return row
     shown, verdict, reason = (t.combine or _combine)(decided)
@@ -109,18 +109,23 @@ def markdown(tests: pd.DataFrame, comparisons: pd.DataFrame) -> str:
              "|---|---|---|---|---|---|---|"]
     for t in tests.itertuples(index=False):
         numbers = ["", "", ""] if not t.compared else [
-            f"{_num(t.effect)}{_unit(t.unit)} [{_num(t.ci_low)}, {_num(t.ci_high)}]", f"{t.p:.3g} "
-                                                       f"({t.p_holm:.3g})", t.seeds]
+            f"{_num(t.effect)}{_unit(t.unit)} [{_num(t.ci_low)}, {_num(t.ci_high)}]{_level(t.ci_level)}",
+            f"{t.p:.3g} ({t.p_holm:.3g})", t.seeds]
         lines.append(f"| {t.finding} | {t.test} | {t.verdict} | {' | '.join(numbers)} | {t.reason} |")
     lines += ["", "### Details", ""]
     for t in tests.itertuples(index=False):
         lines.append(f"- **{t.finding}, {t.test}**: {t.evidence}.")
         for c in comparisons[(comparisons["finding"] == t.finding)
                              & (comparisons["test"] == t.test)].itertuples(index=False):
-            lines.append(f"  - {c.compared}: {_num(c.effect)}{_unit(c.unit)} [95% CI {_num(c.ci_low)}, "
+            lines.append(f"  - {c.compared}: {_num(c.effect)}{_unit(c.unit)} [{c.ci_level:.0%} CI {_num(c.ci_low)}, "
                          f"{_num(c.ci_high)}], p {c.p:.3g}, Holm {c.p_holm:.3g}, seeds {c.seeds}: "
                          f"{c.verdict}" + (f"; {c.reason}" if c.reason else ""))
     return "\n".join(lines) + "\n"
+
+
+def _level(level: float) -> str:
+    """`` (90% CI)`` after a test's interval where it is not the table's 95%."""
+    return "" if pd.isna(level) or round(level, 6) == stats.LEVEL else f" ({level:.0%} CI)"
 
 
 def _unit(unit) -> str:

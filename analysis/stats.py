@@ -166,6 +166,7 @@ class Comparison:
     p_adj: float = math.nan
     claim: bool = True  # False: shown beside the claims (context), outside the Holm family, deciding nothing
     untestable: str = ""  # why the design keeps this claim from passing (e.g. too few distinct controls)
+    ci_level: float = LEVEL  # of ``ci`` as computed (two one-sided tests at ALPHA: 1 - 2 ALPHA)
 
     @classmethod
     def of(cls, what: str, arms: list[np.ndarray], expected: int, unit: str = "") -> Comparison:
