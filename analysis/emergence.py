@@ -13,11 +13,12 @@ level, in training tokens; a run that never gets there is right-censored at its 
 dropped and never counted as a win; all runs are censored at the family's earliest last evaluation (tau), so
 that each arm's restricted mean time (the area under its Kaplan-Meier curve up to tau) is the mean of
 min(time, tau) over its seeds. Whether each arm emerges (its runs with an event) is reported apart from how
-fast (restricted mean, Kaplan-Meier median). The claim asks whether the family's arms differ at all: two
-arms, the difference of their restricted means (Welch's interval, permutation p); more, the permutation p of
-the spread of their restricted means, with their standard deviation as the effect (no pair singled out).
-Beside it, as context (raw p, no verdict): whether the arms differ in the share of runs that emerge by tau,
-and how fast among the arms every run of which emerged (where two or more did).
+fast (restricted mean, Kaplan-Meier median). Two claims, each its own test, never one for the other:
+*faster among the arms that emerge* (``SPEED``): the restricted means of the arms every run of which emerged
+by tau (two arms: their difference, Welch's interval, permutation p; more: the permutation p of the spread of
+their means, with their standard deviation as the effect, no pair singled out; not testable with fewer than
+two such arms); *emerges in more runs* (``EMERGES``): the share of runs with the event by tau, among all the
+family's arms. Beside the first, as context: the restricted means of all arms, which mix the two.
 
 *Convergence* uses evaluations declared before looking: ``mid``, the last common evaluation at or before
 ``CONVERGENCE_STEPS[0]`` of the last one (``end``), and ``late`` at ``CONVERGENCE_STEPS[1]``, and a measure
@@ -51,7 +52,7 @@ from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.metrics import SCORE, SCORE_BEYOND, SCORE_SE
 from hybrid_lightning.analysis.stats import ALPHA, Comparison, Decided, Test
 from hybrid_lightning.analysis.survival import km_median
-from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, arms_floor, at_least
+from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, arms_floor, at_least, complete
 from hybrid_lightning.records import Tag
 from hybrid_lightning.units import si
 
@@ -66,8 +67,15 @@ F = "1. emergence speed"
 def speed_tests(runs: Runs) -> list[Test]:
     """The speed test of the probe score per family; not tested where there is no family or no score."""
     def judge(name, fam, values, tokens, level, _):
-        return _speed(name, fam, values, tokens, level)
+        return _speed(name, fam, values, tokens, level, share=False)
     return _per_family(runs, SPEED, judge, missing=True)
+
+
+def share_tests(runs: Runs) -> list[Test]:
+    """The emergence-share test of the probe score per family with a score."""
+    def judge(name, fam, values, tokens, level, _):
+        return _speed(name, fam, values, tokens, level, share=True)
+    return _per_family(runs, EMERGES, judge, missing=False)
 
 
 def convergence_tests(runs: Runs) -> list[Test]:
@@ -122,7 +130,10 @@ def event_times(values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) ->
     return pd.Series(np.minimum(time, tau), values.index), pd.Series(hit & (time <= tau), values.index), tau
 
 
-def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) -> Test:
+def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series, share: bool) -> Test:
+    """The claim "faster among the arms that emerge" (the restricted means of the arms every run of which emerged
+    by tau; not testable with fewer than two such arms) or, with ``share``, "emerges in more runs" (the share
+    of runs with the event by tau, among all the family's arms): two claims, each its own test."""
     time, event, tau = event_times(values, tokens, level)
     samples = {label: time.reindex(runs).dropna().to_numpy(float) for label, runs in fam.runs.items()}
     events = {label: event.reindex(runs).fillna(False).astype(bool) for label, runs in fam.runs.items()}
@@ -132,21 +143,23 @@ def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, l
         parts.append(f"{label}: emerged in {int(events[label].sum())}/{len(runs)} runs; restricted mean "
                      f"{si(samples[label].mean())} [{_si(ci[0])}, {_si(ci[1])}], Kaplan-Meier median "
                      f"{'not reached' if math.isnan(median) else si(median)}")
-    claim = Comparison.among("restricted mean tokens to emergence", samples, "tokens")
-    # context: whether the arms emerge at all, and how fast among the arms every run of which emerged
-    context = [Comparison.among("share of runs emerged by tau", {k: e.to_numpy(float) for k, e in events.items()})]
-    every = {label: samples[label] for label, e in events.items() if e.all()}
-    if len(every) >= 2:
-        context.append(Comparison.among("restricted mean tokens among the arms every run of which emerged", every,
-                                        "tokens"))
-    for c in context:
-        c.claim = False
     never = [label for label, e in events.items() if not e.any()]
     note = (f". Never emerged by tau: {', '.join(never)} (their times are only known to exceed tau)" if never else "")
-    return Test(F, test, [claim, *context], f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null "
-                f"standard errors (level {level.min():.3f} to {level.max():.3f}), censored at the run's last "
-                f"evaluation and at tau = {si(tau)} "
-                "tokens; " + "; ".join(parts) + note, combine=lambda decided: decided[0])
+    evidence = (f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null standard errors (level "
+                f"{level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation and at tau = {si(tau)} "
+                "tokens; " + "; ".join(parts) + note)
+    # context, deciding nothing: the restricted means of all arms, which mix how fast with whether they emerge
+    mixed = Comparison.among("restricted mean tokens to emergence, all arms (speed and share mixed)", samples, "tokens")
+    mixed.claim = False
+    shares = {k: e.to_numpy(float) for k, e in events.items()}
+    every = {label: samples[label] for label, e in events.items() if e.all()}
+    if len(every) < 2:
+        why = f"{len(every)} arm(s) of the family emerged in every run by tau: no two to compare how fast"
+        faster = Test(F, test, [mixed], evidence, combine=lambda d: (d[0][0], NOT_TESTABLE, why))
+    else:
+        faster = Test(F, test, [Comparison.among("restricted mean tokens among the arms every run of which emerged",
+                                                 every, "tokens"), mixed], evidence, combine=lambda d: d[0])
+    return Test(F, test, [Comparison.among("share of runs emerged by tau", shares)], evidence) if share else faster
 
 
 def _si(v: float) -> str:
@@ -252,6 +265,21 @@ def _plan_speed(d: Design, models: Models) -> list[Planned]:
     return out
 
 
+def _plan_share(d: Design, _: Models) -> list[Planned]:
+    """The share of runs that emerge, among the family's arms: floor at complete separation (an arm's runs all
+    emerged, the others' none; for more arms the arms' floor, a bound below the 0/1 values' own)."""
+    out, fams = [], families(d.configs)
+    for fam in fams:
+        labels = list(fam.labels)
+
+        def floor(s: list[int]) -> list[float]:
+            return at_least(s, [arms_floor(s)])
+
+        out.append(Planned(F, EMERGES.named(fam.name if len(fams) > 1 else ""), f"share of runs emerged, {len(labels)} "
+                           "arms", labels, d.seeds(labels), floor, complete(floor), "complete separation"))
+    return out
+
+
 def _plan_convergence(d: Design, models: Models) -> list[Planned]:
     out, fams = [], families(d.configs)
     for fam in fams:
@@ -327,6 +355,7 @@ def _convergence_resample(samples: list, text: str) -> pw.Model:
 SPEED = Verdict(F, "speed (probes)", speed_tests, _plan_speed, _speed_default,
                 lambda arms, alpha: pw.passes_means([a[0] if isinstance(a, tuple) else a for a in arms], alpha, 0),
                 _speed_samples)
+EMERGES = Verdict(F, "emerges in more runs (probes)", share_tests, _plan_share)
 CONVERGENCE = Verdict(F, "convergence (probes)", convergence_tests, _plan_convergence, _convergence_default,
                       _convergence_passes, _convergence_samples, _convergence_resample)
 RETRIEVAL_ACC = Verdict(F, "speed (val/retrieval_acc rise)", _retrieval_acc)

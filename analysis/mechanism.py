@@ -52,8 +52,11 @@ def where(runs: Runs) -> Test:
         return Test(F, WHERE.name, verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
     last = h[h["step"] == h.groupby("run")["step"].transform("max")]
     reach = "reach_steps" in last and last["reach_steps"].notna().all()
+    windowed_reach = last["run"].isin(last.loc[last["kind"].ne(FULL) & (last["reach_steps"] > 0), "run"]) if reach \
+        else pd.Series(True, index=last.index)  # runs some windowed head of which could reach a copy source
     if reach:
         last = last[last["reach_steps"] > 0]
+    windowed_reach = windowed_reach.reindex(last.index)
     retrieval = last["reach_retrieval" if reach else "retrieval"].astype(bool)
     last = last.assign(retrieval=retrieval, full=last["kind"].eq(FULL), window=last["run"].map(tables.windows(c)))
     per_run = pd.DataFrame({"heads": last["full"].groupby(last["run"]).mean(),
@@ -66,7 +69,9 @@ def where(runs: Runs) -> Test:
                 f"full-attention layers, in {len(with_heads)} runs")
     if with_heads.empty:
         return Test(F, WHERE.name, verdict="no signal", evidence=evidence)
-    ci = st.binomtest(k, n).proportion_ci(stats.LEVEL, method="exact")
+    pooled = with_heads[with_heads.index.isin(last.loc[windowed_reach, "run"])]  # the unit is the run
+    k_runs, n_runs = int((pooled["retrieval_full"] == pooled["retrieval"]).sum()), len(pooled)
+    ci = st.binomtest(k_runs, n_runs).proportion_ci(stats.LEVEL, method="exact") if n_runs else None
     mine = last[last["run"].isin(with_heads.index)]
     # runs whose reachable heads are of both kinds
     mixed = with_heads[(with_heads["heads"] > 0) & (with_heads["heads"] < 1)]
@@ -75,7 +80,10 @@ def where(runs: Runs) -> Test:
     heads = Comparison.paired("share of retrieval heads in full layers - share of heads there (head-level null)",
                               excess.to_numpy() if len(excess) else np.array([math.nan]), head_p, +1)
     depth, placements = _where_at_depth(mine)
-    text = (f"; pooled share in full layers {k}/{n} = {k / n:.2f} (exact 95% CI {ci.low:.2f} to {ci.high:.2f}); "
+    runs_text = (f"{k_runs}/{n_runs} = {k_runs / n_runs:.2f} (exact 95% CI {ci.low:.2f} to {ci.high:.2f})" if ci else
+                 "none")
+    text = (f"; runs whose retrieval heads are all in full-attention layers, among the runs with retrieval heads whose "
+            f"windowed heads could reach a copy source: {runs_text}; "
             f"{len(with_heads) - len(mixed)} of these runs have reachable heads of one kind only; full layers at "
             f"{placements}; per run: " + ", ".join(f"{run}: {r['retrieval_full']:.0f}/{r['retrieval']:.0f} vs "
                                                    f"{r['heads']:.2f}" for run, r in with_heads.iterrows()))

@@ -47,15 +47,15 @@ def placed(root, seeds, layers, window=16, reach=lambda row: None):
 def test_where_one_placement_cannot_tell_type_from_depth(tmp_path, seeds):
     """4 layers x 2 heads, layer 3 full in every run, both retrieval heads there: the full layer is always the
     last, so the verdict cannot say "full attention" rather than "last layer"; the pooled count has its exact
-    binomial interval."""
+    binomial interval over runs."""
     arm(tmp_path, "h", seeds, heads=lambda s: ((0, 0.0),) * 3 + ((1, 0.5),))
     for s in range(seeds):
         edit_heads(tmp_path / f"h-s{s}", {(3, 0), (3, 1)})
     where = verdicts(tmp_path).loc["where"]
     assert where["effect"] == pytest.approx(0.75) and where["seeds"] == str(seeds)
     assert_verdict(where, "not testable", "attention type confounded with depth")
-    ci = st.binomtest(2 * seeds, 2 * seeds).proportion_ci(0.95, method="exact")
-    assert f"{2 * seeds}/{2 * seeds} = 1.00 (exact 95% CI {ci.low:.2f} to 1.00)" in where["evidence"]
+    ci = st.binomtest(seeds, seeds).proportion_ci(0.95, method="exact")  # runs, not heads, are the unit
+    assert f"could reach a copy source: {seeds}/{seeds} = 1.00 (exact 95% CI {ci.low:.2f} to 1.00)" in where["evidence"]
     assert f"layers [3] in {seeds} runs" in where["evidence"]
 
 
