@@ -146,8 +146,8 @@ def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, l
     never = [label for label, e in events.items() if not e.any()]
     note = (f". Never emerged by tau: {', '.join(never)} (their times are only known to exceed tau)" if never else "")
     evidence = (f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null standard errors (level "
-                f"{level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation and at tau = {si(tau)} "
-                "tokens; " + "; ".join(parts) + note)
+                f"{level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation and at tau = "
+                f"{si(tau)} tokens; " + "; ".join(parts) + note)
     # context, deciding nothing: the restricted means of all arms, which mix how fast with whether they emerge
     mixed = Comparison.among("restricted mean tokens to emergence, all arms (speed and share mixed)", samples, "tokens")
     mixed.claim = False
@@ -181,15 +181,18 @@ def _convergence(test: str, fam: Family, values: pd.DataFrame, level: pd.Series,
     steps = declared_steps(list(common.columns)) if common.shape[1] else None
     if steps is None:
         return Test(F, test, verdict="not tested", evidence=f"fewer than three common evaluations of "
-                    f"{CONVERGENCE_MEASURE} in family {fam.name} at distinct shares {CONVERGENCE_STEPS} and 1 of the last")
+                    f"{CONVERGENCE_MEASURE} in family {fam.name} at distinct shares {CONVERGENCE_STEPS} and 1 of the "
+                    "last")
     mid, late, end = steps
     at = {s: {label: common[s].reindex(r).dropna().to_numpy(float) for label, r in fam.runs.items()} for s in steps}
     risen = {label: int(values.reindex(index=r, columns=[late])[late].ge(level.reindex(r)).sum())
              for label, r in fam.runs.items()}
     means = ", ".join(f"{label}: " + " / ".join(f"{at[s][label].mean():.3f}" for s in steps)
                       + f" (risen in {risen[label]}/{len(fam.runs[label])} by step {late})" for label in fam.labels)
-    evidence = f"family {fam.name}: {CONVERGENCE_MEASURE} arm means at the declared steps {mid} / {late} / {end}: {means}"
-    late_arms = [f"{label} ({risen[label]}/{len(r)} seeds)" for label, r in fam.runs.items() if not 2 * risen[label] > len(r)]
+    evidence = (f"family {fam.name}: {CONVERGENCE_MEASURE} arm means at the declared steps {mid} / {late} / {end}: "
+                + means)
+    late_arms = [f"{label} ({risen[label]}/{len(r)} seeds)" for label, r in fam.runs.items()
+                 if not 2 * risen[label] > len(r)]
     if late_arms:
         return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} null "
                     f"standard errors in most seeds by the declared step {late}: convergence is judged only among "

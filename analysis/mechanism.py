@@ -80,6 +80,8 @@ def where(runs: Runs) -> Test:
     heads = Comparison.paired("share of retrieval heads in full layers - share of heads there (head-level null)",
                               excess.to_numpy() if len(excess) else np.array([math.nan]), head_p, +1)
     depth, placements = _where_at_depth(mine)
+    if math.isnan(depth.p):  # the test is not testable: its head-level claim leaves the Holm family with it
+        heads.untestable = "attention type confounded with depth"
     runs_text = (f"{k_runs}/{n_runs} = {k_runs / n_runs:.2f} (exact 95% CI {ci.low:.2f} to {ci.high:.2f})" if ci else
                  "none")
     text = (f"; runs whose retrieval heads are all in full-attention layers, among the runs with retrieval heads whose "
@@ -122,7 +124,7 @@ def _where_verdict(decided: list[Decided]) -> Decided:
         return heads, NOT_TESTABLE, ("attention type confounded with depth: no window has a full-attention layer and a "
                                      "windowed layer that could reach a copy source at the same layer index (a "
                                      "placement such as FEEE beside EEEF, at a window that reaches the echo probes, "
-                                     "tells them apart); head level: " + (hv if hv != "inconclusive" else hr))
+                                     f"tells them apart); head level, outside the Holm family: raw p {heads.p:.3g}")
     if "refuted" in (hv, dv):
         return (heads, hv, hr) if hv == "refuted" else (depth, dv, dr)
     if hv == dv == "reproduced":
@@ -204,7 +206,8 @@ def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
         comparisons.append(_per_architecture(label, experiments))
         lines.append(f"{label}: " + ", ".join(
             f"{run} step {step}: {top:.3f} vs {np.mean(list(sets.values())):.3f} ({len(sets)} distinct control "
-            f"set{'s' * (len(sets) > 1)} in {draws} draws)" for (run, step, _), (top, sets, draws) in experiments.items()))
+            f"set{'s' * (len(sets) > 1)} in {draws} draws)"
+            for (run, step, _), (top, sets, draws) in experiments.items()))
     untestable = [f"{label}: " + "; ".join(f"{why} ({n} of {len(whys)} "
                                            "checkpoints)" for why, n in Counter(whys).items())
                   for label, whys in sorted(reasons.items()) if label not in strata]

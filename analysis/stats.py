@@ -297,8 +297,8 @@ def seeds_text(seeds: tuple[int, ...]) -> str:
 
 
 def strongest(decided: list[Decided]) -> Decided:
-    """The comparison with the smallest adjusted p (then the largest effect)."""
-    return min(decided, key=lambda d: (nan_last(d[0].p_adj), -abs(nan_last(d[0].effect))))
+    """The comparison with the smallest adjusted p (then the smallest raw p, then the largest effect)."""
+    return min(decided, key=lambda d: (nan_last(d[0].p_adj), nan_last(d[0].p), -abs(nan_last(d[0].effect))))
 
 
 def nan_last(p: float) -> float:
