@@ -118,11 +118,12 @@ def _monotone(decided: list[Decided]) -> Decided:
     if reversed_:
         c, _, _ = stats.strongest(reversed_)
         return c, "refuted", f"{_pair_name(c)}: significantly earlier for the larger window"
-    untestable = [d for d in decided if d[1] == NOT_TESTABLE]
+    untestable = [d for d in decided if d[1] in (NOT_TESTABLE, stats.BY_DESIGN)]
     against = [d for d in decided if d not in untestable and not d[0].effect > 0]
     if untestable or against:
         shown = (untestable or against)[0]
-        why = [f"{_pair_name(d[0])}: not testable (both arms censored)" for d in untestable]
+        why = [f"{_pair_name(d[0])}: not testable (" + ("both arms censored" if d[1] == NOT_TESTABLE else d[2]) + ")"
+               for d in untestable]
         why += [f"{_pair_name(d[0])}: " + ("against the predicted direction" if d[0].effect < 0 else
                                           "no difference up to the earlier last scoring") for d in against]
         return shown[0], "inconclusive", "; ".join(why)

@@ -69,16 +69,21 @@ def null_rates(root, seeds, replications, seed=0):
 
 
 def test_null_runs_reach_every_test(tmp_path):
-    """One replication: every test the null is for gets a comparison (none is left untested by the design)."""
+    """One replication: every test the null is for gets a comparison (none is left untested by the design), but
+    convergence where an arm has not risen in most seeds by the declared step (3 of 5 rise by then under this
+    null): not testable at this budget, as the rule says."""
     rng = np.random.default_rng(1)
     for name, arm in ARMS.items():
         for s in range(5):
             null_run(tmp_path / f"{name}-s{s}", run_config(s, n_heads=4, **arm), rng, arm.get("pos_full") == "nope")
     table = findings(load_runs(find_runs(tmp_path), root=tmp_path)).set_index("test")
     pair = "swa W=16 EEEF pos.full=rope"
-    tested = ["speed (probes)", "emerges in more runs (probes)", "convergence (probes)", "where", "ablation", "laziness", f"beyond: {pair}",
-              f"cost: {pair}"]
-    assert list(table.index) == tested and not table["p"].isna().any(), table[["verdict", "reason"]]
+    tested = ["speed (probes)", "emerges in more runs (probes)", "convergence (probes)", "where", "ablation",
+              "laziness", f"beyond: {pair}", f"cost: {pair}"]
+    assert list(table.index) == tested, table[["verdict", "reason"]]
+    untested = table[table["p"].isna()]
+    assert list(untested.index) in ([], ["convergence (probes)"])
+    assert (untested["verdict"] == "not testable at this budget").all()
 
 
 @pytest.mark.slow
