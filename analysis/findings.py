@@ -7,7 +7,9 @@ for a difference of two arms' means, ``stats.interval``; the one-sample t for a 
 permutation p, the p after Holm's adjustment over the claims of its finding, and the seeds per arm (an arm:
 the runs of one architecture). A test is ``reproduced`` with at least ``stats.MIN_SEEDS`` seeds per compared
 arm and an adjusted p < ``stats.ALPHA`` in the direction the paper states, ``refuted`` when significant in the
-opposite direction, otherwise ``inconclusive`` with the reason (too few seeds, CI spans 0, p too high);
+opposite direction, ``not testable`` where the claim cannot pass by design (too few seeds, too few distinct
+controls: it then leaves its finding's Holm family), otherwise ``inconclusive`` with the reason (CI spans 0, p
+too high);
 ``no signal`` where what the test looks at appeared in no run, ``not tested`` where the runs lack what it
 needs, ``not testable`` where the design cannot tell what the test asks (the reason says why), ``not testable
 at this budget`` where the runs stop before it can be seen. A *context* comparison is shown beside a claim
@@ -17,10 +19,10 @@ The tests are the verdicts registered in analysis/registry.py (each one object, 
 order there; the claims of the tests of one finding form its Holm family. The built-in ones:
 
 1. Emergence (analysis/emergence.py), within each family of hybrids that differ only in their efficient
-   layers (analysis/arms.py): *speed*, censored tokens to the first evaluation above noise, whether each arm
-   emerges reported apart from how fast; *convergence*, a gap at a declared evaluation and equivalence
-   within a stated margin at the end. ``val/retrieval_acc`` has no null with known sampling error and is
-   not tested.
+   layers (analysis/arms.py): *speed*, censored tokens to the first evaluation above noise among the arms
+   that emerge, and *emerges in more runs*, the share that emerges, two claims; *convergence*, among risen
+   arms, a gap at a declared evaluation and equivalence within a stated margin at the end.
+   ``val/retrieval_acc`` has no null with known sampling error and is not tested.
 2. Mechanism (analysis/mechanism.py, analysis/laziness.py): *where*, retrieval heads in full layers against a
    head-level null and a layer-level null over reachable layers stratified by window; *ablation*, per
    architecture, the top-K heads against same-layer non-retrieval heads of the held-out selection report;
