@@ -5,8 +5,10 @@ compares, whether the design lets it reach a verdict at all (and why not), the s
 distribution allows at these seeds (the floor: complete separation), that floor after Holm's adjustment over
 the finding's claims (every claim at its floor: Holm is monotone, so no data give less), the power at these
 seeds and the seeds per arm that reach 80% power (analysis/power.py) at a stated effect, or at the effect and
-variance of pilot runs (``--pilot RUNS``, analysis/pilot.py). Power is taken at alpha / m, m the finding's
-claims (Holm's first step), so a claim reaches that power whatever the others do.
+variance of pilot runs (``--pilot RUNS``, analysis/pilot.py). A claim that cannot pass by design (a reason in
+``why``, or too few seeds) leaves the finding's family, as in the verdicts. Power is taken with Holm's
+step-down as the verdicts apply it (``step_down_level``): the other claims at their floors, those that can
+pass rejected first.
 
 The tests are those of the verdicts registered in analysis/registry.py, each planned by its own ``plan``
 (``verdict.Verdict``); what follows is what the built-in ones assume.
@@ -61,19 +63,28 @@ def warnings(d: Design) -> list[str]:
 
 def plan_tests(tests: list[Planned]) -> list[Planned]:
     """Fills each test's Holm-adjusted floor, its power at its seeds and the seeds for 80% power."""
-    for finding in dict.fromkeys(t.finding for t in tests):  # claims the analysis computes count, reachable or not
-        floors = [(t, f) for t in tests if t.finding == finding for f in t.floor(t.seeds)]
-        m = sum(not math.isnan(f) for _, f in floors)
+    for finding in dict.fromkeys(t.finding for t in tests):  # a claim that cannot pass by design leaves the family
+        floors = [(t, f if not t.why else math.nan) for t in tests if t.finding == finding for f in t.floor(t.seeds)]
         adjusted = holm([f for _, f in floors])
         for t in [t for t in tests if t.finding == finding and not t.why]:
             own = [a for (u, _), a in zip(floors, adjusted) if u is t]
             chosen = own[:2] if t.needs == "first two" else own
             reached = min((a for a in chosen if not math.isnan(a)), default=math.nan)  # all NaN: none, no warning
             t.adjusted = float(reached if t.needs == "any" else np.max(chosen)) if own else math.nan
-            if t.simulate is not None and m:
-                t.power = t.simulate(t.seeds, ALPHA / m) if not math.isnan(t.adjusted) else 0.0
-                t.needed = pw.seeds_for(lambda n, t=t, m=m: t.simulate([n] * len(t.labels), ALPHA / m))
+            if t.simulate is not None:
+                level = step_down_level(t, floors, adjusted)
+                t.power = t.simulate(t.seeds, level) if not math.isnan(t.adjusted) else 0.0
+                t.needed = pw.seeds_for(lambda n, t=t, level=level: t.simulate([n] * len(t.labels), level))
     return tests
+
+
+def step_down_level(t: Planned, floors: list[tuple[Planned, float]], adjusted: list[float]) -> float:
+    """The level at which ``t``'s smallest p is judged by Holm's step-down procedure as the verdicts apply it,
+    with every other claim of the finding at its floor: those that pass there are rejected first, so the
+    claim faces ALPHA over its test's claims and the others' claims that cannot pass (Holm floor >= ALPHA)."""
+    own = sum(not math.isnan(f) for u, f in floors if u is t)
+    stuck = sum(not a < ALPHA for (u, f), a in zip(floors, adjusted) if u is not t and not math.isnan(f))
+    return ALPHA / max(1, own + stuck)
 
 
 def row(t: Planned) -> dict:
@@ -95,7 +106,8 @@ def report(rows: list[dict], warned: list[str], source: str) -> str:
                num(r["holm_floor"], ".3g"), num(r["power"], ".2f"), num(r["seeds_for_80"], "d"), r["effect"]]
               for r in rows]
     lines = [format_table(table, left=(1, 8)), "", f"Effects: {source}. Holm floor: every claim of the finding at its "
-             f"floor; reachable: Holm floor < {ALPHA}; power by simulation at alpha / (claims of the finding)."]
+             f"floor; reachable: Holm floor < {ALPHA}; power by simulation with Holm's step-down, the other claims "
+             "at their floors."]
     lines += [f"- {r['test']}: compares {r['compares']}" + (f"; not reachable: {r['why']}" if r["why"] else "")
               for r in rows]
     lines += ["", "Warnings:" if warned else "Warnings: none."] + [f"- {w}" for w in warned]

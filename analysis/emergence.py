@@ -13,21 +13,28 @@ level, in training tokens; a run that never gets there is right-censored at its 
 dropped and never counted as a win; all runs are censored at the family's earliest last evaluation (tau), so
 that each arm's restricted mean time (the area under its Kaplan-Meier curve up to tau) is the mean of
 min(time, tau) over its seeds. Whether each arm emerges (its runs with an event) is reported apart from how
-fast (restricted mean, Kaplan-Meier median). The claim asks whether the family's arms differ at all: two
-arms, the difference of their restricted means (Welch's interval, permutation p); more, the permutation p of
-the spread of their restricted means, with their standard deviation as the effect (no pair singled out).
-Beside it, as context (raw p, no verdict): whether the arms differ in the share of runs that emerge by tau,
-and how fast among the arms every run of which emerged (where two or more did).
+fast (restricted mean, Kaplan-Meier median). Two claims, each its own test, never one for the other:
+*faster among the arms that emerge* (``SPEED``): the restricted means of the arms every run of which emerged
+by tau (two arms: their difference, Welch's interval, permutation p; more: the permutation p of the spread of
+their means, with their standard deviation as the effect, no pair singled out; not testable with fewer than
+two such arms); *emerges in more runs* (``EMERGES``): the share of runs with the event by tau, among all the
+family's arms. Beside the first, as context: the restricted means of all arms, which mix the two.
 
 *Convergence* uses evaluations declared before looking: ``mid``, the last common evaluation at or before
-``CONVERGENCE_STEPS[0]`` of the last one (``end``), and ``late`` at ``CONVERGENCE_STEPS[1]``. Claims: the
-arms differ at ``mid`` (a gap to close); they are equivalent at ``end`` within ``EQUIVALENCE_MARGIN``
-(two one-sided Welch tests per pair, ``stats.tost``; with more than two arms every pair must be, so the p is
-the largest pair's); they differ at ``end``. Context: the change of each run from ``late`` to ``end``,
-compared among the arms (do they still move relative to each other?). ``reproduced``: a gap at ``mid`` and
-equivalence at ``end``; ``not testable at this budget``: an arm never above its level by ``end``, or the arms
-still moving relative to each other (raw p < 0.05); ``refuted``: apart at ``end`` and no longer moving;
-otherwise inconclusive with the reason.
+``CONVERGENCE_STEPS[0]`` of the last one (``end``), and ``late`` at ``CONVERGENCE_STEPS[1]``, and a measure
+declared before looking, ``CONVERGENCE_MEASURE``: the score beyond the training length, which is not at its
+ceiling where the within score is (every risen arm ends near 1 - chance within it, so equivalence there is
+automatic). It is judged only among arms that have risen: every arm must be above its level (on the within
+score, as for speed) in most of its seeds by ``late``; an arm that has not (still rising, or never risen)
+makes it ``not testable at this budget``, naming the arm, never refuted. Claims: the arms differ at ``mid``
+(a gap to close); they are equivalent at ``end`` within ``EQUIVALENCE_MARGIN`` (two one-sided Welch tests
+per pair, ``stats.tost``, its 90% interval; with more than two arms every pair must be, so the p is the
+largest pair's); they differ at ``end``. Context: the change of each run from ``late`` to ``end``, compared
+among the arms (do they still move relative to each other?). ``reproduced``: a gap at ``mid`` and equivalence
+at ``end``; ``not testable at this budget``: an arm not risen, or the arms still moving relative to each
+other (raw p < 0.05); ``refuted``: apart at ``end``, equivalence rejected (the least equivalent pair's 90%
+interval wholly outside the margin) and the gap not shrinking from ``late`` to ``end`` (the arm means' spread
+no smaller); otherwise inconclusive with the reason.
 """
 
 from __future__ import annotations
@@ -42,16 +49,17 @@ from hybrid_lightning.analysis import power as pw
 from hybrid_lightning.analysis import stats
 from hybrid_lightning.analysis.arms import Family, families
 from hybrid_lightning.analysis.load import Runs
-from hybrid_lightning.analysis.metrics import SCORE, SCORE_SE
-from hybrid_lightning.analysis.stats import ALPHA, MIN_SEEDS, Comparison, Decided, Test
+from hybrid_lightning.analysis.metrics import SCORE, SCORE_BEYOND, SCORE_SE
+from hybrid_lightning.analysis.stats import ALPHA, Comparison, Decided, Test
 from hybrid_lightning.analysis.survival import km_median
-from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, arms_floor, at_least
+from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, arms_floor, at_least, complete
 from hybrid_lightning.records import Tag
 from hybrid_lightning.units import si
 
 SIGNAL_Z = 3.0  # null standard errors above chance that count as a signal
 CONVERGENCE_STEPS = (0.5, 0.75)  # mid and late: shares of the last common evaluation's step, declared before looking
 EQUIVALENCE_MARGIN = 0.05  # probe score (chance-corrected answer-token accuracy): arms this close are equivalent
+CONVERGENCE_MEASURE = SCORE_BEYOND  # declared before looking: the within score saturates at 1 - chance
 NOT_TESTABLE = "not testable at this budget"
 F = "1. emergence speed"
 
@@ -59,14 +67,24 @@ F = "1. emergence speed"
 def speed_tests(runs: Runs) -> list[Test]:
     """The speed test of the probe score per family; not tested where there is no family or no score."""
     def judge(name, fam, values, tokens, level, _):
-        return _speed(name, fam, values, tokens, level)
+        return _speed(name, fam, values, tokens, level, share=False)
     return _per_family(runs, SPEED, judge, missing=True)
 
 
+def share_tests(runs: Runs) -> list[Test]:
+    """The emergence-share test of the probe score per family with a score."""
+    def judge(name, fam, values, tokens, level, _):
+        return _speed(name, fam, values, tokens, level, share=True)
+    return _per_family(runs, EMERGES, judge, missing=False)
+
+
 def convergence_tests(runs: Runs) -> list[Test]:
-    """The convergence test of the probe score per family whose runs logged it."""
-    def judge(name, fam, values, _, __, errors):
-        return _convergence(name, fam, values, errors)
+    """The convergence test of ``CONVERGENCE_MEASURE`` per family whose runs logged the probe score."""
+    m = runs.metrics
+    measure = m[m["metric"] == CONVERGENCE_MEASURE].pivot_table(index="run", columns="step", values="value")
+
+    def judge(name, fam, values, _, level, __):
+        return _convergence(name, fam, values, level, measure)
     return _per_family(runs, CONVERGENCE, judge, missing=False)
 
 
@@ -112,7 +130,10 @@ def event_times(values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) ->
     return pd.Series(np.minimum(time, tau), values.index), pd.Series(hit & (time <= tau), values.index), tau
 
 
-def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series) -> Test:
+def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, level: pd.Series, share: bool) -> Test:
+    """The claim "faster among the arms that emerge" (the restricted means of the arms every run of which emerged
+    by tau; not testable with fewer than two such arms) or, with ``share``, "emerges in more runs" (the share
+    of runs with the event by tau, among all the family's arms): two claims, each its own test."""
     time, event, tau = event_times(values, tokens, level)
     samples = {label: time.reindex(runs).dropna().to_numpy(float) for label, runs in fam.runs.items()}
     events = {label: event.reindex(runs).fillna(False).astype(bool) for label, runs in fam.runs.items()}
@@ -122,21 +143,23 @@ def _speed(test: str, fam: Family, values: pd.DataFrame, tokens: pd.DataFrame, l
         parts.append(f"{label}: emerged in {int(events[label].sum())}/{len(runs)} runs; restricted mean "
                      f"{si(samples[label].mean())} [{_si(ci[0])}, {_si(ci[1])}], Kaplan-Meier median "
                      f"{'not reached' if math.isnan(median) else si(median)}")
-    claim = Comparison.among("restricted mean tokens to emergence", samples, "tokens")
-    # context: whether the arms emerge at all, and how fast among the arms every run of which emerged
-    context = [Comparison.among("share of runs emerged by tau", {k: e.to_numpy(float) for k, e in events.items()})]
-    every = {label: samples[label] for label, e in events.items() if e.all()}
-    if len(every) >= 2:
-        context.append(Comparison.among("restricted mean tokens among the arms every run of which emerged", every,
-                                        "tokens"))
-    for c in context:
-        c.claim = False
     never = [label for label, e in events.items() if not e.any()]
     note = (f". Never emerged by tau: {', '.join(never)} (their times are only known to exceed tau)" if never else "")
-    return Test(F, test, [claim, *context], f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null "
-                f"standard errors (level {level.min():.3f} to {level.max():.3f}), censored at the run's last "
-                f"evaluation and at tau = {si(tau)} "
-                "tokens; " + "; ".join(parts) + note, combine=lambda decided: decided[0])
+    evidence = (f"family {fam.name}: event: the first evaluation at {SIGNAL_Z:g} null standard errors (level "
+                f"{level.min():.3f} to {level.max():.3f}), censored at the run's last evaluation and at tau = "
+                f"{si(tau)} tokens; " + "; ".join(parts) + note)
+    # context, deciding nothing: the restricted means of all arms, which mix how fast with whether they emerge
+    mixed = Comparison.among("restricted mean tokens to emergence, all arms (speed and share mixed)", samples, "tokens")
+    mixed.claim = False
+    shares = {k: e.to_numpy(float) for k, e in events.items()}
+    every = {label: samples[label] for label, e in events.items() if e.all()}
+    if len(every) < 2:
+        why = f"{len(every)} arm(s) of the family emerged in every run by tau: no two to compare how fast"
+        faster = Test(F, test, [mixed], evidence, combine=lambda d: (d[0][0], NOT_TESTABLE, why))
+    else:
+        faster = Test(F, test, [Comparison.among("restricted mean tokens among the arms every run of which emerged",
+                                                 every, "tokens"), mixed], evidence, combine=lambda d: d[0])
+    return Test(F, test, [Comparison.among("share of runs emerged by tau", shares)], evidence) if share else faster
 
 
 def _si(v: float) -> str:
@@ -152,30 +175,36 @@ def declared_steps(steps: list) -> tuple | None:
     return mid[-1], late[-1], end
 
 
-def _convergence(test: str, fam: Family, values: pd.DataFrame, errors: pd.Series) -> Test:
-    common = values.dropna(axis=1)
+def _convergence(test: str, fam: Family, values: pd.DataFrame, level: pd.Series, measure: pd.DataFrame) -> Test:
+    runs = [r for r in values.index if r in set(measure.index)]
+    common = measure.reindex(runs).dropna(axis=1) if runs else measure.iloc[:0, :0]
     steps = declared_steps(list(common.columns)) if common.shape[1] else None
     if steps is None:
-        return Test(F, test, verdict="not tested", evidence=f"fewer than three common evaluations of family {fam.name} "
-                    f"at distinct shares {CONVERGENCE_STEPS} and 1 of the last")
+        return Test(F, test, verdict="not tested", evidence=f"fewer than three common evaluations of "
+                    f"{CONVERGENCE_MEASURE} in family {fam.name} at distinct shares {CONVERGENCE_STEPS} and 1 of the "
+                    "last")
     mid, late, end = steps
-    at = {s: {label: common[s].reindex(runs).dropna().to_numpy(float) for label, runs in fam.runs.items()}
-          for s in steps}
-    means = ", ".join(f"{label}: " + " / ".join(f"{at[s][label].mean():.3f}" for s in steps) for label in fam.labels)
-    evidence = f"family {fam.name}: arm means at the declared steps {mid} / {late} / {end}: {means}"
-    late_arms = [label for label, runs in fam.runs.items()
-                 if not at[end][label].mean()
-                 >= SIGNAL_Z * math.sqrt((errors.reindex(runs) ** 2).mean(skipna=False) / len(runs))]
+    at = {s: {label: common[s].reindex(r).dropna().to_numpy(float) for label, r in fam.runs.items()} for s in steps}
+    risen = {label: int(values.reindex(index=r, columns=[late])[late].ge(level.reindex(r)).sum())
+             for label, r in fam.runs.items()}
+    means = ", ".join(f"{label}: " + " / ".join(f"{at[s][label].mean():.3f}" for s in steps)
+                      + f" (risen in {risen[label]}/{len(fam.runs[label])} by step {late})" for label in fam.labels)
+    evidence = (f"family {fam.name}: {CONVERGENCE_MEASURE} arm means at the declared steps {mid} / {late} / {end}: "
+                + means)
+    late_arms = [f"{label} ({risen[label]}/{len(r)} seeds)" for label, r in fam.runs.items()
+                 if not 2 * risen[label] > len(r)]
     if late_arms:
-        return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} standard "
-                    f"errors by step {end}", evidence=evidence)
+        return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} null "
+                    f"standard errors in most seeds by the declared step {late}: convergence is judged only among "
+                    "arms that have risen", evidence=evidence)
     gap = Comparison.among(f"arms at step {mid} (the declared gap)", at[mid])
     equivalent = _equivalence(at[end], end)
     moving = Comparison.among(f"change from step {late} to {end}", {k: at[end][k] - at[late][k] for k in fam.labels})
     moving.claim = False
     apart = Comparison.among(f"arms at step {end}", at[end])
+    shrinking = np.std([v.mean() for v in at[end].values()]) < np.std([v.mean() for v in at[late].values()])
     return Test(F, test, [gap, equivalent, moving, apart], evidence, decide=lambda c: _decide(c, equivalent),
-                combine=_convergence_verdict)
+                combine=lambda decided: _convergence_verdict(decided, shrinking))
 
 
 def _equivalence(end: dict[str, np.ndarray], step) -> Comparison:
@@ -185,31 +214,33 @@ def _equivalence(end: dict[str, np.ndarray], step) -> Comparison:
     (p, ci), a, b = max(pairs, key=lambda x: stats.nan_last(x[0][0]))
     return Comparison(f"{b} - {a} at step {step} (equivalence within ±{EQUIVALENCE_MARGIN:g}, 90% CI; the pair "
                       "least shown equivalent)", float(end[b].mean() - end[a].mean()), ci, p, 0,
-                      tuple(len(v) for v in end.values()))
+                      tuple(len(v) for v in end.values()), ci_level=1 - 2 * ALPHA)
 
 
 def _decide(c: Comparison, equivalent: Comparison) -> tuple[str, str]:
-    if c is not equivalent:
+    if c is not equivalent or c.by_design():
         return c.verdict()
-    if min(c.seeds) < MIN_SEEDS:
-        return "inconclusive", f"too few seeds ({min(c.seeds)} in an arm; the rule needs {MIN_SEEDS})"
     if c.p_adj < ALPHA:
         return "reproduced", ""
     return "inconclusive", f"not shown within ±{EQUIVALENCE_MARGIN:g} (adjusted p {c.p_adj:.3g})"
 
 
-def _convergence_verdict(decided: list[Decided]) -> Decided:
+def _convergence_verdict(decided: list[Decided], shrinking: bool) -> Decided:
     """Reproduced: a gap at mid and equivalence at the end; not testable: still moving; refuted: apart at the
-    end and no longer moving; else inconclusive with the reason."""
+    end, equivalence rejected and the gap not shrinking; else inconclusive with the reason."""
     (gap, gap_v, gap_r), (equivalent, equivalent_v, equivalent_r), (moving, _, _), (apart, apart_v, _) = decided
     if gap_v == "reproduced" and equivalent_v == "reproduced":
         return equivalent, "reproduced", ""
     if moving.p < ALPHA:
         return moving, NOT_TESTABLE, (f"the arms still move relative to each other ({moving.what}, raw p "
                                       f"{moving.p:.3g}): the end of the budget is not where they settle")
+    outside = equivalent.ci[0] > EQUIVALENCE_MARGIN or equivalent.ci[1] < -EQUIVALENCE_MARGIN
+    if apart_v == "reproduced" and outside and not shrinking:
+        return apart, "refuted", (f"the arms stay apart at the end (adjusted p {apart.p_adj:.3g}; equivalence within "
+                                  f"±{EQUIVALENCE_MARGIN:g} rejected) and the gap no longer shrinks")
     if apart_v == "reproduced":
-        return apart, "refuted", (f"the arms stay apart at the end (adjusted p {apart.p_adj:.3g}) and no longer move "
-                                  "relative to each other")
+        return apart, "inconclusive", ("apart at the end, but " + ("the gap still shrinks from the late step"
+                                                                   if shrinking else "equivalence not rejected"))
     if gap_v != "reproduced":
         return gap, "inconclusive", f"no gap shown at the declared step to close ({gap_r})"
     return equivalent, "inconclusive", equivalent_r
@@ -234,6 +265,21 @@ def _plan_speed(d: Design, models: Models) -> list[Planned]:
         out.append(Planned(F, SPEED.named(fam.name if len(fams) > 1 else ""), f"{len(labels)} arms: "
                            + ", ".join(labels), labels, d.seeds(labels), lambda s: at_least(s, [arms_floor(s)]),
                            simulate, effect))
+    return out
+
+
+def _plan_share(d: Design, _: Models) -> list[Planned]:
+    """The share of runs that emerge, among the family's arms: floor at complete separation (an arm's runs all
+    emerged, the others' none; for more arms the arms' floor, a bound below the 0/1 values' own)."""
+    out, fams = [], families(d.configs)
+    for fam in fams:
+        labels = list(fam.labels)
+
+        def floor(s: list[int]) -> list[float]:
+            return at_least(s, [arms_floor(s)])
+
+        out.append(Planned(F, EMERGES.named(fam.name if len(fams) > 1 else ""), f"share of runs emerged, {len(labels)} "
+                           "arms", labels, d.seeds(labels), floor, complete(floor), "complete separation"))
     return out
 
 
@@ -293,8 +339,10 @@ def _speed_samples(pilot: Runs, runs: list[list[str]]) -> list | None:
 
 
 def _convergence_samples(pilot: Runs, runs: list[list[str]]) -> list | None:
-    """Per arm, the scores at the pilot's declared mid and end evaluations."""
-    common = _pilot_scores(pilot, runs)[1].dropna(axis=1)
+    """Per arm, ``CONVERGENCE_MEASURE`` at the pilot's declared mid and end evaluations."""
+    m = pilot.metrics
+    d = m[(m["metric"] == CONVERGENCE_MEASURE) & m["run"].isin(sum(runs, []))]
+    common = d.pivot_table(index="run", columns="step", values="value").dropna(axis=1)
     steps = declared_steps(list(common.columns)) if common.shape[1] else None
     if steps is None:
         return None
@@ -310,6 +358,7 @@ def _convergence_resample(samples: list, text: str) -> pw.Model:
 SPEED = Verdict(F, "speed (probes)", speed_tests, _plan_speed, _speed_default,
                 lambda arms, alpha: pw.passes_means([a[0] if isinstance(a, tuple) else a for a in arms], alpha, 0),
                 _speed_samples)
+EMERGES = Verdict(F, "emerges in more runs (probes)", share_tests, _plan_share)
 CONVERGENCE = Verdict(F, "convergence (probes)", convergence_tests, _plan_convergence, _convergence_default,
                       _convergence_passes, _convergence_samples, _convergence_resample)
 RETRIEVAL_ACC = Verdict(F, "speed (val/retrieval_acc rise)", _retrieval_acc)

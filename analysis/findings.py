@@ -7,7 +7,9 @@ for a difference of two arms' means, ``stats.interval``; the one-sample t for a 
 permutation p, the p after Holm's adjustment over the claims of its finding, and the seeds per arm (an arm:
 the runs of one architecture). A test is ``reproduced`` with at least ``stats.MIN_SEEDS`` seeds per compared
 arm and an adjusted p < ``stats.ALPHA`` in the direction the paper states, ``refuted`` when significant in the
-opposite direction, otherwise ``inconclusive`` with the reason (too few seeds, CI spans 0, p too high);
+opposite direction, ``not testable`` where the claim cannot pass by design (too few seeds, too few distinct
+controls: it then leaves its finding's Holm family), otherwise ``inconclusive`` with the reason (CI spans 0, p
+too high);
 ``no signal`` where what the test looks at appeared in no run, ``not tested`` where the runs lack what it
 needs, ``not testable`` where the design cannot tell what the test asks (the reason says why), ``not testable
 at this budget`` where the runs stop before it can be seen. A *context* comparison is shown beside a claim
@@ -17,10 +19,10 @@ The tests are the verdicts registered in analysis/registry.py (each one object, 
 order there; the claims of the tests of one finding form its Holm family. The built-in ones:
 
 1. Emergence (analysis/emergence.py), within each family of hybrids that differ only in their efficient
-   layers (analysis/arms.py): *speed*, censored tokens to the first evaluation above noise, whether each arm
-   emerges reported apart from how fast; *convergence*, a gap at a declared evaluation and equivalence
-   within a stated margin at the end. ``val/retrieval_acc`` has no null with known sampling error and is
-   not tested.
+   layers (analysis/arms.py): *speed*, censored tokens to the first evaluation above noise among the arms
+   that emerge, and *emerges in more runs*, the share that emerges, two claims; *convergence*, among risen
+   arms, a gap at a declared evaluation and equivalence within a stated margin at the end.
+   ``val/retrieval_acc`` has no null with known sampling error and is not tested.
 2. Mechanism (analysis/mechanism.py, analysis/laziness.py): *where*, retrieval heads in full layers against a
    head-level null and a layer-level null over reachable layers stratified by window; *ablation*, per
    architecture, the top-K heads against same-layer non-retrieval heads of the held-out selection report;
@@ -45,9 +47,9 @@ from hybrid_lightning.analysis.stats import Comparison, Decided, Test
 from hybrid_lightning.units import si
 
 TEST_COLUMNS = ["finding", "test", "verdict", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
-                "reason", "evidence"]
+                "reason", "evidence", "ci_level"]
 COMPARISON_COLUMNS = ["finding", "test", "compared", "effect", "unit", "ci_low", "ci_high", "p", "p_holm", "seeds",
-                      "verdict", "reason"]
+                      "verdict", "reason", "ci_level"]
 
 
 def findings(runs: Runs) -> pd.DataFrame:
@@ -78,7 +80,7 @@ def verdicts(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _numbers(c: Comparison) -> dict:
     """A comparison's columns in the tables: compared, effect, unit, ci_low, ci_high, p, p_holm, seeds."""
     return {"compared": c.what, "effect": c.effect, "unit": c.unit, "ci_low": c.ci[0], "ci_high": c.ci[1], "p": c.p,
-            "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds)}
+            "p_holm": c.p_adj, "seeds": stats.seeds_text(c.seeds), "ci_level": c.ci_level}
 
 
 def _row(t: Test, decided: list[Decided]) -> dict:
@@ -87,7 +89,7 @@ def _row(t: Test, decided: list[Decided]) -> dict:
     other way round, else inconclusive; the numbers of the comparison it rests on."""
     row = {"finding": t.finding, "test": t.test, "verdict": t.verdict, "compared": "", "effect": math.nan, "unit": "",
            "ci_low": math.nan, "ci_high": math.nan, "p": math.nan, "p_holm": math.nan, "seeds": "", "reason": t.reason,
-           "evidence": t.evidence}
+           "evidence": t.evidence, "ci_level": math.nan}
     if not decided:
         return row
     shown, verdict, reason = (t.combine or _combine)(decided)
@@ -109,18 +111,23 @@ def markdown(tests: pd.DataFrame, comparisons: pd.DataFrame) -> str:
              "|---|---|---|---|---|---|---|"]
     for t in tests.itertuples(index=False):
         numbers = ["", "", ""] if not t.compared else [
-            f"{_num(t.effect)}{_unit(t.unit)} [{_num(t.ci_low)}, {_num(t.ci_high)}]", f"{t.p:.3g} "
-                                                       f"({t.p_holm:.3g})", t.seeds]
+            f"{_num(t.effect)}{_unit(t.unit)} [{_num(t.ci_low)}, {_num(t.ci_high)}]{_level(t.ci_level)}",
+            f"{t.p:.3g} ({t.p_holm:.3g})", t.seeds]
         lines.append(f"| {t.finding} | {t.test} | {t.verdict} | {' | '.join(numbers)} | {t.reason} |")
     lines += ["", "### Details", ""]
     for t in tests.itertuples(index=False):
         lines.append(f"- **{t.finding}, {t.test}**: {t.evidence}.")
         for c in comparisons[(comparisons["finding"] == t.finding)
                              & (comparisons["test"] == t.test)].itertuples(index=False):
-            lines.append(f"  - {c.compared}: {_num(c.effect)}{_unit(c.unit)} [95% CI {_num(c.ci_low)}, "
+            lines.append(f"  - {c.compared}: {_num(c.effect)}{_unit(c.unit)} [{c.ci_level:.0%} CI {_num(c.ci_low)}, "
                          f"{_num(c.ci_high)}], p {c.p:.3g}, Holm {c.p_holm:.3g}, seeds {c.seeds}: "
                          f"{c.verdict}" + (f"; {c.reason}" if c.reason else ""))
     return "\n".join(lines) + "\n"
+
+
+def _level(level: float) -> str:
+    """`` (90% CI)`` after a test's interval where it is not the table's 95%."""
+    return "" if pd.isna(level) or round(level, 6) == stats.LEVEL else f" ({level:.0%} CI)"
 
 
 def _unit(unit) -> str:

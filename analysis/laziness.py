@@ -1,7 +1,9 @@
 """Large-Window Laziness (analysis/findings.py, finding 2): among SWA hybrids with RoPE full layers, the first
-step from which every later scoring has a retrieval head, right-censored at the run's last scoring; per pair of
-adjacent windows of one family (hybrids alike but for the window) a log-rank test and the difference of
-restricted mean steps, larger window minus smaller, combined by ``_monotone``."""
+step from which every later scoring has a retrieval head *in a full-attention layer* (the paper's laziness is
+about the full layers' heads; which layers are full is the run plan's), right-censored at the run's last
+scoring; per pair of adjacent windows of one family (hybrids alike but for the window) a log-rank test and the
+difference of restricted mean steps, larger window minus smaller, combined by ``_monotone``. The first step
+with a retrieval head in a windowed layer is reported beside it as context, never in the statistic."""
 
 from __future__ import annotations
 
@@ -40,15 +42,43 @@ def laziness_tests(runs: Runs) -> list[Test]:
     return [_laziness(runs, g, LAZINESS.named(g["label"].iloc[0])) for g in families]
 
 
+def first_heads(runs: Runs, names: list[str]) -> pd.DataFrame:
+    """Per run of ``names`` with per-head scores: run, window, scored_until (its last scoring), first_step (the
+    first scoring from which every later one has a retrieval head in a full-attention layer of its plan; NaN:
+    none yet) and first_windowed (the same for its windowed layers: context)."""
+    h = runs.heads[runs.heads["run"].isin(names)]
+    full = runs.configs.set_index("run")["full_layers"].map(lambda t: {int(x) for x in str(t).split(",") if x})
+    h = h.assign(full=[layer in full[run] for run, layer in zip(h["run"], h["layer"])],
+                 retrieval=h["retrieval"].astype(bool))
+    counts = h.groupby(["run", "step", "full"])["retrieval"].sum().unstack("full", fill_value=0)  # (run, step) x full
+    window, rows = tables.windows(runs.configs), []
+    for run, g in counts.groupby(level="run"):
+        g = g.droplevel("run").sort_index()
+        rows.append({"run": run, "window": window[run], "scored_until": g.index.max(),
+                     "first_step": _held(g.get(True)), "first_windowed": _held(g.get(False))})
+    return pd.DataFrame(rows, columns=["run", "window", "scored_until", "first_step", "first_windowed"])
+
+
+def _held(counts: pd.Series | None) -> float:
+    """The first step from which every later count is at least 1 (reverse cumulative minimum), NaN if none."""
+    if counts is None:
+        return math.nan
+    hit = counts[counts.iloc[::-1].cummin().iloc[::-1] >= 1]
+    return float(hit.index[0]) if len(hit) else math.nan
+
+
 def _laziness(runs: Runs, rope: pd.DataFrame, name: str) -> Test:
-    c = runs.configs
-    first = tables.first_heads(runs.metrics[runs.metrics["run"].isin(rope["run"])], c)
+    first = first_heads(runs, list(rope["run"]))
     if first["window"].nunique() < 2:
         return Test(F, name, verdict="not tested", evidence="fewer than two SWA windows with retrieval-head scores")
     first = first.assign(event=first["first_step"].notna(), time=first["first_step"].fillna(first["scored_until"]))
     by_window = {int(w): g for w, g in first.groupby("window")}
-    evidence = ("first step with a retrieval head for good, per window (seeds; never (S): none by the last scoring "
-                "at step S, a censored time): " + "; ".join(f"W={w}: {_first_steps(g)}" for w, g in by_window.items()))
+    evidence = ("first step with a retrieval head for good in a full-attention layer, per window (seeds; never (S): "
+                "none by the last scoring at step S, a censored time): "
+                + "; ".join(f"W={w}: {_first_steps(g)}" for w, g in by_window.items())
+                + "; beside it (context, not in the statistic), the same in the windowed layers: "
+                + "; ".join(f"W={w}: " + ", ".join("never" if math.isnan(t) else str(int(t))
+                                                    for t in g["first_windowed"]) for w, g in by_window.items()))
     if not first["event"].any():
         return Test(F, name, verdict="no signal", evidence=evidence)
     windows = sorted(by_window)
@@ -88,11 +118,12 @@ def _monotone(decided: list[Decided]) -> Decided:
     if reversed_:
         c, _, _ = stats.strongest(reversed_)
         return c, "refuted", f"{_pair_name(c)}: significantly earlier for the larger window"
-    untestable = [d for d in decided if d[1] == NOT_TESTABLE]
+    untestable = [d for d in decided if d[1] in (NOT_TESTABLE, stats.BY_DESIGN)]
     against = [d for d in decided if d not in untestable and not d[0].effect > 0]
     if untestable or against:
         shown = (untestable or against)[0]
-        why = [f"{_pair_name(d[0])}: not testable (both arms censored)" for d in untestable]
+        why = [f"{_pair_name(d[0])}: not testable (" + ("both arms censored" if d[1] == NOT_TESTABLE else d[2]) + ")"
+               for d in untestable]
         why += [f"{_pair_name(d[0])}: " + ("against the predicted direction" if d[0].effect < 0 else
                                           "no difference up to the earlier last scoring") for d in against]
         return shown[0], "inconclusive", "; ".join(why)
@@ -134,9 +165,9 @@ def _passes(arms: list, alpha: float) -> np.ndarray:
 
 
 def _samples(pilot: Runs, runs: list[list[str]]) -> list | None:
-    """Per arm, each run's first step with a retrieval head for good as a share of its last scoring, censored
-    where none came: (times, events)."""
-    first = tables.first_heads(pilot.metrics[pilot.metrics["run"].isin(sum(runs, []))], pilot.configs).set_index("run")
+    """Per arm, each run's first step with a retrieval head for good in a full layer as a share of its last
+    scoring, censored where none came: (times, events)."""
+    first = first_heads(pilot, sum(runs, [])).set_index("run")
     if any(not set(r) <= set(first.index) for r in runs):
         return None
     step, until = first["first_step"], first["scored_until"]

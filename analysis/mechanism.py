@@ -12,13 +12,17 @@ windows none of whose layers at that index can reach a source, cannot give it: t
 testable. ``reproduced`` needs both nulls rejected.
 
 *Ablation*, per architecture with the seed as the unit: per checkpoint and K, the probe token-accuracy drop
-(lengths within training) from masking the top-K heads minus the mean drop of its controls, then per run
-the mean over its checkpoints. A control draw counts only where it masks, layer by layer, as many heads as
-the top-K has there, none of them in the top-K and none a retrieval head by the held-out selection report
-(``eval.heads.selection_seed``; the scored report's marks for records without one): whatever the run's
-files call it. p: within each checkpoint the top-K masking moved among its control draws, seeds of one
-architecture as strata (``stats.stratified_p``); interval: one-sample t over its runs. A checkpoint whose
-top-K fills a layer (K >= heads per layer there) has no such control: that architecture is not testable.
+(lengths within training) from masking the top-K heads minus the mean drop of its distinct controls, then
+per run the mean over its checkpoints. A control draw counts only where it masks, layer by layer, as many
+heads as the top-K has there, none of them in the top-K and none a retrieval head by the held-out selection
+report (``eval.heads.selection_seed``; the scored report's marks for records without one): whatever the
+run's files call it. A control is a distinct head set: draws of the same set are one control (their mean
+drop), never several. p: within each checkpoint the top-K masking moved among its distinct controls,
+checkpoints as strata, each run weighing as one (``stats.stratified_p``, exact up to 50,000 placements);
+interval: one-sample t over its runs. A checkpoint whose top-K fills a layer (K >= heads per layer there)
+has no such control: that architecture is not testable; where its distinct controls are so few that the
+exact p cannot fall below ``ALPHA`` (4 heads, K = 2: one set per run, 2 / 2^3 = 0.25 at 3 seeds), its claim
+is not testable by design and leaves the Holm family.
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ from scipy import stats as st
 from hybrid_lightning.analysis import stats, tables
 from hybrid_lightning.analysis.arms import swa_hybrids
 from hybrid_lightning.analysis.load import Runs
-from hybrid_lightning.analysis.stats import MIN_SEEDS, Comparison, Decided, Test
+from hybrid_lightning.analysis.stats import ALPHA, MIN_SEEDS, Comparison, Decided, Test
 from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, at_least, complete, stratified_floor
 
 F = "2. retrieval heads"
-NOT_TESTABLE = "not testable"  # the design cannot tell what the test asks
+NOT_TESTABLE = stats.BY_DESIGN  # the design cannot tell what the test asks
 
 
 def where(runs: Runs) -> Test:
@@ -47,8 +51,11 @@ def where(runs: Runs) -> Test:
         return Test(F, WHERE.name, verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
     last = h[h["step"] == h.groupby("run")["step"].transform("max")]
     reach = "reach_steps" in last and last["reach_steps"].notna().all()
+    windowed_reach = last["run"].isin(last.loc[last["kind"].ne(FULL) & (last["reach_steps"] > 0), "run"]) if reach \
+        else pd.Series(True, index=last.index)  # runs some windowed head of which could reach a copy source
     if reach:
         last = last[last["reach_steps"] > 0]
+    windowed_reach = windowed_reach.reindex(last.index)
     retrieval = last["reach_retrieval" if reach else "retrieval"].astype(bool)
     # a head attends fully where its record holds no window: a full layer's, or a head-wise layer's full heads
     full = last["window"].isna()
@@ -63,7 +70,9 @@ def where(runs: Runs) -> Test:
                 f"full-attention layers, in {len(with_heads)} runs")
     if with_heads.empty:
         return Test(F, WHERE.name, verdict="no signal", evidence=evidence)
-    ci = st.binomtest(k, n).proportion_ci(stats.LEVEL, method="exact")
+    pooled = with_heads[with_heads.index.isin(last.loc[windowed_reach, "run"])]  # the unit is the run
+    k_runs, n_runs = int((pooled["retrieval_full"] == pooled["retrieval"]).sum()), len(pooled)
+    ci = st.binomtest(k_runs, n_runs).proportion_ci(stats.LEVEL, method="exact") if n_runs else None
     mine = last[last["run"].isin(with_heads.index)]
     # runs whose reachable heads are of both kinds
     mixed = with_heads[(with_heads["heads"] > 0) & (with_heads["heads"] < 1)]
@@ -72,7 +81,12 @@ def where(runs: Runs) -> Test:
     heads = Comparison.paired("share of retrieval heads in full layers - share of heads there (head-level null)",
                               excess.to_numpy() if len(excess) else np.array([math.nan]), head_p, +1)
     depth, placements = _where_at_depth(mine)
-    text = (f"; pooled share in full layers {k}/{n} = {k / n:.2f} (exact 95% CI {ci.low:.2f} to {ci.high:.2f}); "
+    if math.isnan(depth.p):  # the test is not testable: its head-level claim leaves the Holm family with it
+        heads.untestable = "attention type confounded with depth"
+    runs_text = (f"{k_runs}/{n_runs} = {k_runs / n_runs:.2f} (exact 95% CI {ci.low:.2f} to {ci.high:.2f})" if ci else
+                 "none")
+    text = (f"; runs whose retrieval heads are all in full-attention layers, among the runs with retrieval heads whose "
+            f"windowed heads could reach a copy source: {runs_text}; "
             f"{len(with_heads) - len(mixed)} of these runs have reachable heads of one kind only; full layers at "
             f"{placements}; per run: " + ", ".join(f"{run}: {r['retrieval_full']:.0f}/{r['retrieval']:.0f} vs "
                                                    f"{r['heads']:.2f}" for run, r in with_heads.iterrows()))
@@ -111,7 +125,7 @@ def _where_verdict(decided: list[Decided]) -> Decided:
         return heads, NOT_TESTABLE, ("attention type confounded with depth: no window has a full-attention layer and a "
                                      "windowed layer that could reach a copy source at the same layer index (a "
                                      "placement such as FEEE beside EEEF, at a window that reaches the echo probes, "
-                                     "tells them apart); head level: " + (hv if hv != "inconclusive" else hr))
+                                     f"tells them apart); head level, outside the Holm family: raw p {heads.p:.3g}")
     if "refuted" in (hv, dv):
         return (heads, hv, hr) if hv == "refuted" else (depth, dv, dr)
     if hv == dv == "reproduced":
@@ -137,25 +151,30 @@ def _retrieval_marks(runs: Runs) -> tuple[dict, str]:
     return {**scored, **marks}, used
 
 
-def _experiment(top: set, draws: pd.DataFrame, per_layer: Counter, retrieval: set) -> tuple[list[float], str]:
-    """The drops of ``draws`` that are controls of the top-K ``top`` (see the module), or the reason there are none."""
+def _experiment(top: set, draws: pd.DataFrame, per_layer: Counter, retrieval: set) -> tuple[dict, str]:
+    """The distinct head sets of ``draws`` that are controls of the top-K ``top`` (see the module), each with the
+    mean drop of its draws, or the reason there are none."""
     wanted = Counter(layer for layer, _ in top)
     if not per_layer:
-        return [], "no head scores at the checkpoint"
+        return {}, "no head scores at the checkpoint"
     if not top & retrieval:
-        return [], "no retrieval head in the top-K"
+        return {}, "no retrieval head in the top-K"
     full = [layer for layer, c in wanted.items() if c >= per_layer[layer]]
     if full:
-        return [], (f"the top-K fills layer {', '.join(map(str, sorted(full)))} "
+        return {}, (f"the top-K fills layer {', '.join(map(str, sorted(full)))} "
                     f"({len(top)} of {per_layer[full[0]]} heads)")
     taken = Counter(layer for layer, _ in top | retrieval)
     short = [layer for layer, c in wanted.items() if per_layer[layer] - taken[layer] < c]
     if short:
-        return [], f"the other heads of layer {', '.join(map(str, sorted(short)))} are retrieval heads"
-    valid = [d for heads, d in zip(draws["heads"], draws["token_drop"])
-             if Counter(layer for layer, _ in _heads(heads)) == wanted and len(set(_heads(heads))) == len(top)
-             and not set(_heads(heads)) & (top | retrieval)]
-    return valid, "" if valid else "no control draw of non-retrieval heads of the top-K's layers"
+        return {}, f"the other heads of layer {', '.join(map(str, sorted(short)))} are retrieval heads"
+    valid = {}  # distinct head set -> the drops of its draws (a set drawn twice is one control)
+    for text, drop in zip(draws["heads"], draws["token_drop"]):
+        heads = _heads(text)
+        if (Counter(layer for layer, _ in heads) == wanted and len(set(heads)) == len(top)
+                and not set(heads) & (top | retrieval)):
+            valid.setdefault(frozenset(heads), []).append(drop)
+    return ({heads: float(np.mean(drops)) for heads, drops in valid.items()},
+            "" if valid else "no control draw of non-retrieval heads of the top-K's layers")
 
 
 def ablation(runs: Runs) -> Test:
@@ -176,7 +195,7 @@ def ablation(runs: Runs) -> Test:
         valid, why = _experiment(set(_heads(top["heads"].iloc[0])), others, per_layer.get((run, step), Counter()),
                                  marks.get((run, step), set()))
         if valid:
-            strata.setdefault(label, {})[(run, step, k)] = (float(top["token_drop"].iloc[0]), valid)
+            strata.setdefault(label, {})[(run, step, k)] = (float(top["token_drop"].iloc[0]), valid, len(others))
         else:
             reasons.setdefault(label, []).append(why)
     return _ablation_test(strata, reasons, used)
@@ -185,15 +204,11 @@ def ablation(runs: Runs) -> Test:
 def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
     comparisons, lines = [], []
     for label, experiments in sorted(strata.items()):
-        per_run = pd.Series({key: top - np.mean(valid) for key, (top, valid) in experiments.items()})
-        d = per_run.groupby(level=0).mean()
-        p = stats.stratified_p([(np.r_[top, valid], np.r_[True, np.zeros(len(valid), bool)])
-                                for top, valid in experiments.values()])
-        ks = ", ".join(sorted({str(int(k)) for _, _, k in experiments}))
-        comparisons.append(Comparison.paired(f"{label}: top-K drop - drop of same-layer non-retrieval draws (K = {ks})",
-                                             d.to_numpy(), p, +1))
-        lines.append(f"{label}: " + ", ".join(f"{run} step {step}: {top:.3f} vs {np.mean(v):.3f} ({len(v)} draws)"
-                                              for (run, step, _), (top, v) in experiments.items()))
+        comparisons.append(_per_architecture(label, experiments))
+        lines.append(f"{label}: " + ", ".join(
+            f"{run} step {step}: {top:.3f} vs {np.mean(list(sets.values())):.3f} ({len(sets)} distinct control "
+            f"set{'s' * (len(sets) > 1)} in {draws} draws)"
+            for (run, step, _), (top, sets, draws) in experiments.items()))
     untestable = [f"{label}: " + "; ".join(f"{why} ({n} of {len(whys)} "
                                            "checkpoints)" for why, n in Counter(whys).items())
                   for label, whys in sorted(reasons.items()) if label not in strata]
@@ -204,6 +219,28 @@ def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
     if all(w == "no retrieval head in the top-K" for whys in reasons.values() for w in whys):
         return Test(F, ABLATION.name, verdict="no signal", evidence=evidence)
     return Test(F, ABLATION.name, verdict=NOT_TESTABLE, reason="; ".join(untestable), evidence=evidence)
+
+
+def _per_architecture(label: str, experiments: dict) -> Comparison:
+    """The claim of one architecture from its checkpoints ((run, step, K) -> (top-K drop, distinct control set ->
+    its drop, draws)): per run the mean over its checkpoints of the top-K drop minus the mean drop of its
+    distinct controls; p stratified by checkpoint, each run weighing as one; not testable where the distinct
+    controls are too few for the exact p to fall below ``ALPHA``."""
+    checkpoints = Counter(run for run, _, _ in experiments)
+    per_run = pd.Series({key: top - np.mean(list(sets.values())) for key, (top, sets, _) in experiments.items()})
+    d = per_run.groupby(level=0).mean()
+    p = stats.stratified_p([(np.r_[top, list(sets.values())], np.r_[True, np.zeros(len(sets), bool)])
+                            for top, sets, _ in experiments.values()],
+                           [1 / checkpoints[run] for run, _, _ in experiments])
+    ks = ", ".join(sorted({str(int(k)) for _, _, k in experiments}))
+    c = Comparison.paired(f"{label}: top-K drop - drop of distinct same-layer non-retrieval head sets (K = {ks})",
+                          d.to_numpy(), p, +1)
+    counts = [len(sets) for _, sets, _ in experiments.values()]
+    floor = stratified_floor([n + 1 for n in counts])
+    if floor >= ALPHA:
+        c.untestable = (f"{'/'.join(map(str, counts))} distinct same-layer control head sets at its "
+                        f"{len(counts)} checkpoints: the exact p cannot fall below {floor:.2g}")
+    return c
 
 
 def _plan_where(d: Design, _: Models) -> list[Planned]:
@@ -241,20 +278,28 @@ def _plan_where(d: Design, _: Models) -> list[Planned]:
 
 
 def _plan_ablation(d: Design, _: Models) -> list[Planned]:
-    """Ablation per architecture with full-attention heads: the top-K against ``d.controls`` same-layer draws."""
-    out, k, controls = [], d.top_k, d.controls
+    """Ablation per architecture with full-attention heads: the top-K, in one layer, against the distinct
+    same-layer head sets of ``d.controls`` draws (at most C(heads - K, K), each counted once)."""
+    out, k = [], d.top_k
     for label in d.arms:
         if not d.plan(label).full_layers:
             continue
         heads = int(d.value(label, "model.n_heads"))
+        sets = min(d.controls, math.comb(heads - k, k)) if k < heads else 0
 
-        def floor(s: list[int], ok: bool = k < heads) -> list[float]:
-            return at_least(s, [stratified_floor([controls + 1] * s[0]) if ok else math.nan])
+        def floor(s: list[int], sets: int = sets) -> list[float]:
+            return at_least(s, [stratified_floor([sets + 1] * s[0]) if sets else math.nan])
 
         why = "" if k < heads else (f"the top-K (K={k}) fills a layer of {heads} heads wherever it lies in one: no "
                                     "same-layer control; testable only where it spans layers")
-        out.append(Planned(F, ABLATION.named(label), f"top-{k} heads vs {controls} same-layer non-retrieval draws",
-                           [label], d.seeds([label]), floor, complete(floor), "complete separation", why=why))
+        seeds = d.seeds([label])[0]
+        if sets and seeds >= MIN_SEEDS and stratified_floor([sets + 1] * seeds) >= ALPHA:
+            why = (f"a layer of {heads} heads with the top-{k} in it leaves {sets} distinct same-layer control head "
+                   f"set{'s' * (sets > 1)}: at {seeds} seeds the exact p cannot fall below "
+                   f"{stratified_floor([sets + 1] * seeds):.2g}")
+        out.append(Planned(F, ABLATION.named(label), f"top-{k} heads vs their {sets} distinct same-layer "
+                           "non-retrieval head sets", [label], d.seeds([label]), floor, complete(floor),
+                           "complete separation", why=why))
     return out
 
 

@@ -21,6 +21,7 @@ def register(verdict: Verdict) -> Verdict:
 
 
 register(emergence.SPEED)
+register(emergence.EMERGES)
 register(emergence.CONVERGENCE)
 register(emergence.RETRIEVAL_ACC)
 register(mechanism.WHERE)

@@ -36,7 +36,8 @@ from hybrid_lightning.analysis.permutation import EXACT_LIMIT, PERMUTATIONS, SEE
 
 ALPHA = 0.05
 LEVEL = 0.95  # of every interval
-MIN_SEEDS = 3  # per compared arm, for a verdict other than inconclusive
+MIN_SEEDS = 3  # per compared arm, for a verdict other than not testable
+BY_DESIGN = "not testable"  # the verdict of a claim the design keeps from passing whatever the data
 
 
 def interval(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -81,36 +82,37 @@ def permutation_p(arms: list[np.ndarray], statistic: Statistic = mean_difference
     return permutation.permutation_p(arms, statistic, upper)
 
 
-def stratified_p(strata: list[tuple[np.ndarray, np.ndarray]]) -> float:
+def stratified_p(strata: list[tuple[np.ndarray, np.ndarray]], weights: list[float] | None = None) -> float:
     """Two-sided permutation p for "the marked items of each run are like any others of that run" (scipy has
     no stratified permutation test). Each stratum (one run) is (values (n,), marked (n,) bool); the statistic
-    is the mean over runs of (mean of the marked values - mean of all values), and the null distribution
-    comes from moving the marks among the items of each run, keeping their number (e.g. which of a run's
-    head maskings is the top-K one among its random draws). Exact over every combination up to
-    ``EXACT_LIMIT``, else Monte-Carlo as in ``permutation_p``.
+    is the mean over runs of (mean of the marked values - mean of all values), weighted by ``weights`` where
+    given (e.g. 1 / a run's checkpoints, so that each run counts once), and the null distribution comes from
+    moving the marks among the items of each run, keeping their number (e.g. which of a run's head maskings
+    is the top-K one among its distinct controls). Exact over every combination up to ``EXACT_LIMIT``, else
+    Monte-Carlo as in ``permutation_p``.
 
     Returns: p in (0, 1]; NaN without a stratum that has marked and unmarked items.
     """
-    strata = [(np.asarray(v, dtype=float), np.asarray(m, dtype=bool)) for v, m in strata]
-    strata = [(v, m) for v, m in strata if 0 < m.sum() < len(m)]
-    if not strata:
+    weights = [1.0] * len(strata) if weights is None else weights
+    kept = [(np.asarray(v, dtype=float), np.asarray(m, dtype=bool), w) for (v, m), w in zip(strata, weights)]
+    kept = [(v, m, w) for v, m, w in kept if 0 < m.sum() < len(m)]
+    if not kept:
         return math.nan
-    observed = np.mean([v[m].mean() - v.mean() for v, m in strata])
+    strata, w = [(v, m) for v, m, _ in kept], np.array([w for *_, w in kept]) / sum(w for *_, w in kept)
+    observed = sum(wi * (v[m].mean() - v.mean()) for wi, (v, m) in zip(w, strata))
     if math.prod(math.comb(len(v), int(m.sum())) for v, m in strata) <= EXACT_LIMIT:
         values, extra = np.zeros(1), 0
-        for v, m in strata:  # every combination's statistic: the outer sum of the strata's terms
+        for wi, (v, m) in zip(w, strata):  # every combination's statistic: the outer sum of the strata's terms
             terms = (np.array([v[list(c)].mean() for c in itertools.combinations(range(len(v)), int(m.sum()))])
                      - v.mean())
-            values = np.add.outer(values, terms).ravel()
-        values = values / len(strata)
+            values = np.add.outer(values, wi * terms).ravel()
     else:
         rng = np.random.default_rng(SEED)
         values, extra = np.zeros(PERMUTATIONS), 1
-        for v, m in strata:
+        for wi, (v, m) in zip(w, strata):
             marks = rng.permuted(np.tile(m, (PERMUTATIONS, 1)), axis=1)  # (draws, n)
-            values += (marks * v).sum(axis=1) / m.sum() - v.mean()
-        values = values / len(strata)
-    return two_sided(values, observed, extra)
+            values += wi * ((marks * v).sum(axis=1) / m.sum() - v.mean())
+    return two_sided(values, float(observed), extra)
 
 
 def two_sided(values: np.ndarray, observed: float, extra: int) -> float:
@@ -163,6 +165,8 @@ class Comparison:
     unit: str = ""
     p_adj: float = math.nan
     claim: bool = True  # False: shown beside the claims (context), outside the Holm family, deciding nothing
+    untestable: str = ""  # why the design keeps this claim from passing (e.g. too few distinct controls)
+    ci_level: float = LEVEL  # of ``ci`` as computed (two one-sided tests at ALPHA: 1 - 2 ALPHA)
 
     @classmethod
     def of(cls, what: str, arms: list[np.ndarray], expected: int, unit: str = "") -> Comparison:
@@ -195,12 +199,12 @@ class Comparison:
         """(verdict, reason): ``reproduced`` with at least ``MIN_SEEDS`` seeds per arm, Holm-adjusted p <
         ``ALPHA`` in the expected direction (any direction where none is expected) and a 95% interval that
         excludes 0 (where there is one); ``refuted`` the same in the opposite direction; else ``inconclusive``
-        with the reason. A context comparison
-        (``claim`` false) is ``context``: it decides nothing."""
+        with the reason; ``not testable`` where the design keeps it from passing (``by_design``). A context
+        comparison (``claim`` false) is ``context``: it decides nothing."""
         if not self.claim:
             return "context", f"shown beside the claim, outside the Holm family (raw p {self.p:.3g})"
-        if min(self.seeds) < MIN_SEEDS:
-            return "inconclusive", f"too few seeds ({min(self.seeds)} in an arm; the rule needs {MIN_SEEDS})"
+        if self.by_design():
+            return BY_DESIGN, self.by_design() + "; outside the Holm family"
         if math.isnan(self.p_adj):
             return "inconclusive", "the effect is undefined on these runs"
         if self.p_adj < ALPHA and self.spans_zero():
@@ -213,6 +217,14 @@ class Comparison:
         floor = min_p(*self.seeds) if len(self.seeds) == 2 else 0.0
         return "inconclusive", (f"adjusted p {self.p_adj:.3g} >= {ALPHA}" + (
             f"; with {seeds_text(self.seeds)} seeds no p can fall below {floor:.2g}" if floor >= ALPHA else ""))
+
+    def by_design(self) -> str:
+        """Why the claim cannot pass whatever the data (``untestable``, or fewer than ``MIN_SEEDS`` seeds in an
+        arm): such a claim is ``not testable`` and leaves its finding's Holm family; empty where it can."""
+        if self.untestable:
+            return self.untestable
+        return f"too few seeds ({min(self.seeds)} in an arm; the rule needs {MIN_SEEDS})" if min(
+            self.seeds) < MIN_SEEDS else ""
 
     def spans_zero(self) -> bool:
         """Whether the interval holds 0 (False where there is none); a CI of exactly 0 may come out as -3e-17."""
@@ -247,9 +259,9 @@ class Test:
 
 
 def adjust(comparisons: list[Comparison]) -> None:
-    """Sets each claim's ``p_adj``: Holm over the claims of the list (the tests of one finding); a context
-    comparison keeps NaN."""
-    claims = [c for c in comparisons if c.claim]
+    """Sets each claim's ``p_adj``: Holm over the claims of the list (the tests of one finding) that can pass
+    by design (``Comparison.by_design``); a context comparison, and a claim that cannot pass, keeps NaN."""
+    claims = [c for c in comparisons if c.claim and not c.by_design()]
     for c, p in zip(claims, holm([c.p for c in claims])):
         c.p_adj = p
 
@@ -285,8 +297,8 @@ def seeds_text(seeds: tuple[int, ...]) -> str:
 
 
 def strongest(decided: list[Decided]) -> Decided:
-    """The comparison with the smallest adjusted p (then the largest effect)."""
-    return min(decided, key=lambda d: (nan_last(d[0].p_adj), -abs(nan_last(d[0].effect))))
+    """The comparison with the smallest adjusted p (then the smallest raw p, then the largest effect)."""
+    return min(decided, key=lambda d: (nan_last(d[0].p_adj), nan_last(d[0].p), -abs(nan_last(d[0].effect))))
 
 
 def nan_last(p: float) -> float:

@@ -33,7 +33,7 @@ def fabricate(run_dir, config, state, scalars, token_acc=(), beyond_extra=0.0, h
     EVAL_STEPS[i] an eval/step_<k>.json whose token accuracy minus chance is token_acc[i] at length 8 and
     token_acc[i] + beyond_extra at length 16 (> seq_len), and a heads file with heads[i] = (retrieval heads,
     score of head 3.0), its layers' kinds from the config's pattern and mixer and its heads per layer from
-    model.n_heads."""
+    model.n_heads; the retrieval heads are the first heads of its first full-attention layer."""
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     last = max((s for series in scalars.values() for s, _ in series), default=0)
@@ -61,10 +61,11 @@ def fabricate(run_dir, config, state, scalars, token_acc=(), beyond_extra=0.0, h
     for step, (count, score) in zip(EVAL_STEPS, heads):
         tokens = (step + 1) * TOKENS_PER_STEP
         kinds = ["full" if letter == "F" else config["model"]["mixer"] for letter in config["model"]["pattern"]]
+        first_full = kinds.index("full") if "full" in kinds else None
         rows = [{"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": kinds[layer],
                  "window": 16 if layers_swa else None, "pos": "rope",
                  "score": score if (layer, head) == (3, 0) else 0.0,
-                 "retrieval": False, "role": None}
+                 "retrieval": layer == first_full and head < count, "role": None}
                 for layer, layers_swa in enumerate(k == "swa" for k in kinds) if kinds[layer] in ("full", "swa")
                 for head in range(config["model"]["n_heads"])]
         layers = [{"step": step, "tokens": tokens, "layer": i, "kind": k, "window": 16 if k == "swa" else None,

@@ -4,6 +4,7 @@ effect at 5 seeds is reproduced with p < 0.05, the same at 3 seeds is inconclusi
 3 + 3 seeds falls below 0.1, no effect is inconclusive, the reversed effect is refuted; times that never come
 are censored; and the statistics on constructed cases with exact values."""
 
+import json
 import math
 
 import numpy as np
@@ -166,6 +167,31 @@ def test_laziness_smaller_window_later_is_not_reproduced(tmp_path, seeds):
     row = verdicts(tmp_path).loc["laziness"]
     assert row["verdict"] != "reproduced"
     assert_verdict(row, "refuted" if seeds == 5 else "inconclusive", "W=32 - W=16")
+
+
+def mark_windowed(run, from_step):
+    """Head 0.0 (a windowed layer of EEEF) a retrieval head at every scoring from ``from_step`` on."""
+    for path in sorted((run / "eval").glob("heads_step_*.json")):
+        report = json.loads(path.read_text())
+        if report["step"] >= from_step:
+            report["heads"][0]["retrieval"] = True
+            report["total"]["retrieval_heads"] += 1
+            path.write_text(json.dumps(report))
+
+
+def test_laziness_times_full_layer_heads_only(tmp_path):
+    """Full-layer heads form in the paper's order (W=16 at step 9, W=32 at 19, W=64 at 29, its seed 0 never),
+    while W=32 and W=64 also form a retrieval head in a windowed layer at step 9: timed on any layer's heads
+    every window would start at 9; timed on the full layers' heads laziness is reproduced, and the windowed
+    heads are in the evidence beside it."""
+    windows(tmp_path, 5, (lambda s: 9, lambda s: 19, lambda s: 99 if s == 0 else 29))
+    for w in (32, 64):
+        for s in range(5):
+            mark_windowed(tmp_path / f"w{w}-s{s}", 9)
+    row = verdicts(tmp_path).loc["laziness"]
+    assert_reproduced(row)
+    assert "W=32: 19, 19, 19, 19, 19" in row["evidence"] and "W=32: 9, 9, 9, 9, 9" in row["evidence"]
+    assert "W=16: never, never" in row["evidence"]
 
 
 @pytest.mark.parametrize("seeds", [3, 5])

@@ -4,6 +4,7 @@ source, within one window; the ablation's controls are same-layer non-retrieval 
 selection report, per architecture, and a top-K that fills its layer has none."""
 
 import json
+import math
 
 import pytest
 from scipy import stats as st
@@ -46,15 +47,15 @@ def placed(root, seeds, layers, window=16, reach=lambda row: None):
 def test_where_one_placement_cannot_tell_type_from_depth(tmp_path, seeds):
     """4 layers x 2 heads, layer 3 full in every run, both retrieval heads there: the full layer is always the
     last, so the verdict cannot say "full attention" rather than "last layer"; the pooled count has its exact
-    binomial interval."""
+    binomial interval over runs."""
     arm(tmp_path, "h", seeds, heads=lambda s: ((0, 0.0),) * 3 + ((1, 0.5),))
     for s in range(seeds):
         edit_heads(tmp_path / f"h-s{s}", {(3, 0), (3, 1)})
     where = verdicts(tmp_path).loc["where"]
     assert where["effect"] == pytest.approx(0.75) and where["seeds"] == str(seeds)
     assert_verdict(where, "not testable", "attention type confounded with depth")
-    ci = st.binomtest(2 * seeds, 2 * seeds).proportion_ci(0.95, method="exact")
-    assert f"{2 * seeds}/{2 * seeds} = 1.00 (exact 95% CI {ci.low:.2f} to 1.00)" in where["evidence"]
+    ci = st.binomtest(seeds, seeds).proportion_ci(0.95, method="exact")  # runs, not heads, are the unit
+    assert f"could reach a copy source: {seeds}/{seeds} = 1.00 (exact 95% CI {ci.low:.2f} to 1.00)" in where["evidence"]
     assert f"layers [3] in {seeds} runs" in where["evidence"]
 
 
@@ -128,12 +129,13 @@ def test_ablation_top_k_filling_its_layer_is_not_testable(tmp_path, seeds):
 @pytest.mark.parametrize("seeds", [3, 5])
 @pytest.mark.parametrize("effect", ["strong", "any head", "reversed"])
 def test_ablation_against_same_layer_non_retrieval_heads(tmp_path, seeds, effect):
-    """4 heads per layer, retrieval head 3.0: the top-2 drop 0.9 against the other two heads of layer 3 masked
-    in 4 draws with drops 0.1, 0.3, 0.2, 0.2 (strong), 0.9 each (any full-layer head as harmful) or the top-2
-    harmless (reversed). p exact over the 5^seeds placements of the top-K among its draws."""
+    """8 heads per layer, retrieval head 3.0: the top-2 drop 0.9 against 4 distinct pairs of other heads of
+    layer 3 with drops 0.1, 0.3, 0.2, 0.2 (strong), 0.9 each (any full-layer head as harmful) or the top-2
+    harmless (reversed). p exact over the 5^seeds placements of the top-K among its distinct controls."""
     top = {"strong": 0.9, "any head": 0.9, "reversed": 0.0}[effect]
     drops = (0.9, 0.9, 0.9, 0.9) if effect == "any head" else (0.1, 0.3, 0.2, 0.2)
-    ablate(tmp_path, "a", seeds, lambda s: top, drops, n_heads=4)
+    ablate(tmp_path, "a", seeds, lambda s: top, drops, n_heads=8,
+           controls=(("control", lambda d: [[3, 2 + d], [3, 3 + d]]),))
     row = verdicts(tmp_path).loc["ablation"]
     assert row["seeds"] == str(seeds) and row["compared"].startswith("swa W=16 EEEF: ")  # one architecture, its seeds
     assert row["effect"] == pytest.approx(top - sum(drops) / 4)
@@ -160,3 +162,15 @@ def test_ablation_counts_only_controls_that_follow_the_rule(tmp_path, seeds):
            controls=(("control", lambda d: [[3, 2], [3, 3]]), ("control", lambda d: [[3, 3], [3, 3]])))
     row = verdicts(tmp_path).loc["ablation"]  # 3.2 is a retrieval head of b: one head of layer 3 is left for two
     assert_verdict(row, "not testable", "W=64: the other heads of layer 3 are retrieval heads")
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_ablation_counts_each_distinct_control_set_once(tmp_path, seeds):
+    """4 heads per layer, the top-2 in layer 3: the only same-layer control is the pair 3.2, 3.3, drawn 20
+    times with one drop. One control per run, not 20: the exact p is 2 / 2^seeds (0.25 at 3 seeds, 0.0625 at
+    5), never below 0.05, and the claim is not testable by design (out of the Holm family)."""
+    ablate(tmp_path, "a", seeds, lambda s: 0.9, (0.05,) * 20, n_heads=4)
+    row = verdicts(tmp_path).loc["ablation"]
+    assert_verdict(row, "not testable", "1/" + "/".join(["1"] * (seeds - 1)) + " distinct same-layer control")
+    assert row["p"] == pytest.approx(2 / 2 ** seeds) and row["p"] >= 0.05 and math.isnan(row["p_holm"])
+    assert "1 distinct control set in 20 draws" in row["evidence"]
