@@ -51,8 +51,9 @@ def where(runs: Runs) -> Test:
         return Test(F, WHERE.name, verdict="not tested", evidence="no SWA hybrid has retrieval-head scores")
     last = h[h["step"] == h.groupby("run")["step"].transform("max")]
     reach = "reach_steps" in last and last["reach_steps"].notna().all()
-    windowed_reach = last["run"].isin(last.loc[last["kind"].ne(FULL) & (last["reach_steps"] > 0), "run"]) if reach \
-        else pd.Series(True, index=last.index)  # runs some windowed head of which could reach a copy source
+    # runs some windowed head of which (one whose record holds a window) could reach a copy source
+    windowed_reach = last["run"].isin(last.loc[last["window"].notna() & (last["reach_steps"] > 0), "run"]) if reach \
+        else pd.Series(True, index=last.index)
     if reach:
         last = last[last["reach_steps"] > 0]
     windowed_reach = windowed_reach.reindex(last.index)

@@ -301,7 +301,7 @@ def test_the_paper_grid_spans_the_papers_sizes_and_budgets(tmp_path):
     """H1: the paper's matrix, parameter-matched, 15M-477M non-embedding parameters, 100N-1000N tokens."""
     grid = load_grid(REPO / "ablations" / "paper.yaml", root=tmp_path)
     rows = plan_rows(grid, plan_gpu(None, 400, None))
-    assert len(rows) == 11 * 5 * 6
+    assert len(rows) == 12 * 5 * 6
     by_size: dict[str, list[int]] = {}
     for row in rows:
         by_size.setdefault(row["axes"]["size"], []).append(row["non_embedding_params"])

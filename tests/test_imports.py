@@ -60,7 +60,7 @@ def test_grid_status_and_cancel_read_what_the_runs_recorded_without_torch(tmp_pa
     rc, modules, out = loaded("grid", "status", PAPER, "--root", str(tmp_path), "--json")
     assert rc == 0 and not modules & (TRAINING | ANALYSIS), sorted(modules & (TRAINING | ANALYSIS))
     rows = {r["name"]: r for r in json.loads(out)}
-    assert len(rows) == 330 and {r["state"] for r in rows.values()} == {"not submitted"}
+    assert len(rows) == 360 and {r["state"] for r in rows.values()} == {"not submitted"}
     # steps of a budget in tokens_per_param: counted once planned
     assert {r["max_steps"] for r in rows.values()} == {None}
     # a cell that trained recorded its plan: its steps follow from the parameters it recorded, with no count here
