@@ -41,7 +41,7 @@ from hybrid_lightning.rundir.status import read_status
 from hybrid_lightning.runplan import LAYOUT_KEYS, RunPlan
 
 # TensorBoard scalars read by default; the others are skipped while reading.
-TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC)
+TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC, Tag.LONGPPL)
 HEAD_TOTALS = ("retrieval_heads", "copy_heads", "max_score", "mean_score")  # of heads_step_<k>.json "total"
 PARAM_FIELDS = ("embedding", "non_embedding", "total")  # the plan's parameter counts
 PARAM_COLUMNS = tuple(f"{f}_params" for f in PARAM_FIELDS)

@@ -1,6 +1,8 @@
 """The scaling-law fit (analysis/scaling.py, docs/scaling.md): the authors' released SWA-128 table fitted as their
 script fits it, known power laws recovered from fabricated grids, and ``hybrid-lightning scaling``."""
 
+import itertools
+import json
 import math
 
 import numpy as np
@@ -9,7 +11,9 @@ import pytest
 
 from conftest import REPO
 from hybrid_lightning.analysis import scaling
+from hybrid_lightning.analysis import scaling_runs as scaling_runs_module
 from hybrid_lightning.cli import main
+from hybrid_lightning.records import Tag
 from test_imports import ANALYSIS, TRAINING, loaded
 
 RELEASED = REPO / "tests" / "data" / "scaling" / "swa128_longppl.tsv"
@@ -119,3 +123,48 @@ def test_the_intervals_cover_known_exponents_and_the_convergence_budget():
         covered["budget"] += c["ci_low"] <= scaling.convergence_budget(truth_b, truth_a, n_eval, margin) <= c["ci_high"]
     print(covered)
     assert all(88 <= v <= 100 for v in covered.values()), covered
+
+
+def scaling_runs(arms: dict[str, scaling.Law], sizes=(2e7, 5e7, 1e8), budgets=(50, 100, 200, 400), noise=0.003):
+    """``load.Runs`` of finished runs, one per arm x size x budget, whose last LongPPL follows ``exp`` of the arm's
+    law (with log-normal noise); an arm is its ``model.mixer``, a size its ``model.d_model``."""
+    from hybrid_lightning.analysis.load import Runs
+
+    rng = np.random.default_rng(0)
+    configs, metrics = [], []
+    for (mixer, law), (i, n), k in itertools.product(arms.items(), enumerate(sizes), budgets):
+        run = f"{mixer}-{i}-{k}"
+        arch = json.dumps({"model.mixer": mixer, "model.d_model": 64 * (i + 1), "train.max_steps": k})
+        configs.append({"run": run, "state": "done", "non_embedding_params": n, "arch": arch, "seed": 0,
+                        "label": f"{mixer} d_model={64 * (i + 1)} max_steps={k}", "train.max_steps": k,
+                        "tokens_per_step": n, "mixers": mixer})
+        longppl = math.exp(law.value(n, k * n) * math.exp(noise * rng.standard_normal()))
+        metrics.append({"run": run, "step": k, "tokens": k * n, "metric": Tag.LONGPPL, "value": longppl,
+                        "label": configs[-1]["label"]})
+    empty = pd.DataFrame()
+    return Runs(pd.DataFrame(configs), pd.DataFrame(metrics), empty, empty, empty, empty, empty)
+
+
+def test_the_scaling_verdict_backs_convergence_and_is_not_applicable_without_a_size_axis(monkeypatch, tmp_path):
+    from hybrid_lightning.analysis import registry
+    from hybrid_lightning.analysis.findings import findings
+
+    monkeypatch.setattr(scaling, "STARTS", {**scaling.STARTS, "B": (3.0,), "C": (5.0,), "alpha": (0.3,),
+                                            "beta": (0.3,)})
+    monkeypatch.setattr(scaling, "RESAMPLES", 20)
+    monkeypatch.setattr(registry, "VERDICTS", [scaling_runs_module.SCALING])
+    base = scaling.Law("no_constant", {"B": 3.0, "C": 5.0, "alpha": 0.2, "beta": 0.3})
+    slower = scaling.Law("no_constant", {"B": 3.0, "C": 5.5, "alpha": 0.2, "beta": 0.3})  # apart early, converging
+    runs = scaling_runs({"swa": base, "lightning": slower})
+    table = findings(runs).set_index("test")
+    row = table.loc["scaling (LongPPL laws): lightning vs swa"]
+    assert row["verdict"] == "reproduced", row.to_dict()
+    assert row["effect"] < 0 < row["ci_high"] - row["ci_low"] and "tokens per parameter" in row["evidence"]
+    two_sizes = findings(scaling_runs({"swa": base, "lightning": slower}, sizes=(2e7, 5e7)))
+    assert list(two_sizes["verdict"]) == ["not applicable"]
+    # the fits per architecture as files: the largest size held out, every parameter with its interval
+    assert scaling_runs_module.write_fits(runs, tmp_path, resamples=10) == [
+        "scaling_longppl_parameters.csv", "scaling_longppl_held_out.csv", "scaling_longppl.png"]
+    params = pd.read_csv(tmp_path / "scaling_longppl_parameters.csv")
+    assert set(params["arm"]) == {"swa", "lightning"} and (params["ci_low"] <= params["ci_high"]).all()
+    assert set(pd.read_csv(tmp_path / "scaling_longppl_held_out.csv")["n"]) == {1e8}

@@ -31,6 +31,8 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--bound: {unknown} not among the parameters of --form {args.form}: "
                          f"{list(scaling.FORMS[args.form])}")
+    if Path(args.table).is_dir():
+        return _runs(args, bounds)
     table = scaling.read_table(args.table)
     fit = scaling.fit_table(table, args.form, args.longppl, None if args.hold_out == "none" else args.hold_out,
                             bounds, ftol=scaling.FTOL if args.ftol is None else args.ftol)
@@ -54,12 +56,34 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs(args: argparse.Namespace, bounds: dict) -> int:
+    """TABLE is a folder of runs: every architecture with a size and a budget axis fitted per metric."""
+    from hybrid_lightning.analysis import scaling
+    from hybrid_lightning.analysis.load import load_runs
+    from hybrid_lightning.analysis.scaling_runs import write_fits
+    from hybrid_lightning.rundir import runs_under
+
+    if args.hold_out != "largest":
+        raise ValueError("--hold-out none: a folder of runs is fitted with its largest size held out")
+    runs = load_runs(runs_under(args.table), root=args.table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = write_fits(runs, out, args.form, args.resamples or None, bounds=bounds,
+                         ftol=scaling.FTOL if args.ftol is None else args.ftol)
+    if not written:
+        raise ValueError(f"TABLE: no architecture among the runs of {args.table} has finished runs at 3+ sizes and "
+                         "2+ budgets (a size and a budget axis)")
+    print(f"{', '.join(written)} written to {out}")
+    return 0
+
+
 def add_parsers(sub) -> None:
     """``scaling``."""
     p = command(sub, "scaling", "fit the paper's scaling law to a table of sizes x budgets and predict the largest "
                 "size held out", "scaling.md")
     p.add_argument("table", help="TSV or CSV with the columns model_size, token_multiplier (tokens per parameter, "
-                   "e.g. 200.1n), n (non-embedding parameters), loss (a loss, or LongPPL with --longppl)")
+                   "e.g. 200.1n), n (non-embedding parameters), loss (a loss, or LongPPL with --longppl); or a "
+                   "folder of runs: each architecture's LongPPL and val/text_loss fitted over its sizes and budgets")
     p.add_argument("--longppl", action="store_true",
                    help="the loss column is LongPPL: fit the log of its log, as the authors do")
     p.add_argument("--hold-out", choices=["largest", "none"], default="largest",
@@ -72,6 +96,7 @@ def add_parsers(sub) -> None:
                    help="L-BFGS-B tolerance of the final polish (default: on to the minimum; 1e-8 stops where the "
                         "authors' script stops)")
     p.add_argument("--resamples", type=int, default=0, metavar="N",
-                   help="bootstrap resamples for 95%% intervals of the parameters (about 0.3 s each; default 0: none)")
+                   help="bootstrap resamples for 95%% intervals of the parameters (about 0.3 s each; default 0: none "
+                        "for a table, 200 for a folder of runs)")
     p.add_argument("--out", required=True, help="folder for parameters.csv, held_out.csv and scaling.png")
     p.set_defaults(func=cmd_scaling)
