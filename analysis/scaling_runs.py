@@ -8,7 +8,9 @@ parameters, D its budget (``train.max_steps`` x tokens per step, from its plan),
 where it has ``MIN_SIZES`` sizes (the largest held out) and two budgets or more.
 
 The verdict (*scaling*): for each pair of fitted arms, the gap of their fitted log LongPPL at the largest size
-and the smallest budget of the grid (the arms differ early: its 95% bootstrap interval excludes 0) and the
+and the smallest budget of the grid (the arms differ early: its 95% bootstrap interval excludes 0 and its
+bootstrap p, twice the smaller share of draws on one side of 0 plus 1 / resamples, is below 0.05 after Holm's
+adjustment over the finding) and the
 budget from which they stay within ``MARGIN`` (``scaling.convergence``). ``reproduced``: a gap early and a
 convergence budget whose interval ends within ``scaling.K_RANGE``; ``refuted``: apart beyond the margin up to
 the end of that range in 97.5% of the draws; else inconclusive. ``not applicable`` where no arm has a size and a

@@ -160,7 +160,7 @@ def test_the_scaling_verdict_backs_convergence_and_is_not_applicable_without_a_s
 
     monkeypatch.setattr(scaling, "STARTS", {**scaling.STARTS, "B": (3.0,), "C": (5.0,), "alpha": (0.3,),
                                             "beta": (0.3,)})
-    monkeypatch.setattr(scaling, "RESAMPLES", 20)
+    monkeypatch.setattr(scaling, "RESAMPLES", 40)  # a bootstrap p cannot fall below 1 / resamples
     monkeypatch.setattr(registry, "VERDICTS", [scaling_runs_module.SCALING])
     base = scaling.Law("no_constant", {"B": 3.0, "C": 5.0, "alpha": 0.2, "beta": 0.3})
     slower = scaling.Law("no_constant", {"B": 3.0, "C": 5.5, "alpha": 0.2, "beta": 0.3})  # apart early, converging
