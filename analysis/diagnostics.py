@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from hybrid_lightning.analysis.figures import _colors, _legend, wrap
+from hybrid_lightning.analysis.figures import arm_colors, legend, wrap
 from hybrid_lightning.kinds import FULL
 from hybrid_lightning.records import columns
 from hybrid_lightning.rundir import eval_files
@@ -49,7 +49,7 @@ def restriction_figure(rows: pd.DataFrame, measures: tuple[str, ...] = ("score",
     fig = Figure(figsize=(4 + 1.2 * rows["label"].nunique(), 3.6 * len(measures)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(measures), 1))
     setups = list(dict.fromkeys(rows["restriction"]))
-    colors = _colors(setups)
+    colors = arm_colors(setups)
     labels = sorted(rows["label"].unique())
     for ax, measure in zip(axes, measures):
         s = seed_summary(rows.dropna(subset=[measure]), ["label", "restriction"], measure)
@@ -63,7 +63,7 @@ def restriction_figure(rows: pd.DataFrame, measures: tuple[str, ...] = ("score",
                         lw=0.8)
         ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=20, ha="right", fontsize=7)
         ax.set_ylabel(measure)
-        _legend(ax)
+        legend(ax)
     fig.suptitle(wrap("Receptive-field restriction (bar: seed mean, whiskers: min-max over seeds)"), fontsize=9)
     return fig
 
@@ -75,7 +75,7 @@ def layer_probe_figure(rows: pd.DataFrame, feature: str = "residual") -> Figure:
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
     labels = sorted(rows["label"].unique())
-    colors = _colors(labels)
+    colors = arm_colors(labels)
     for label in labels:
         part = rows[rows["label"] == label]
         s = seed_summary(part, ["layer", "kind"], "accuracy").sort_values("layer")
@@ -89,7 +89,7 @@ def layer_probe_figure(rows: pd.DataFrame, feature: str = "residual") -> Figure:
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("layer (filled: full attention, hollow: efficient)")
     ax.set_ylabel(f"probe accuracy ({feature})")
-    _legend(ax)
+    legend(ax)
     fig.suptitle(wrap("Layer-wise probes of the needle's value at the last token (line: seed mean, band: min-max)"),
                  fontsize=9)
     return fig
@@ -102,7 +102,7 @@ def gradient_figure(rows: pd.DataFrame) -> Figure:
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
     curves = list(dict.fromkeys(zip(rows["label"], rows["restriction"])))
-    colors = _colors(sorted({c[0] for c in curves}))
+    colors = arm_colors(sorted({c[0] for c in curves}))
     for label, setup in curves:
         c = rows[(rows["label"] == label) & (rows["restriction"] == setup)]
         s = seed_summary(c, ["distance"], "mean_grad_norm")
@@ -114,7 +114,7 @@ def gradient_figure(rows: pd.DataFrame) -> Figure:
     ax.set_yscale("log")
     ax.set_xlabel("distance to the last token + 1")
     ax.set_ylabel("gradient norm")
-    _legend(ax)
+    legend(ax)
     fig.suptitle(wrap("Gradient influence by distance (line: seed mean, band: min-max over seeds)"), fontsize=9)
     return fig
 

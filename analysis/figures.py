@@ -37,7 +37,7 @@ def wrap(title: str, width: int = TITLE_WIDTH) -> str:
     return textwrap.fill(title, width)
 
 
-def _legend(ax) -> None:
+def legend(ax) -> None:
     """The curves' legend of ``ax`` right of it, its top level with the axes' top (below the figure's title), in
     one column (two beyond 12 entries); constrained layout narrows the axes to make room for it."""
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0, fontsize=7,
@@ -51,7 +51,7 @@ def file_name(name: str) -> str:
 
 def _band(ax, c: pd.DataFrame, label: str, style: dict) -> None:
     """Seed mean as a line with markers and the min-max range as a band (``curves`` rows of one architecture),
-    drawn in the architecture's ``style`` (``_styles``)."""
+    drawn in the architecture's ``style`` (``arm_styles``)."""
     seeds = int(c["seeds"].max())
     ax.plot(c["tokens"], c["mean"], **style, label=_legend_text(label, f"({seeds} seed{'s' * (seeds > 1)})"))
     if seeds > 1:
@@ -63,7 +63,7 @@ def _token_axis(ax) -> None:
     ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 250k, 1.5M
 
 
-def _styles(labels: list[str]) -> dict[str, dict]:
+def arm_styles(labels: list[str]) -> dict[str, dict]:
     """A colour, marker and dash per architecture, the markers and lines smaller for each later one, so that
     curves that coincide still show each architecture's marker around the next one's."""
     cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
@@ -71,6 +71,11 @@ def _styles(labels: list[str]) -> dict[str, dict]:
     return {label: {"color": cmap(i % cmap.N), "marker": MARKERS[i % len(MARKERS)], "ls": DASHES[i % len(DASHES)],
                     "ms": 8 - 5 * i / n, "lw": 2.2 - 1.2 * i / n, "mfc": "none" if i % 2 else None}
             for i, label in enumerate(labels)}
+
+
+def arm_colors(labels: list[str]) -> dict[str, tuple]:
+    """A colour per label, ``arm_styles``' own, for figures that draw their own markers."""
+    return {label: style["color"] for label, style in arm_styles(labels).items()}
 
 
 def _noise_lines(ax, noise: pd.Series, styles: dict[str, dict], z: float) -> None:
@@ -94,7 +99,7 @@ def _legend_text(label: str, note: str) -> str:
 
 
 def _height(labels: list[str], least: float = 4.2) -> float:
-    """A figure height (inches) that fits the legend of ``labels`` as ``_band`` wraps them and ``_legend`` lays
+    """A figure height (inches) that fits the legend of ``labels`` as ``_band`` wraps them and ``legend`` lays
     them out (in two columns beyond 12), with a line for a level or threshold."""
     lines = sum(len(_legend_text(label, "(10 seeds)").splitlines()) for label in labels)
     return max(least, 1.0 + 0.17 * (-(-lines // (1 if len(labels) <= 12 else 2)) + 2))
@@ -112,7 +117,7 @@ def emergence(curve: pd.DataFrame, ylabel: str, noise: pd.Series | None = None, 
     labels = sorted(curve["label"].unique())
     fig = Figure(figsize=(7.5, _height(labels)), layout="constrained")
     ax = fig.subplots()
-    styles = _styles(labels)
+    styles = arm_styles(labels)
     for label in labels:
         _band(ax, curve[curve["label"] == label], label, styles[label])
     ax.axhline(0, color="grey", lw=0.6, ls=":")
@@ -123,7 +128,7 @@ def emergence(curve: pd.DataFrame, ylabel: str, noise: pd.Series | None = None, 
     fig.suptitle(wrap("Emergence of long-context ability (line: seed mean, band: min-max over seeds"
                       + (f"; dotted: {z:g} null SE, the verdicts' signal level)" if noise is not None else ")")),
                  fontsize=9)
-    _legend(ax)
+    legend(ax)
     ax.grid(alpha=0.3)
     return fig
 
@@ -135,7 +140,7 @@ def laziness(head_curves: dict[str, pd.DataFrame], threshold_line: float | None)
     labels = sorted(set().union(*(c["label"] for c in head_curves.values())))
     fig = Figure(figsize=(11, _height(labels)), layout="constrained")
     axes = fig.subplots(1, 2)
-    styles = _styles(labels)
+    styles = arm_styles(labels)
     panels = (("heads/retrieval_heads", "retrieval heads (count, score > threshold)"),
               ("heads/max_score", "highest retrieval score of any head (share of answer tokens)"))
     for ax, (tag, ylabel) in zip(axes, panels):
@@ -153,7 +158,7 @@ def laziness(head_curves: dict[str, pd.DataFrame], threshold_line: float | None)
     if threshold_line is not None:
         axes[1].axhline(threshold_line, color="grey", lw=1, ls=(0, (2, 2)),
                         label=f"threshold {threshold_line:g}: a retrieval head above it")
-    _legend(axes[1])
+    legend(axes[1])
     fig.suptitle(wrap("Retrieval-head formation by SWA window (line: seed mean, band: min-max over seeds)"), fontsize=9)
     return fig
 

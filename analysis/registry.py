@@ -6,7 +6,7 @@ check's table; the claims of the verdicts of one finding form its Holm family. A
 
 from __future__ import annotations
 
-from hybrid_lightning.analysis import emergence, laziness, mechanism, nope
+from hybrid_lightning.analysis import emergence, laziness, mechanism, nope, scaling_runs
 from hybrid_lightning.analysis.verdict import Verdict
 
 VERDICTS: list[Verdict] = []
@@ -24,6 +24,7 @@ register(emergence.SPEED)
 register(emergence.EMERGES)
 register(emergence.CONVERGENCE)
 register(emergence.RETRIEVAL_ACC)
+register(scaling_runs.SCALING)
 register(mechanism.WHERE)
 register(mechanism.ABLATION)
 register(laziness.LAZINESS)

@@ -16,7 +16,7 @@ from hybrid_lightning.rundir import SCALARS_FILE
 from hybrid_lightning.rundir.events import load_events
 
 # TensorBoard scalars read by default; the others are skipped while reading.
-TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC)
+TAGS = (Tag.LOSS, Tag.TOKENS, Tag.VAL_LOSS, Tag.TEXT_LOSS, Tag.SYNTHETIC_LOSS, Tag.RETRIEVAL_ACC, Tag.LONGPPL)
 SCALAR_COLUMNS = ["step", "metric", "value"]  # read_scalars' table, and a packed run's scalars.csv
 
 

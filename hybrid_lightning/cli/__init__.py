@@ -1,7 +1,8 @@
 """The ``hybrid-lightning`` command line: the parsers of every command (``run``: one run; ``grid``: grids;
-``analysis``: folders of runs) and ``main``. Nothing heavy is imported until a command runs, and then only what
-it needs: ``--help``, ``--version``, ``train --print-config``, ``grid status``, ``grid cancel``, ``analyze``'s
-argument errors and ``pack`` load neither torch nor Lightning (tests/test_imports.py)."""
+``analysis``: folders of runs; ``scaling``: a table of sizes x budgets) and ``main``. Nothing heavy is imported
+until a command runs, and then only what it needs: ``--help``, ``--version``, ``train --print-config``, ``grid
+status``, ``grid cancel``, ``analyze``'s argument errors, ``pack`` and ``scaling`` load neither torch nor Lightning
+(tests/test_imports.py, tests/test_scaling.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import sys
 
 from hybrid_lightning import __version__
-from hybrid_lightning.cli import analysis, diagnostics, grid, run
+from hybrid_lightning.cli import analysis, diagnostics, grid, run, scaling
 from hybrid_lightning.cli.analysis import demo_grid
 from hybrid_lightning.fileio import IOFailure
 from hybrid_lightning.interpreter import interpreting, patch
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     diagnostics.add_parsers(sub)
     grid.add_parsers(sub)
     analysis.add_parsers(sub)
+    scaling.add_parsers(sub)
     return parser
 
 

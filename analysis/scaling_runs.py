@@ -1,0 +1,154 @@
+"""Scaling laws of a grid of runs with a size and a budget axis (analysis/scaling.py), and the verdict they give
+finding 1 (registered in analysis/registry.py).
+
+An *arm* of a fit is the runs alike but for their size and budget: the architecture's identity
+(``Runs.configs["arch"]``) without ``SCALE_KEYS``. Each finished run is one cell: N its recorded non-embedding
+parameters, D its budget (``train.max_steps`` x tokens per step, from its plan), the value its last ``metric``
+(``METRICS``: LongPPL, whose log is fitted as the authors fit it, and the held-out text loss). An arm is fitted
+where it has ``MIN_SIZES`` sizes (the largest held out) and two budgets or more.
+
+The verdict (*scaling*): for each pair of fitted arms, the gap of their fitted log LongPPL at the largest size
+and the smallest budget of the grid (the arms differ early: its 95% bootstrap interval excludes 0 and its
+bootstrap p, twice the smaller share of draws on one side of 0 plus 1 / resamples, is below 0.05 after Holm's
+adjustment over the finding) and the
+budget from which they stay within ``MARGIN`` (``scaling.convergence``). ``reproduced``: a gap early and a
+convergence budget whose interval ends within ``scaling.K_RANGE``; ``refuted``: apart beyond the margin up to
+the end of that range in 97.5% of the draws; else inconclusive. ``not applicable`` where no arm has a size and a
+budget axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hybrid_lightning.analysis import scaling
+from hybrid_lightning.analysis.arms import _shared
+from hybrid_lightning.analysis.load import Runs
+from hybrid_lightning.analysis.stats import Comparison, Test
+from hybrid_lightning.analysis.tables import final_values
+from hybrid_lightning.analysis.verdict import Verdict
+from hybrid_lightning.records import Tag
+
+SIZE_KEYS = ("model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads", "model.mlp_hidden",
+             "model.efficient_mlp_hidden")
+BUDGET_KEYS = ("train.max_steps", "train.tokens_per_param", "train.warmup_steps")
+SCALE_KEYS = SIZE_KEYS + BUDGET_KEYS
+METRICS = {"longppl": (Tag.LONGPPL, True), "text_loss": (Tag.TEXT_LOSS, False)}  # name -> (tag, fit its log)
+MIN_SIZES = 3
+MARGIN = 0.05  # log LongPPL (nats per key token): LongPPLs within about 5% of each other
+F = "1. emergence speed"
+NOT_APPLICABLE = "not applicable"
+
+
+def cells(runs: Runs, tag: str) -> pd.DataFrame:
+    """One row per finished run that logged ``tag``: arm, run, seed, size, n, tokens, value (its last value)."""
+    c = runs.configs
+    done = c[(c["state"] == "done") & pd.to_numeric(c["non_embedding_params"], errors="coerce").notna()]
+    last = final_values(runs.metrics, tag).set_index("run")["value"]
+    done = done[done["run"].isin(last.index)]
+    if done.empty:
+        return pd.DataFrame(columns=["arm", "run", "seed", "size", "n", "tokens", "value"])
+    rest = done["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k not in SCALE_KEYS},
+                                                 sort_keys=True))
+    names = {r: _shared(tuple(g)) for r, g in done.groupby(rest)["label"]}
+    n = done["non_embedding_params"].astype(float)
+    return pd.DataFrame({"arm": rest.map(names), "run": done["run"], "seed": done.get("seed"),
+                         "size": n.map(lambda x: f"{x:.4g}"), "n": n,
+                         "tokens": done["train.max_steps"].astype(float) * done["tokens_per_step"].astype(float),
+                         "value": done["run"].map(last).astype(float)}).reset_index(drop=True)
+
+
+def scalable(table: pd.DataFrame) -> bool:
+    """Whether an arm's cells have a size and a budget axis: ``MIN_SIZES`` sizes, two budgets or more."""
+    return table["n"].nunique() >= MIN_SIZES and (table["tokens"] / table["n"]).round(6).nunique() >= 2
+
+
+def fit_arms(runs: Runs, metric: str, form: str = "no_constant", resamples: int | None = None,
+             **options) -> dict[str, tuple[scaling.ScalingFit, list[scaling.Law]]]:
+    """Per arm with a size and a budget axis, its fit of ``metric`` (``METRICS``; the largest size held out) and
+    its bootstrap draws (``resamples``, default ``scaling.RESAMPLES``); ``options`` go to ``scaling.fit_table``."""
+    tag, longppl = METRICS[metric]
+    out = {}
+    for arm, table in cells(runs, tag).groupby("arm", sort=True):
+        if scalable(table):
+            fit = scaling.fit_table(table, form, longppl, "largest", **options)
+            out[arm] = (fit, scaling.bootstrap(fit, scaling.RESAMPLES if resamples is None else resamples))
+    return out
+
+
+def scaling_tests(runs: Runs) -> list[Test]:
+    """The *scaling* test per pair of arms fitted on LongPPL; ``not applicable`` without such a grid."""
+    table = cells(runs, METRICS["longppl"][0])
+    if not any(scalable(t) for _, t in table.groupby("arm")):
+        return [Test(F, SCALING.name, verdict=NOT_APPLICABLE,
+                     reason="no architecture has finished runs of LongPPL at 3+ sizes and 2+ budgets",
+                     evidence="the scaling laws need a grid with a size and a budget axis (docs/scaling.md)")]
+    fits = fit_arms(runs, "longppl")
+    if len(fits) < 2:
+        return [Test(F, SCALING.name, verdict="not tested", evidence=f"only {list(fits)} has a size and budget axis; "
+                     "the test compares two architectures or more")]
+    return [_pair(a, b, fits[a], fits[b]) for a, b in itertools.combinations(fits, 2)]
+
+
+def _pair(a: str, b: str, fit_a, fit_b) -> Test:
+    (fa, da), (fb, db) = fit_a, fit_b
+    cells_ab = pd.concat([fa.fitted, fa.held_out, fb.fitted, fb.held_out])
+    n, k = float(cells_ab["n"].max()), float((cells_ab["tokens"] / cells_ab["n"]).min())
+    gap = float(scaling.gap(fb.law, fa.law, n, k))
+    draws = np.array([float(scaling.gap(y, x, n, k)) for x, y in zip(da, db)])
+    ci = tuple(float(v) for v in np.quantile(draws, [(1 - scaling.LEVEL) / 2, (1 + scaling.LEVEL) / 2]))
+    p = float(min(1.0, 2 * min((draws <= 0).mean(), (draws >= 0).mean()) + 1 / len(draws)))
+    early = Comparison(f"{b} - {a}: fitted log LongPPL at N {n:.3g}, {k:.0f} tokens per parameter", gap, ci, p, 0,
+                       (len(fb.fitted), len(fa.fitted)), "nats")
+    c = scaling.convergence(fb.law, fa.law, db, da, n, MARGIN)
+    evidence = (f"{a} and {b} within {MARGIN:g} nats of log LongPPL from {c['budget']:.3g} tokens per parameter "
+                f"[95% CI {c['ci_low']:.3g}, {c['ci_high']:.3g}] at N {n:.3g}; "
+                + "; ".join(f"{name}: alpha {f.law.params['alpha']:.3g}, beta {f.law.params['beta']:.3g}, held-out "
+                            f"relative error up to {f.held_out['relative_error'].abs().max():.3g}"
+                            for name, f in ((a, fa), (b, fb))))
+    return Test(F, SCALING.named(f"{a} vs {b}"), [early], evidence,
+                decide=lambda cmp, c=c: _decide(cmp, c))
+
+
+def _decide(early: Comparison, c: dict) -> tuple[str, str]:
+    """Reproduced: apart early (interval excludes 0, adjusted p < 0.05) and within the margin by a budget whose
+    interval ends inside ``K_RANGE``; refuted: still apart at its end in 97.5% of the draws."""
+    if math.isinf(c["ci_low"]):
+        return "refuted", f"the fitted laws stay more than {MARGIN:g} apart up to {scaling.K_RANGE[1]:g} N"
+    if early.spans_zero() or not early.p_adj < 0.05:
+        return "inconclusive", "no gap shown at the smallest budget (the interval spans 0 or the p is too high)"
+    if math.isinf(c["ci_high"]):
+        return "inconclusive", f"the convergence budget's interval reaches beyond {scaling.K_RANGE[1]:g} N"
+    return "reproduced", ""
+
+
+SCALING = Verdict(F, "scaling (LongPPL laws)", scaling_tests)
+
+
+def write_fits(runs: Runs, out: Path, form: str = "no_constant", resamples: int | None = None,
+               **options) -> list[str]:
+    """Per metric of ``METRICS`` with an arm to fit: ``scaling_<metric>_parameters.csv`` (arm, parameter, value,
+    ci_low, ci_high, resamples), ``scaling_<metric>_held_out.csv`` (arm, then ``ScalingFit.held_out``) and the
+    figure ``scaling_<metric>.png`` (``scaling_figures.laws``). Returns the names of the files written."""
+    from hybrid_lightning.analysis.figures import save
+    from hybrid_lightning.analysis.scaling_figures import laws
+
+    written = []
+    for metric, (_, longppl) in METRICS.items():
+        fits = fit_arms(runs, metric, form, resamples, **options)
+        if not fits:
+            continue
+        params = pd.concat([scaling.intervals(f, d).assign(arm=arm) for arm, (f, d) in fits.items()])
+        held = pd.concat([f.held_out.assign(arm=arm) for arm, (f, _) in fits.items()])
+        params[["arm", *params.columns[:-1]]].to_csv(out / f"scaling_{metric}_parameters.csv", index=False)
+        held[["arm", *held.columns[:-1]]].to_csv(out / f"scaling_{metric}_held_out.csv", index=False)
+        save(laws({arm: f for arm, (f, _) in fits.items()}, "log LongPPL" if longppl else "held-out text loss (nats)"),
+             out / f"scaling_{metric}.png")
+        written += [f"scaling_{metric}_parameters.csv", f"scaling_{metric}_held_out.csv", f"scaling_{metric}.png"]
+    return written
