@@ -34,6 +34,8 @@ from hybrid_lightning.kinds.attention import FULL, AttentionOptions  # full, swa
 from hybrid_lightning.kinds.mamba2 import KIND as MAMBA2  # noqa: F401
 from hybrid_lightning.kinds.gated_deltanet import KIND as GATED_DELTANET  # noqa: F401
 from hybrid_lightning.kinds.lightning import KIND as LIGHTNING  # noqa: F401
+from hybrid_lightning.kinds.kda import KIND as KDA  # noqa: F401
+from hybrid_lightning.kinds.gated_deltaproduct import KIND as GATED_DELTAPRODUCT  # noqa: F401
 # isort: on
 
 __all__ = ["EFFICIENT_LETTER", "FULL", "KINDS", "AttentionOptions", "HeadsSettings", "LayerSpec", "MixerKind",
