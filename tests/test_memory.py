@@ -23,7 +23,7 @@ def loss_and_grads(mixer: str, checkpointing: bool, doc_ids=None):
     return loss.detach(), [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("mixer", ["swa", "mamba2", "gated_deltanet", "lightning"])
+@pytest.mark.parametrize("mixer", ["swa", "mamba2", "gated_deltanet", "lightning", "kda", "gated_deltaproduct"])
 def test_activation_checkpointing_gives_the_same_loss_and_gradients(mixer):
     doc_ids = torch.tensor([[0] * 30 + [1] * 66, [0] * 96])
     for docs in (None, doc_ids):

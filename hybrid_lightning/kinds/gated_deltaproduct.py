@@ -38,5 +38,6 @@ class GatedDeltaProductOptions(RecurrentOptions):
 KIND = register(MixerKind(
     "gated_deltaproduct", "P", "hybrid_lightning.model.mixers.gated_deltaproduct.GatedDeltaProduct",
     options=GatedDeltaProductOptions, settings=GatedDeltaProductSettings, title="Gated DeltaProduct",
-    definition=__name__, operators=("hybrid_lightning.model.ops.delta_rule", "hybrid_lightning.model.ops.delta_product"),
+    definition=__name__,
+    operators=("hybrid_lightning.model.ops.delta_rule", "hybrid_lightning.model.ops.delta_product"),
 ))

@@ -19,7 +19,8 @@ class KDASettings(HeadsSettings):
     def check(self, model: Any) -> None:
         key_dim = model.heads(self)[1]
         if key_dim * self.expand_v % 1:
-            raise ValueError(f"model.kda.expand_v={self.expand_v} times the head width {key_dim} must be a whole number")
+            raise ValueError(f"model.kda.expand_v={self.expand_v} times the head width {key_dim} must be a whole "
+                             "number")
 
 
 @dataclass(frozen=True)
