@@ -34,4 +34,5 @@ def test_a_grid_over_the_new_mixers_plans_trains_and_is_labelled(tmp_path, capsy
         train(cell.config, cell.run_dir)
     out = tmp_path / "analysis"
     analyze(tmp_path / "runs" / "g", out)
-    assert sorted(pd.read_csv(out / "runs.csv")["label"]) == ["gated_deltaproduct EF", "kda EF"]
+    labels = sorted(pd.read_csv(out / "runs.csv")["label"])  # what differs between runs, values cut at 16 chars
+    assert labels[0].startswith("gated_deltaprod") and labels[1] == "kda"

@@ -27,6 +27,7 @@ from hybrid_lightning.model.ops.common import (
     resolve_backend,
     to_chunks,
 )
+from hybrid_lightning.model.ops.delta_rule import recurrent_delta_rule
 
 SUB = 16  # steps per sub-chunk of the decayed products (fla's kernels use 16 as well)
 
@@ -47,23 +48,7 @@ def kda(
         return chunked_form(chunked_kda, backend)(q, k, v, g, beta, scale, state, chunk_size)
     if backend == "fla":
         return fla_kda(q, k, v, g, beta, scale, state, cu_seqlens)
-    return recurrent_kda(q, k, v, g, beta, scale, state)
-
-
-def recurrent_kda(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):
-    """The recurrence itself, one step at a time: the reference the others are tested against."""
-    dtype = compute_dtype(v)
-    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
-    B, T, H, K = k.shape
-    S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state.to(dtype)  # (B, H, K, V)
-    out = []
-    for t in range(T):
-        S = g[:, t, :, :, None].exp() * S  # each key channel decays at its own rate
-        kt = k[:, t]  # (B, H, K)
-        error = v[:, t] - torch.einsum("bhkv,bhk->bhv", S, kt)
-        S = S + beta[:, t, :, None, None] * kt[..., None] * error[..., None, :]
-        out.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
-    return torch.stack(out, dim=1).to(v.dtype), S
+    return recurrent_delta_rule(q, k, v, g, beta, scale, state)  # the step-by-step form takes a decay per channel
 
 
 def decayed_products(x: torch.Tensor, y: torch.Tensor, b: torch.Tensor, strict: bool) -> torch.Tensor:
