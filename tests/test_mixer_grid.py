@@ -3,6 +3,7 @@ plan``: parameters, FLOPs, memory, GPU-hours), trained a few steps, and labelled
 recorded (no name of either mixer in analysis/)."""
 
 import pandas as pd
+import pytest
 
 from hybrid_lightning.analysis.report import analyze
 from hybrid_lightning.cli import main
@@ -21,16 +22,25 @@ BASE = {
 }
 
 
-def test_a_grid_over_the_new_mixers_plans_trains_and_is_labelled(tmp_path, capsys):
-    path = write_grid(tmp_path, base=BASE, axes={"model.mixer": ["kda", "gated_deltaproduct"]})
-    assert main(["grid", "plan", str(path)]) == 0
-    assert "kda" in capsys.readouterr().out
-    grid = load_grid(path)
+def grid_of_both(folder):
+    return load_grid(write_grid(folder, base=BASE, axes={"model.mixer": ["kda", "gated_deltaproduct"]}))
+
+
+def test_a_grid_over_the_new_mixers_is_planned(tmp_path, capsys):
+    grid = grid_of_both(tmp_path)
+    assert main(["grid", "plan", str(tmp_path / "g.yaml")]) == 0
+    assert "mixer=gated_deltaproduct" in capsys.readouterr().out
     rows = plan_rows(grid)
     assert len(rows) == 2 and all(r["peak_memory"] > 0 and r["gpu_hours"] > 0 for r in rows)
     for cell in grid.cells:
         assert [layer.mixer for layer in cell.plan.layers] == [cell.config.model.mixer, "full"]
         assert cell.plan.flops_per_token > 6 * cell.plan.params["non_embedding"]  # the operator's FLOPs counted
+
+
+@pytest.mark.slow
+def test_a_grid_over_the_new_mixers_trains_and_is_labelled(tmp_path):
+    """Three steps each, in this process (about a minute of CPU)."""
+    for cell in grid_of_both(tmp_path).cells:
         train(cell.config, cell.run_dir)
     out = tmp_path / "analysis"
     analyze(tmp_path / "runs" / "g", out)

@@ -29,7 +29,7 @@ from hybrid_lightning.model.ops.common import (
 )
 from hybrid_lightning.model.ops.delta_rule import recurrent_delta_rule
 
-SUB = 16  # steps per sub-chunk of the decayed products (fla's kernels use 16 as well)
+SUB = 8  # steps per sub-chunk: the work inside sub-chunks (C·SUB·K per chunk) and between them (C²·K/SUB) balance
 
 
 def kda(
