@@ -134,8 +134,9 @@ def chunked_delta_rule_flops(T: int, chunk_size: int, H: int, K: int, V: int) ->
 
 
 def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None,
-                   cu_seqlens: torch.Tensor | None = None):
-    """flash-linear-attention's ``chunk_gated_delta_rule`` Triton kernel (CUDA)."""
+                   cu_seqlens: torch.Tensor | None = None, kernel=None):
+    """flash-linear-attention's ``chunk_gated_delta_rule`` Triton kernel (CUDA), or ``kernel``, another of fla's
+    with its arguments (``chunk_kda``: g per key channel)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     dtype = kernel_dtype(v)
@@ -144,7 +145,7 @@ def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = 
     g = g.float()
     if cu_seqlens is not None:
         q, k, v, g, beta = (end_to_end(t) for t in (q, k, v, g, beta))
-    o, S = chunk_gated_delta_rule(
+    o, S = (kernel or chunk_gated_delta_rule)(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), scale=scale,
         initial_state=None if state is None else state.float(), output_final_state=True,
         cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),

@@ -21,13 +21,11 @@ from hybrid_lightning.model.ops.common import (
     chunk_cost,
     chunked_form,
     compute_dtype,
-    end_to_end,
     from_chunks,
-    kernel_dtype,
     resolve_backend,
     to_chunks,
 )
-from hybrid_lightning.model.ops.delta_rule import recurrent_delta_rule
+from hybrid_lightning.model.ops.delta_rule import fla_delta_rule, recurrent_delta_rule
 
 SUB = 8  # steps per sub-chunk: the work inside sub-chunks (C·SUB·K per chunk) and between them (C²·K/SUB) balance
 
@@ -112,18 +110,7 @@ def chunked_kda_flops(T: int, chunk_size: int, H: int, K: int, V: int) -> float:
 
 
 def fla_kda(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None):
-    """flash-linear-attention's ``chunk_kda`` Triton kernel (CUDA)."""
+    """flash-linear-attention's ``chunk_kda`` Triton kernel (CUDA), called as the gated delta rule's."""
     from fla.ops.kda import chunk_kda
 
-    dtype = kernel_dtype(v)
-    B, T = v.shape[:2]
-    q, k, v, beta = (t.to(dtype) for t in (q, k, v, beta))
-    g = g.float()
-    if cu_seqlens is not None:
-        q, k, v, g, beta = (end_to_end(t) for t in (q, k, v, g, beta))
-    o, S = chunk_kda(
-        q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), scale=scale,
-        initial_state=None if state is None else state.float(), output_final_state=True,
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
-    )
-    return o.view(B, T, *o.shape[2:]), S
+    return fla_delta_rule(q, k, v, g, beta, scale, state, cu_seqlens, kernel=chunk_kda)
