@@ -91,7 +91,8 @@ def test_attention_of_a_packed_batch_is_each_document_alone(backend, window, eag
 
 ATTENTION_BACKENDS = ["reference", "sdpa", "blocked"]
 CASES = [("swa", b) for b in ATTENTION_BACKENDS] + [
-    (m, b) for m in ("mamba2", "gated_deltanet", "lightning") for b in ("chunked", "recurrent")
+    (m, b) for m in ("mamba2", "gated_deltanet", "lightning", "kda", "gated_deltaproduct")
+    for b in ("chunked", "recurrent")
 ]
 
 

@@ -34,6 +34,8 @@ CASES = {
                                                 "n_kv_heads": 2, "qk_norm": True},
     "mamba2": {"pattern": "MF"},
     "gated_deltanet": {"pattern": "GF", "pos": {"full": "nope"}},
+    "kda": {"pattern": "KF"},
+    "gated_deltaproduct": {"pattern": "PF", "gated_deltaproduct": {"householder": 3}},
     "lightning-tied": {"pattern": "LLF", "tie_embeddings": True},
     "all-mixers": {"pattern": "SMGLF", "window": 8},
 }

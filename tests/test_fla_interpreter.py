@@ -32,7 +32,8 @@ def test_fla_kernels_match_chunked_path_under_the_interpreter(tmp_path):
     checks = [r["check"] for r in rows]
     assert sum(c.startswith("gated_linear_attention") for c in checks) == 2
     assert sum(c.startswith("gated_delta_rule") for c in checks) == 2
-    assert {c.split()[1] for c in checks if c.startswith("mixer")} == {"mamba2", "gated_deltanet", "lightning"}
+    assert {c.split()[1] for c in checks if c.startswith("mixer")} == {"mamba2", "gated_deltanet", "lightning", "kda",
+                                                                               "gated_deltaproduct"}
     assert all(r["ok"] for r in rows) and max(max(r["output"], r["state"], r["grad"]) for r in rows) < 1e-4
     mixers = [r for r in rows if r["check"].startswith("mixer")]  # packed documents: fla's cu_seqlens vs each alone
     assert max(max(r["documents"], r["documents_grad"]) for r in mixers) < 1e-4

@@ -58,14 +58,15 @@ def kill_when(run: Path, args: list[str], changed) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accumulate", [1, 3, 4])
-def test_repeated_kills_resume_exactly_at_any_accumulation(tmp_path, accumulate):
+@pytest.mark.parametrize("accumulate, mixer", [(1, "swa"), (3, "swa"), (4, "swa"), (1, "kda"),
+                                               (1, "gated_deltaproduct")])
+def test_repeated_kills_resume_exactly_at_any_accumulation(tmp_path, accumulate, mixer):
     """Kill -9 when the first step checkpoint appears; then, again and again, as soon as the resumed process writes
     ``last.ckpt`` (before the fix it rewrote it after its first micro-batch, inside an accumulation window); then
-    run to the end: equal to the uninterrupted run."""
+    run to the end: equal to the uninterrupted run. Also with the recurrent mixers that carry no other test of it."""
     random.seed(accumulate)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    args = run_args(accumulate)
+    args = run_args(accumulate, STEPS, "--set", f"model.mixer={mixer}")
     assert train(straight, *args).returncode == 0
     last = killed / "checkpoints" / "last.ckpt"
     kills = int(kill_when(killed, args, lambda: any((killed / "checkpoints").glob("step_*.ckpt"))))

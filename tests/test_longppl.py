@@ -114,7 +114,7 @@ def test_without_an_evaluator_longppl_is_not_reported(tmp_path):
     _, report = evaluate(run_config(tmp_path, str(unfinished)), model(1))
     assert report["longppl"][0]["longppl"] is None and "has not finished training" in report["longppl"][0]["reason"]
     _, report = evaluate(run_config(tmp_path, str(tmp_path / "nowhere")), model(1))
-    assert "neither a run directory nor a checkpoint file" in report["longppl"][0]["reason"]
+    assert "nowhere does not exist" in report["longppl"][0]["reason"]
 
 
 def test_key_tokens_are_cached_per_evaluator_and_evaluation_set(tmp_path, monkeypatch):

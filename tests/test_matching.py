@@ -19,6 +19,8 @@ ARCHITECTURES = {
     "lightning": {"pattern": "EEEF", "mixer": "lightning"},
     "mamba2": {"pattern": "EEEF", "mixer": "mamba2"},
     "gated_deltanet": {"pattern": "EEEF", "mixer": "gated_deltanet"},
+    "kda": {"pattern": "EEEF", "mixer": "kda"},  # beyond the paper's seven
+    "gated_deltaproduct": {"pattern": "EEEF", "mixer": "gated_deltaproduct"},
 }
 SIZES = {  # about 25M and 300M non-embedding parameters, inside the paper's 15M-477M range
     "small": {"d_model": 512, "n_layers": 8, "n_heads": 8},

@@ -157,7 +157,7 @@ def test_work_section_quick_divides_each_step_by_the_plans_flops(monkeypatch):
     finally:  # no uncompiled operator left in the cache for later tests, whatever happened
         common.compiled.cache_clear()
     rows = result["rows"]
-    hybrids = [f"{m} hybrid" for m in mixer_names(efficient_only=True) if m != "swa"]
+    hybrids = [f"{m} hybrid" for m in mixer_names(efficient_only=True) if not KINDS[m].has_window]  # recurrent
     assert [row["architecture"] for row in rows] == ["full", *(h for h in hybrids for _ in range(2))]
     assert [row["setting"].rsplit(" ", 1)[-1] for row in rows[1:]] == ["chunked", "compiled"] * len(hybrids)
     for row in rows:  # time per FLOP relative to full's = step ratio / work ratio

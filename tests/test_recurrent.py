@@ -1,4 +1,5 @@
-"""Recurrent mixers (Mamba-2, Gated DeltaNet, Lightning Attention) and their sequence operators."""
+"""Recurrent mixers (Mamba-2, Gated DeltaNet, Lightning Attention, Kimi Delta Attention, Gated DeltaProduct) and
+their sequence operators (the last two's operators: test_delta_variants.py)."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from hybrid_lightning.model.ops import fla_available, gated_delta_rule, gated_li
 from hybrid_lightning.plan import resolve_model_config
 from hybrid_lightning.plan.layers import layer_plan
 
-RECURRENT = ["mamba2", "gated_deltanet", "lightning"]
+RECURRENT = ["mamba2", "gated_deltanet", "lightning", "kda", "gated_deltaproduct"]
 VOCAB = 50
 
 
@@ -201,7 +202,8 @@ def test_model_incremental_inference_across_chunks(name):
 
 
 def test_mixers_register_their_letters_and_no_positions():
-    assert {name: KINDS[name].letter for name in RECURRENT} == {"mamba2": "M", "gated_deltanet": "G", "lightning": "L"}
+    assert {name: KINDS[name].letter for name in RECURRENT} == {
+        "mamba2": "M", "gated_deltanet": "G", "lightning": "L", "kda": "K", "gated_deltaproduct": "P"}
     cfg = resolve_model_config({"n_layers": 4, "pattern": "MGLF", "d_model": 64, "n_heads": 2})
     assert [(s.mixer, s.pos) for s in layer_plan(cfg)] == [
         ("mamba2", None), ("gated_deltanet", None), ("lightning", None), ("full", "rope")]
@@ -246,7 +248,7 @@ def test_gpu_check_script_logic_on_cpu():
 
     rows = op_checks("cpu", "chunked", "recurrent", torch.float32, [(2, 37, 2, 8, 8)])
     rows += mixer_checks("cpu", "chunked", "recurrent", torch.float32, T=30, d_model=64)
-    assert len(rows) == 5 and all(r["ok"] for r in rows), rows
+    assert len(rows) == 2 + len(RECURRENT) and all(r["ok"] for r in rows), rows
     assert max(max(r["output"], r["grad"], r["state"]) for r in rows) < 1e-4
 
 

@@ -13,7 +13,8 @@ SMALL = [
 # Each mixer once with RoPE and once with NoPE on its full-attention layers: one of the two runs
 # by default, the other (and the resume checks of two mixers) in the slow suite.
 QUICK = [("mamba2", "rope"), ("gated_deltanet", "nope"), ("lightning", "rope")]
-SLOW = [("mamba2", "nope"), ("gated_deltanet", "rope"), ("lightning", "nope")]
+SLOW = [("mamba2", "nope"), ("gated_deltanet", "rope"), ("lightning", "nope"), ("kda", "rope"),
+        ("gated_deltaproduct", "nope")]
 
 
 def _train_falls(tmp_path, mixer, pos):

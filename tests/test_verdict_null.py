@@ -78,10 +78,12 @@ def test_null_runs_reach_every_test(tmp_path):
             null_run(tmp_path / f"{name}-s{s}", run_config(s, n_heads=4, **arm), rng, arm.get("pos_full") == "nope")
     table = findings(load_runs(find_runs(tmp_path), root=tmp_path)).set_index("test")
     pair = "swa W=16 EEEF pos.full=rope"
-    tested = ["speed (probes)", "emerges in more runs (probes)", "convergence (probes)", "where", "ablation",
+    scaling = "scaling (LongPPL laws)"  # no size and budget axes: not applicable
+    tested = ["speed (probes)", "emerges in more runs (probes)", "convergence (probes)", scaling, "where", "ablation",
               "laziness", f"beyond: {pair}", f"cost: {pair}"]
     assert list(table.index) == tested, table[["verdict", "reason"]]
-    untested = table[table["p"].isna()]
+    assert table.loc[scaling, "verdict"] == "not applicable"
+    untested = table[table["p"].isna()].drop(scaling)
     assert list(untested.index) in ([], ["convergence (probes)"])
     assert (untested["verdict"] == "not testable at this budget").all()
 

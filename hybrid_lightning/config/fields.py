@@ -65,3 +65,17 @@ class _Frozen(BaseModel):
     false only (not 1 or "yes")."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+MAX_PROBE_TOKENS = 2**21  # probe and evaluation lengths: 2M tokens, beyond any evaluated context
+
+
+def check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:
+    """Checks the probe grid of ``section`` (eval or eval.heads); errors name its keys. Task names are
+    checked by the evaluation code that owns them (probes/tasks.py ``check_tasks``)."""
+    if len(set(tasks)) != len(tasks) or len(set(lengths)) != len(lengths):
+        raise ValueError(f"{section}.tasks and {section}.lengths must not repeat an entry")
+    if any(not 2 <= n <= MAX_PROBE_TOKENS for n in lengths):
+        raise ValueError(f"{section}.lengths must be 2 to {MAX_PROBE_TOKENS:,} tokens each, got {list(lengths)}")
+    if any(not 0 <= d <= 1 for d in depths) or not depths:
+        raise ValueError(f"{section}.depths must be between 0 and 1 (and not empty), got {list(depths)}")

@@ -12,17 +12,30 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, create_model, model_validator
 
-from hybrid_lightning.config.fields import BOOKKEEPING, IDENTITY, LABEL, RESUMABLE, Number, Whole, _Frozen, role
+from hybrid_lightning.config.fields import (
+    BOOKKEEPING,
+    IDENTITY,
+    LABEL,
+    MAX_PROBE_TOKENS,
+    RESUMABLE,
+    Number,
+    Whole,
+    _Frozen,
+    check_probes,
+    role,
+)
 from hybrid_lightning.config.sections import SECTIONS
 from hybrid_lightning.config.stable import StablePhaseConfig
+from hybrid_lightning.config.synthetic import SyntheticConfig
 from hybrid_lightning.kinds import FULL, KINDS, HeadsSettings, check_pattern, mixer_names, pattern_mixers
 
 PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revision, version, time)
 MAX_STEPS = 10**12  # more optimizer steps than any budget can mean (the paper's largest: under 10^12 tokens)
 MAX_TOKENS_PER_PARAM = 10**6  # the paper trains on 100N to 1000N tokens
 MAX_LAYERS = 4096  # bounds checked before anything is counted or allocated (the largest published models: ~200)
-MAX_PROBE_TOKENS = 2**21  # probe and evaluation lengths: 2M tokens, beyond any evaluated context
 MAX_SEED = 2**32 - 1  # seeds are numpy's and Lightning's seed_everything's: 0 to 2^32 - 1
+
+
 class PosConfig(_Frozen):
     """Positional encoding per layer type. NoPE applies no rotation at all."""
 
@@ -135,20 +148,6 @@ class _ModelLayout(_Frozen):
 
 ModelConfig = create_model("ModelConfig", __base__=_ModelLayout, __doc__=_ModelLayout.__doc__, __module__=__name__,
                            **{name: (section, Field(default_factory=section)) for name, section in SECTIONS.items()})
-
-
-class SyntheticConfig(_Frozen):
-    """Retrieval-dense synthetic sequences mixed into training (see data/synthetic.py)."""
-
-    fraction: Number = Field(0.5, ge=0, le=1, description="share of training sequences that are synthetic retrieval "
-                            "sequences (0 = off)")
-    value_chars: tuple[Whole, Whole] = Field((6, 24), description="min and max characters of a value")
-    queries_per_fact: Number = Field(3.0, ge=0, description="how often facts are queried, relative to how often they "
-                                     "are stated")
-    repeat_template: Number = Field(0.5, ge=0, le=1, description="share of queries that restate a fact in the template "
-                                   "it was stated in (the rest are questions)")
-    repeat_spans: Number = Field(1.0, ge=0, description="weight of verbatim repeats of earlier spans (filler and facts "
-                                 "weigh 1)")
 
 
 class DataConfig(_Frozen):
@@ -281,17 +280,6 @@ class TrainConfig(_Frozen):
         return self
 
 
-def _check_probes(section: str, tasks: tuple[str, ...], lengths: tuple[int, ...], depths: tuple[float, ...]) -> None:
-    """Checks the probe grid of ``section`` (eval or eval.heads); errors name its keys. Task names are
-    checked by the evaluation code that owns them (probes/tasks.py ``check_tasks``)."""
-    if len(set(tasks)) != len(tasks) or len(set(lengths)) != len(lengths):
-        raise ValueError(f"{section}.tasks and {section}.lengths must not repeat an entry")
-    if any(not 2 <= n <= MAX_PROBE_TOKENS for n in lengths):
-        raise ValueError(f"{section}.lengths must be 2 to {MAX_PROBE_TOKENS:,} tokens each, got {list(lengths)}")
-    if any(not 0 <= d <= 1 for d in depths) or not depths:
-        raise ValueError(f"{section}.depths must be between 0 and 1 (and not empty), got {list(depths)}")
-
-
 class HeadsConfig(_Frozen):
     """The ``eval.heads:`` section: retrieval-head scores (Wu et al. 2024) during training and by
     ``hybrid-lightning heads`` (hybrid_lightning/heads/retrieval.py). Probes share ``eval.seed``,
@@ -322,7 +310,7 @@ class HeadsConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> HeadsConfig:
-        _check_probes("eval.heads", self.tasks, self.lengths, self.depths)
+        check_probes("eval.heads", self.tasks, self.lengths, self.depths)
         return self
 
 
@@ -369,7 +357,7 @@ class EvalConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
-        _check_probes("eval", self.tasks, self.lengths, self.depths)
+        check_probes("eval", self.tasks, self.lengths, self.depths)
         return self
 
     @property

@@ -108,6 +108,16 @@ class _Option:
     assignment: dict[str, Any]  # what it sets in the config
 
 
+def _label_values(axes: list) -> dict[str, list]:
+    """Each label of the axes' options -> its values, in the axes' order."""
+    values = {label: [] for options in axes for label in options[0].labels}
+    for options in axes:
+        for option in options:
+            for label, value in option.labels.items():
+                values[label].append(value)
+    return values
+
+
 def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = True, overrides: Sequence[str] = (),
               cells: Sequence[str] = ()) -> Grid:
     """Reads a grid file and validates every cell; the first problem is one ``ValueError``
@@ -138,11 +148,7 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
     axes = [_axis_options(key, values) for key, values in spec.axes.items()]
     axes += [_zip_options(group) for group in spec.zip]
     base = _base_config(spec, path)
-    label_values = {label: [] for options in axes for label in options[0].labels}
-    for options in axes:
-        for option in options:
-            for label, value in option.labels.items():
-                label_values[label].append(value)
+    label_values = _label_values(axes)
     _check_excludes(spec, label_values, path)
     short = _short_keys(list(label_values))
 

@@ -28,13 +28,16 @@ from hybrid_lightning.kinds.base import (
 )
 
 # The package's mixers, one registration line per definition file (importing it registers its mixers).
-# Unsorted on purpose: their order is the order of KINDS (attention, mamba2, gated_deltanet, lightning, headwise).
+# Unsorted on purpose: their order is the order of KINDS (attention, mamba2, gated_deltanet, lightning, headwise, kda,
+# gated_deltaproduct).
 # isort: off
 from hybrid_lightning.kinds.attention import FULL, AttentionOptions  # full, swa
 from hybrid_lightning.kinds.mamba2 import KIND as MAMBA2  # noqa: F401
 from hybrid_lightning.kinds.gated_deltanet import KIND as GATED_DELTANET  # noqa: F401
 from hybrid_lightning.kinds.lightning import KIND as LIGHTNING  # noqa: F401
 from hybrid_lightning.kinds.headwise import KIND as HEADWISE  # noqa: F401
+from hybrid_lightning.kinds.kda import KIND as KDA  # noqa: F401
+from hybrid_lightning.kinds.gated_deltaproduct import KIND as GATED_DELTAPRODUCT  # noqa: F401
 # isort: on
 
 __all__ = ["EFFICIENT_LETTER", "FULL", "KINDS", "AttentionOptions", "HeadsSettings", "LayerSpec", "MixerKind",

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_lightning.config import DataConfig
-from hybrid_lightning.config.schema import MAX_PROBE_TOKENS
+from hybrid_lightning.config.fields import MAX_PROBE_TOKENS
 from hybrid_lightning.data.store import load_corpus
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.fileio import refuse_existing, write_atomic

@@ -66,11 +66,7 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
     step = resume.step if resume else 0
     check_extension(cfg, resume)
     if step >= cfg.train.max_steps:
-        print(f"{run_dir}: already complete ({step}/{cfg.train.max_steps} steps)")
-        if is_rank_zero():  # the process that trained it stays recorded
-            old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
-            write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
-        return run_dir
+        return _complete(cfg, run_dir, step)
     if not branch:  # a published checkpoint is of this version, which counts the steps completed
         check_numbering(run_dir, resume)
     # the token store: prepared (or awaited) before the run directory exists, and the data the run trained on
@@ -118,6 +114,15 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
     _status(trainer, run_dir, "interrupted", saved, **({"error": str(stopped)} if stopped else {}))
     if stopped:
         raise stopped
+    return run_dir
+
+
+def _complete(cfg: RunConfig, run_dir: Path, step: int) -> Path:
+    """A run at its last step already: said, and its status made true (the process that trained it kept)."""
+    print(f"{run_dir}: already complete ({step}/{cfg.train.max_steps} steps)")
+    if is_rank_zero():
+        old = {k: v for k, v in (read_status(run_dir) or {}).items() if k != "error"}
+        write_status(run_dir, **{**old, "state": "done", "step": step, "max_steps": cfg.train.max_steps})
     return run_dir
 
 

@@ -49,14 +49,16 @@ def gated_delta_rule(
 
 
 def recurrent_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None):
-    """The recurrence itself, one step at a time: the reference the others are tested against."""
+    """The recurrence itself, one step at a time: the reference the others are tested against. g: (B, T, H), or
+    (B, T, H, K) for a decay per key channel (Kimi Delta Attention, ``ops/kda.py``)."""
     dtype = compute_dtype(v)
     q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
     B, T, H, K = k.shape
     S = q.new_zeros(B, H, K, v.shape[-1]) if state is None else state.to(dtype)  # (B, H, K, V)
+    g = g.reshape(B, T, H, -1, 1)  # (B, T, H, 1 or K, 1): the decay of each row of the state
     out = []
     for t in range(T):
-        S = g[:, t, :, None, None].exp() * S
+        S = g[:, t].exp() * S
         kt = k[:, t]  # (B, H, K)
         error = v[:, t] - torch.einsum("bhkv,bhk->bhv", S, kt)  # what the state predicts wrongly for k_t
         S = S + beta[:, t, :, None, None] * kt[..., None] * error[..., None, :]
@@ -132,8 +134,9 @@ def chunked_delta_rule_flops(T: int, chunk_size: int, H: int, K: int, V: int) ->
 
 
 def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = None,
-                   cu_seqlens: torch.Tensor | None = None):
-    """flash-linear-attention's ``chunk_gated_delta_rule`` Triton kernel (CUDA)."""
+                   cu_seqlens: torch.Tensor | None = None, kernel=None):
+    """flash-linear-attention's ``chunk_gated_delta_rule`` Triton kernel (CUDA), or ``kernel``, another of fla's
+    with its arguments (``chunk_kda``: g per key channel)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     dtype = kernel_dtype(v)
@@ -142,7 +145,7 @@ def fla_delta_rule(q, k, v, g, beta, scale: float, state: torch.Tensor | None = 
     g = g.float()
     if cu_seqlens is not None:
         q, k, v, g, beta = (end_to_end(t) for t in (q, k, v, g, beta))
-    o, S = chunk_gated_delta_rule(
+    o, S = (kernel or chunk_gated_delta_rule)(
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), scale=scale,
         initial_state=None if state is None else state.float(), output_final_state=True,
         cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
