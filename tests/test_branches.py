@@ -93,7 +93,8 @@ def test_a_branch_killed_inside_its_decay_resumes_to_its_budget_trained_alone(tm
 
     phase, start, short, alone = branch_and_alone(tmp_path, 1)
     raw = tiny(SHORT, 1, phase)
-    raw["train"]["checkpoint_every_n_steps"] = 1
+    # a checkpoint and a validation every step: the last step takes long enough for the kill to land before it ends
+    raw["train"].update(checkpoint_every_n_steps=1, val_every_n_steps=1, val_batches=8)
     (tmp_path / "short.yaml").write_text(__import__("yaml").safe_dump(raw))
     killed = kill_when(short, [str(tmp_path / "short.yaml")],
                        lambda: any((short / "checkpoints").glob(f"step_{start + 1:07d}.ckpt")))
