@@ -5,6 +5,7 @@ user (``owned``, ``own``, ``publish``): it writes over, or deletes, only files t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -46,18 +47,21 @@ def stale_temporary(path: Path) -> bool:
 
 def refuse_file_for_folder(path: Path, flag: str) -> None:
     """A ``ValueError`` naming ``flag`` when ``path``, or a folder above it, exists as something else than a folder,
-    or when no folder can be made in the nearest that exists (tried: a folder made there and removed), before
-    anything is written there."""
+    or when no folder can be made in the nearest that exists (tried: a folder made there and removed, the folder's
+    times then put back, so that a run directory checked keeps them), before anything is written there."""
     for p in (Path(path), *Path(path).parents):
         if p.exists() or p.is_symlink():
             if not p.is_dir():
                 raise ValueError(f"{flag} {p} is a file where a folder is expected; move it away or give another "
                                  "folder")
+            times = p.stat()
             try:
                 os.rmdir(tempfile.mkdtemp(prefix=".hybrid-lightning-", dir=p))
             except OSError as e:
                 raise ValueError(f"{flag} {path}: nothing can be written in {p} ({e.strerror or e}); give a folder "
                                  "you can write to") from None
+            with contextlib.suppress(OSError):  # not the folder's owner: its times move, nothing else
+                os.utime(p, ns=(times.st_atime_ns, times.st_mtime_ns))
             return
 
 

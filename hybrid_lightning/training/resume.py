@@ -66,8 +66,11 @@ def _compared(key: str, value):
 def check_same_config(run_dir: Path, old: dict, cfg: RunConfig, source: str, flag: str = "--run-dir",
                       also: frozenset[str] = frozenset(), hint: str | None = None) -> None:
     """Refuses ``cfg`` where it differs from ``old`` (a config ``source`` in ``run_dir`` holds) in a key that may not
-    change on resume and is not in ``also``; ``hint``: what the refusal says instead of naming ``flag``."""
-    a, b = flatten(old), flatten(config_to_dict(cfg))
+    change on resume and is not in ``also``; ``hint``: what the refusal says instead of naming ``flag``. A key the
+    record lacks is newer than it (a mixer or option added since; configs are written whole) and takes its default:
+    the run was made without it."""
+    newer = flatten(config_to_dict(validate_config({})))
+    a, b = {**newer, **flatten(old)}, flatten(config_to_dict(cfg))
     changed = sorted(k for k in a.keys() | b.keys() if _compared(k, a.get(k)) != _compared(k, b.get(k)))
     blocking = [k for k in changed if not may_change_on_resume(k) and k not in also]
     if blocking:
