@@ -185,6 +185,7 @@ def test_gpu_check_rehearsed_on_cpu(tmp_path):
     assert [(row["model"], row["compile"]) for row in result["mfu"]] == [
         ("full", False), ("full", True), ("SWA-32 hybrid", False), ("gated_deltanet hybrid", False)]
     assert all(row["model TFLOP/s"] > 0 and math.isfinite(row["loss"]) for row in result["mfu"])
+    assert result["mfu errors"] == [] and result["mfu"][-1]["recurrent"] == "chunked"
     assert result["resume"]["ok"] and result["resume"]["max weight difference"] <= 1e-6
     assert (tmp_path / "rehearsal.md").read_text().startswith("# GPU check (rehearsal)")
 
@@ -249,3 +250,12 @@ def test_the_private_torch_cpu_queries_precision_relies_on_still_exist():
     private ones it calls go, so that the choice is not silently lost."""
     assert isinstance(torch.cpu._is_avx512_bf16_supported(), bool)
     assert isinstance(torch.cpu._is_amx_tile_supported(), bool)
+
+
+def test_the_resume_check_names_where_two_logged_series_differ():
+    from hybrid_lightning.bench.gpu_resume import differences
+
+    found = differences([(1, 1.0), (2, 2.0), (3, 3.0)], [(1, 1.0), (2, 2.5), (2, 2.5), (4, 1.0)])
+    assert found == {"straight only": [3], "resumed only": [4], "logged twice": [2], "values differ at": [2],
+                     "largest difference": 0.5}
+    assert differences([(1, 1.0)], [(1, 1.0)])["values differ at"] == []

@@ -44,6 +44,7 @@ from hybrid_lightning.bench.training import PlainStep
 from hybrid_lightning.fileio import write_owned
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 from hybrid_lightning.model.mixers.headwise import attend_heads
+from hybrid_lightning.model.ops.common import auto_choice as auto_recurrent
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count
 from hybrid_lightning.plan.precision import peak_bf16_tflops
@@ -128,16 +129,19 @@ def recurrent(device: torch.device) -> object:
     interpreter in a process of its own (``TRITON_INTERPRET`` must be set before triton is imported)."""
     if importlib.util.find_spec("hybrid_lightning.bench.gpu_recurrent") is None:
         return "hybrid_lightning.bench.gpu_recurrent is not installed: no recurrent check"
-    if device.type == "cuda":
-        return importlib.import_module("hybrid_lightning.bench.gpu_recurrent").main()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        proc = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu_recurrent", "--interpret",
-                               "--out", str(out)],
-                              capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+        if device.type == "cuda":
+            status = importlib.import_module("hybrid_lightning.bench.gpu_recurrent").main(["--out", str(out)])
+            error = ["no rows written"]
+        else:
+            proc = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu_recurrent", "--interpret",
+                                   "--out", str(out)],
+                                  capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+            status, error = proc.returncode, proc.stderr.strip().splitlines()[-1:]
         if not out.exists():
-            return {"exit status": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:]}
-        return {"exit status": proc.returncode, "rows": json.loads(out.read_text())["rows"]}
+            return {"exit status": status, "error": error}
+        return {"exit status": status, "rows": json.loads(out.read_text())["rows"]}
 
 
 def mfu_archs(window: int) -> list[tuple[str, dict]]:
@@ -145,58 +149,72 @@ def mfu_archs(window: int) -> list[tuple[str, dict]]:
             ("gated_deltanet hybrid", {"pattern": "EEEF", "mixer": "gated_deltanet", "match_params": "F"})]
 
 
-def mfu(device: torch.device, peak_tflops: float | None, sizes: Sizes) -> list[dict]:
-    """Training step time and model FLOP/s in bf16 autocast, per architecture, eager and compiled."""
-    rows = []
+def mfu(device: torch.device, peak_tflops: float | None, sizes: Sizes) -> tuple[list[dict], list[dict]]:
+    """Training step time and model FLOP/s in bf16 autocast, per architecture, eager and compiled: (the rows, and
+    one row per configuration that raised, naming its exception; the others still run)."""
+    rows, errors = [], []
     batch = torch.randint(0, sizes.model["vocab_size"], (sizes.batch, sizes.seq + 1), device=device)
     for i, (name, arch) in enumerate(mfu_archs(sizes.window)):
         for compiled in (False, True)[: 1 + (i < sizes.compiled)]:
-            torch.manual_seed(0)
-            model = build_model({**sizes.model, **arch}).to(device)
-            if compiled:
-                model.compile()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-            step = PlainStep(model, opt, None, 1.0)
-            t_compile = time.perf_counter()
-            for _ in range(sizes.warmup):
-                with torch.autocast(device.type, dtype=torch.bfloat16):
-                    step(batch)
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(sizes.steps):
-                with torch.autocast(device.type, dtype=torch.bfloat16):
-                    loss = step(batch)
-            sync()
-            secs = (time.perf_counter() - t0) / sizes.steps
-            tokens = sizes.batch * sizes.seq
-            counts = count(model.opts, model.plan, (sizes.seq,))
-            tflops = counts.flops[sizes.seq] * tokens / secs / 1e12
-            rows.append({
-                "model": name, "compile": compiled, "params": counts.total,
-                "step s": secs, "tokens/s": tokens / secs, "model TFLOP/s": tflops,
-                "MFU": tflops / peak_tflops if peak_tflops else "peak unknown: pass --peak-tflops",
-                "warm-up s": t0 - t_compile, "loss": loss,
-            })
-            del model, step, opt
+            try:
+                rows.append(mfu_row(device, peak_tflops, sizes, batch, name, arch, compiled))
+            except Exception as e:  # a kernel refusing this machine: the row says so, the other rows run
+                errors.append({"model": name, "compile": compiled, "error": f"{type(e).__name__}: {e}"})
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    return rows
+    return rows, errors
 
 
-def checks(device: torch.device, sizes: Sizes, peak: float | None) -> dict:
-    """Every section, in order; ``ok`` when every correctness check and the resume check pass."""
+def mfu_row(device: torch.device, peak_tflops: float | None, sizes: Sizes, batch: torch.Tensor, name: str,
+            arch: dict, compiled: bool) -> dict:
+    torch.manual_seed(0)
+    model = build_model({**sizes.model, **arch}).to(device)
+    if compiled:
+        model.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    step = PlainStep(model, opt, None, 1.0)
+    t_compile = time.perf_counter()
+    for _ in range(sizes.warmup):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            step(batch)
+    sync()
     t0 = time.perf_counter()
-    attention = correctness(device, sizes.cases)
-    fla = recurrent(device)
-    rows = mfu(device, peak, sizes)
+    for _ in range(sizes.steps):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = step(batch)
+    sync()
+    secs = (time.perf_counter() - t0) / sizes.steps
+    tokens = sizes.batch * sizes.seq
+    counts = count(model.opts, model.plan, (sizes.seq,))
+    tflops = counts.flops[sizes.seq] * tokens / secs / 1e12
+    return {
+        "model": name, "compile": compiled,
+        "recurrent": auto_recurrent(device.type == "cuda") if "mixer" in arch else "-", "params": counts.total,
+        "step s": secs, "tokens/s": tokens / secs, "model TFLOP/s": tflops,
+        "MFU": tflops / peak_tflops if peak_tflops else "peak unknown: pass --peak-tflops",
+        "warm-up s": t0 - t_compile, "loss": loss,
+    }
+
+
+def checks(device: torch.device, sizes: Sizes, peak: float | None, save=lambda partial: None) -> dict:
+    """Every section, in order; ``ok`` when every correctness check and the resume check pass. ``save`` is
+    called with the sections done so far after each one, so a run stopped at its time limit keeps them.
+    The recurrent section runs last: fla's kernels are autotuned on their first call (minutes)."""
+    t0 = time.perf_counter()
+    result = {"torch": torch.__version__, "flash_attn": HAS_FLASH_ATTN, "peak_bf16_tflops": peak}
+    result["correctness"] = correctness(device, sizes.cases)
+    save(result)
+    result["mfu"], result["mfu errors"] = mfu(device, peak, sizes)
+    save(result)
     with tempfile.TemporaryDirectory() as tmp:
-        resume = resume_check(Path(tmp), "gpu" if device.type == "cuda" else "cpu")
-    fla_ok = fla == 0 or (isinstance(fla, dict) and fla.get("exit status") == 0)
-    return {"torch": torch.__version__, "flash_attn": HAS_FLASH_ATTN, "peak_bf16_tflops": peak,
-            "correctness": attention, "recurrent": fla, "mfu": rows, "resume": resume,
-            "ok": all(r["ok"] for r in attention) and fla_ok and resume["ok"]
-            and all(r["loss"] == r["loss"] for r in rows),
-            "seconds": round(time.perf_counter() - t0, 1)}
+        result["resume"] = resume_check(Path(tmp), "gpu" if device.type == "cuda" else "cpu")
+    save(result)
+    fla = result["recurrent"] = recurrent(device)
+    fla_ok = isinstance(fla, dict) and fla.get("exit status") == 0
+    result["ok"] = (all(r["ok"] for r in result["correctness"]) and fla_ok and result["resume"]["ok"]
+                    and not result["mfu errors"] and all(r["loss"] == r["loss"] for r in result["mfu"]))
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
 
 
 def report(result: dict, name: str, sizes: Sizes) -> str:
@@ -209,6 +227,8 @@ def report(result: dict, name: str, sizes: Sizes) -> str:
                   "columns": list(mfu_rows[0]), "rows": mfu_rows,
                   "notes": f"Mean step time over {sizes.steps} steps after {sizes.warmup} warm-up steps; "
                            f"peak {result['peak_bf16_tflops']} TFLOP/s; FLOPs per token as in plan/count.py."}),
+        *(f"MFU not measured for {e['model']} ({'compiled' if e['compile'] else 'eager'}): {e['error']}\n"
+          for e in result["mfu errors"]),
         f"## Recurrent mixers (fla)\n\n```\n{json.dumps(result['recurrent'], indent=1, default=str)}\n```\n",
         f"## Killed and resumed\n\n```\n{json.dumps(result['resume'], indent=1)}\n```\n",
     ])
@@ -231,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     name = "CPU rehearsal" if args.rehearse else torch.cuda.get_device_name(device)
     peak = args.peak_tflops or peak_bf16_tflops(name)
     sizes = REHEARSAL if args.rehearse else GPU
-    result = {"device": name, **checks(device, sizes, peak)}
     stem = "rehearsal" if args.rehearse else "gpu"
+
+    def save(partial: dict) -> None:
+        write_owned(args.out, MARKER, f"{stem}.json", json.dumps({"device": name, **partial}, indent=1, default=str),
+                    "--out")
+
+    result = {"device": name, **checks(device, sizes, peak, save)}
     write_owned(args.out, MARKER, f"{stem}.json", json.dumps(result, indent=1, default=str), "--out")
     tables = report(result, name, sizes)
     write_owned(args.out, MARKER, f"{stem}.md",

@@ -78,8 +78,21 @@ def resume_check(root: Path, accelerator: str) -> dict:
     a, b = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
             for d in (straight, killed))
     weights = max((a[k].float() - b[k].float()).abs().max().item() for k in a) if a.keys() == b.keys() else float("inf")
-    same = {tag: losses(straight, tag) == losses(killed, tag) for tag in (Tag.LOSS, Tag.VAL_LOSS)}
+    logged = {tag: (losses(straight, tag), losses(killed, tag)) for tag in (Tag.LOSS, Tag.VAL_LOSS)}
+    same = {tag: a == b for tag, (a, b) in logged.items()}
     return {"ok": weights <= TOLERANCE and all(same.values()), "accelerator": accelerator,
             "killed after step": KILL_AFTER, "steps": MAX_STEPS, "max weight difference": weights,
             "train losses equal": same[Tag.LOSS], "val losses equal": same[Tag.VAL_LOSS],
+            **{f"{name} losses differ": differences(*logged[tag])
+               for name, tag in (("train", Tag.LOSS), ("val", Tag.VAL_LOSS)) if not same[tag]},
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def differences(straight: list[tuple[int, float]], resumed: list[tuple[int, float]]) -> dict:
+    """Where two logged series disagree: steps logged by one run only or more than once, and the steps whose values
+    differ, with the largest difference."""
+    a, b = dict(straight), dict(resumed)
+    differ = sorted(s for s in a.keys() & b.keys() if a[s] != b[s])
+    return {"straight only": sorted(a.keys() - b.keys()), "resumed only": sorted(b.keys() - a.keys()),
+            "logged twice": sorted({s for s, _ in resumed if [t for t, _ in resumed].count(s) > 1}),
+            "values differ at": differ[:20], "largest difference": max((abs(a[s] - b[s]) for s in differ), default=0.0)}
