@@ -199,6 +199,14 @@ def _compiled_flex():
     return torch.compile(flex_attention)
 
 
+def _as_tensor(value: int, device: str) -> torch.Tensor:
+    """An int a mask reads, as a 0-dim tensor: the compiled FlexAttention then takes it as an input rather than
+    guarding on its value. Closed-over ints recompiled it for each window, key offset and window-or-full; past
+    torch's recompile limit (8) it ran unfused, materialising the (Tq, Tk) scores (seen on an H200: the 7th shape
+    of the GPU check's correctness section)."""
+    return torch.tensor(value, device=device)
+
+
 @functools.lru_cache(maxsize=64)
 def flex_block_mask(Tq: int, Tk: int, window: int | None, device: str):
     """FlexAttention block mask: query i (at key position Tk-Tq+i) sees key j iff 0 <= pos - j < window.
@@ -206,12 +214,11 @@ def flex_block_mask(Tq: int, Tk: int, window: int | None, device: str):
     Blocks of the (Tq, Tk) grid the mask leaves empty are skipped, so a window costs O(T W)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset = Tk - Tq
+    offset, reach = _as_tensor(Tk - Tq, device), _as_tensor(Tk + 1 if window is None else window, device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        qpos = q_idx + offset
-        visible = qpos >= kv_idx
-        return visible if window is None else visible & (qpos - kv_idx < window)
+        distance = q_idx + offset - kv_idx
+        return (distance >= 0) & (distance < reach)
 
     return create_block_mask(mask_mod, None, None, Tq, Tk, device=device)
 
@@ -221,9 +228,11 @@ def flex_document_mask(doc_ids: torch.Tensor, window: int | None):
     and both lie in one document (torchtitan's document mask)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
+    reach = _as_tensor(doc_ids.shape[1] + 1 if window is None else window, str(doc_ids.device))
+
     def mask_mod(b, h, q_idx, kv_idx):
-        visible = (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
-        return visible if window is None else visible & (q_idx - kv_idx < window)
+        distance = q_idx - kv_idx
+        return (distance >= 0) & (distance < reach) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
 
     B, T = doc_ids.shape
     return create_block_mask(mask_mod, B, None, T, T, device=str(doc_ids.device))
