@@ -49,11 +49,11 @@ def identical(a: dict, b: dict) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
-def branch_and_alone(tmp_path, accumulate: int):
+def branch_and_alone(tmp_path, accumulate: int, long: int = LONG, short: int = SHORT):
     """The long run publishing at the short one's decay start, the short one from there, and the short one alone."""
     phase = str(tmp_path / "stable")
-    start = decay_start(validate_config(tiny(SHORT, accumulate, None)).train)
-    train(validate_config(tiny(LONG, accumulate, phase, (start,))), tmp_path / "long")
+    start = decay_start(validate_config(tiny(short, accumulate, None)).train)
+    train(validate_config(tiny(long, accumulate, phase, (start,))), tmp_path / "long")
     return phase, start, tmp_path / "short", tmp_path / "alone"
 
 
@@ -91,14 +91,15 @@ def test_a_branch_killed_inside_its_decay_resumes_to_its_budget_trained_alone(tm
     from test_faults import start as start_cli
     from test_kill_loops import kill_when
 
-    phase, start, short, alone = branch_and_alone(tmp_path, 1)
-    raw = tiny(SHORT, 1, phase)
-    # a checkpoint and a validation every step: the last step takes long enough for the kill to land before it ends
+    steps = 40  # a decay of 8 steps: the kill after its first lands well before the run ends, also on a busy machine
+    phase, start, short, alone = branch_and_alone(tmp_path, 1, steps + 1, steps)
+    raw = tiny(steps, 1, phase)
+    # a checkpoint and a validation every step: each step takes long enough for the kill to land before it ends
     raw["train"].update(checkpoint_every_n_steps=1, val_every_n_steps=1, val_batches=8)
     (tmp_path / "short.yaml").write_text(__import__("yaml").safe_dump(raw))
     killed = kill_when(short, [str(tmp_path / "short.yaml")],
                        lambda: any((short / "checkpoints").glob(f"step_{start + 1:07d}.ckpt")))
-    assert killed and read_status(short)["step"] < SHORT
+    assert killed and read_status(short)["step"] < steps
     assert start_cli(short, str(tmp_path / "short.yaml")).wait() == 0
     assert read_status(short)["state"] == "done"
     train(validate_config(raw | {"train": {**raw["train"], "stable_phase": None}}), alone)
