@@ -17,9 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
-from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
-from hybrid_lightning.model.ops import ShortConv
+from hybrid_lightning.model.mixers.recurrent import DeltaRuleMixer
 from hybrid_lightning.model.ops.delta_product import chunked_delta_product_flops, gated_delta_product
 
 if TYPE_CHECKING:
@@ -29,46 +27,33 @@ if TYPE_CHECKING:
 A_INIT = (0.0, 16.0)  # as Gated DeltaNet's: A ~ U[0, 16]
 
 
-class GatedDeltaProduct(RecurrentMixer):
+class GatedDeltaProduct(DeltaRuleMixer):
     """Args: ``opts`` (``model.gated_deltaproduct``, heads resolved: ``n_heads``, ``head_dim``, ``expand_v``,
     ``conv_size``, ``householder``; the backend)."""
 
     def __init__(self, opts: GatedDeltaProductOptions, spec: LayerSpec):
         super().__init__()
-        self.n_heads, self.key_dim, self.steps = opts.n_heads, opts.head_dim, opts.householder
-        self.value_dim = round(self.key_dim * opts.expand_v)
-        self.backend, self.chunk = opts.backend, opts.chunk
-        H, K, V, n = self.n_heads, self.key_dim, self.value_dim, self.steps
-        self.qkv = nn.Linear(opts.d_model, H * (K + n * (K + V)), bias=False)
-        self.conv = ShortConv(H * (K + n * (K + V)), opts.conv_size, bias=False)
+        H, K, V = self.heads(opts)
+        n = self.steps = opts.householder
+        self.inputs(opts, H * (K + n * (K + V)))
         self.decay_beta = nn.Linear(opts.d_model, H * (1 + n), bias=False)  # W_α and the n W_β
-        self.A_log = nn.Parameter(torch.empty(H).uniform_(*A_INIT).log())
-        self.dt_bias = nn.Parameter(inverse_softplus_dt(H, *DT_INIT))
-        self.gate = nn.Linear(opts.d_model, H * V, bias=False)
-        self.out_norm = nn.RMSNorm(V, eps=opts.norm_eps)
-        self.out_proj = nn.Linear(H * V, opts.d_model, bias=False)
-        self.out_proj.residual_out = True
+        self.decay_parameters(A_INIT, H)
+        self.outputs(opts, nn.Linear(opts.d_model, H * V, bias=False))
 
     def mix(self, x: torch.Tensor, state: dict | None = None, positions: torch.Tensor | None = None,
             cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, D). ``state`` carries the convolution's last inputs and the delta-rule state (B, H, K, V)."""
         B, T, _ = x.shape
         H, K, V, n = self.n_heads, self.key_dim, self.value_dim, self.steps
-        q, k, v = self.conv(self.qkv(x), state, positions).split([H * K, n * H * K, n * H * V], dim=-1)
-        q = F.normalize(q.view(B, T, H, K), dim=-1)
-        k = F.normalize(k.reshape(B, T * n, H, K), dim=-1)  # (B, T·n, H, K): token t's n keys in a row
+        q, k, v = self.projected(x, state, positions, [H * K, n * H * K, n * H * V])
         a, b = self.decay_beta(x).split([H, n * H], dim=-1)  # (B, T, H), (B, T, n·H)
-        o, memory = gated_delta_product(
-            q, k, v.reshape(B, T * n, H, V),
-            -self.A_log.exp() * F.softplus(a + self.dt_bias),  # log α, one per token
-            b.sigmoid().reshape(B, T * n, H),  # β, n per token
-            scale=K**-0.5, state=None if state is None else state.get("memory"),
-            backend=self.backend, chunk_size=self.chunk, cu_seqlens=cu_seqlens,
-        )
-        if state is not None:
-            state["memory"] = memory
-        o = self.out_norm(o) * F.silu(self.gate(x).view(B, T, H, V))  # (B, T, H, V)
-        return self.out_proj(o.reshape(B, T, H * V))
+        o = self.recur(gated_delta_product, F.normalize(q.view(B, T, H, K), dim=-1),
+                       F.normalize(k.reshape(B, T * n, H, K), dim=-1),  # (B, T·n, H, K): token t's n keys in a row
+                       v.reshape(B, T * n, H, V),
+                       -self.A_log.exp() * F.softplus(a + self.dt_bias),  # log α, one per token
+                       b.sigmoid().reshape(B, T * n, H),  # β, n per token
+                       state=state, cu_seqlens=cu_seqlens)
+        return self.emit(o, F.silu(self.gate(x).view(B, T, H, V)))
 
     def flops_per_token(self, T: int) -> float:
         """Training FLOPs per token of the n_h delta-rule steps per token beyond the layer's weights."""

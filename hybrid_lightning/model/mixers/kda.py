@@ -16,9 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybrid_lightning.model.init import DT_INIT, inverse_softplus_dt
-from hybrid_lightning.model.mixers.recurrent import RecurrentMixer
-from hybrid_lightning.model.ops import ShortConv
+from hybrid_lightning.model.mixers.recurrent import DeltaRuleMixer
 from hybrid_lightning.model.ops.kda import chunked_kda_flops, kda
 
 if TYPE_CHECKING:
@@ -32,45 +30,29 @@ def low_rank(d_in: int, rank: int, d_out: int, bias: bool) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, rank, bias=False), nn.Linear(rank, d_out, bias=bias))
 
 
-class KimiDeltaAttention(RecurrentMixer):
+class KimiDeltaAttention(DeltaRuleMixer):
     """Args: ``opts`` (``model.kda``, heads resolved: ``n_heads``, ``head_dim``, ``expand_v``, ``conv_size``;
     the backend)."""
 
     def __init__(self, opts: KDAOptions, spec: LayerSpec):
         super().__init__()
-        self.n_heads, self.key_dim = opts.n_heads, opts.head_dim
-        self.value_dim = round(self.key_dim * opts.expand_v)
-        self.backend, self.chunk = opts.backend, opts.chunk
-        H, K, V = self.n_heads, self.key_dim, self.value_dim
-        self.qkv = nn.Linear(opts.d_model, H * (2 * K + V), bias=False)
-        self.conv = ShortConv(H * (2 * K + V), opts.conv_size, bias=False)
+        H, K, V = self.heads(opts)
+        self.inputs(opts, H * (2 * K + V))
         self.decay = low_rank(opts.d_model, V, H * K, bias=False)  # W_f↓, W_f↑
         self.beta = nn.Linear(opts.d_model, H, bias=False)
-        self.A_log = nn.Parameter(torch.empty(H).uniform_(*A_INIT).log())
-        self.dt_bias = nn.Parameter(inverse_softplus_dt(H * K, *DT_INIT))
-        self.gate = low_rank(opts.d_model, V, H * V, bias=True)  # W_g↓, W_g↑
-        self.out_norm = nn.RMSNorm(V, eps=opts.norm_eps)
-        self.out_proj = nn.Linear(H * V, opts.d_model, bias=False)
-        self.out_proj.residual_out = True
+        self.decay_parameters(A_INIT, H * K)
+        self.outputs(opts, low_rank(opts.d_model, V, H * V, bias=True))  # W_g↓, W_g↑
 
     def mix(self, x: torch.Tensor, state: dict | None = None, positions: torch.Tensor | None = None,
             cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, D). ``state`` carries the convolution's last inputs and the delta-rule state (B, H, K, V)."""
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim
-        q, k, v = self.conv(self.qkv(x), state, positions).split([H * K, H * K, H * V], dim=-1)
-        q = F.normalize(q.view(B, T, H, K), dim=-1)
-        k = F.normalize(k.view(B, T, H, K), dim=-1)
+        q, k, v = self.projected(x, state, positions, [H * K, H * K, H * V])
         log_decay = -self.A_log.exp()[:, None] * F.softplus((self.decay(x) + self.dt_bias).view(B, T, H, K))
-        o, memory = kda(
-            q, k, v.view(B, T, H, V), log_decay, self.beta(x).sigmoid(),
-            scale=K**-0.5, state=None if state is None else state.get("memory"),
-            backend=self.backend, chunk_size=self.chunk, cu_seqlens=cu_seqlens,
-        )
-        if state is not None:
-            state["memory"] = memory
-        o = self.out_norm(o) * self.gate(x).view(B, T, H, V).sigmoid()  # (B, T, H, V)
-        return self.out_proj(o.reshape(B, T, H * V))
+        o = self.recur(kda, F.normalize(q.view(B, T, H, K), dim=-1), F.normalize(k.view(B, T, H, K), dim=-1),
+                       v.view(B, T, H, V), log_decay, self.beta(x).sigmoid(), state=state, cu_seqlens=cu_seqlens)
+        return self.emit(o, self.gate(x).view(B, T, H, V).sigmoid())
 
     def flops_per_token(self, T: int) -> float:
         """Training FLOPs per token of the per-channel gated delta rule beyond the layer's weights."""
