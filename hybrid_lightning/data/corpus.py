@@ -13,6 +13,7 @@ Its exact content follows the Python version; the store's fingerprint records th
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import math
@@ -42,10 +43,20 @@ def cache_root(cfg: DataConfig) -> Path:
 
 def embedded_files() -> list[Path]:
     """The standard library's .py files, tests and third-party packages left out, in a fixed order."""
+    return list(_embedded_files())
+
+
+@functools.cache
+def _embedded_files() -> tuple[Path, ...]:
+    """Walked once per process, the skipped folders not entered (a third-party site-packages under the standard
+    library made each walk take seconds: ``grid plan`` walks it once per cell)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-    files = [p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts)]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    return tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
 
 
 def resolve_files(patterns: tuple[str, ...]) -> list[Path]:
