@@ -39,7 +39,7 @@ from hybrid_lightning.plan.precision import autocast_dtype
 from hybrid_lightning.runplan import MemoryEstimate, RunPlan, gib
 
 FP32 = 4
-MEASURED_LENGTH = 8192  # tokens up to which activations are counted at the run's own length
+MEASURED_LENGTH = 4096  # tokens up to which activations are counted at the run's own length
 
 
 def estimate_memory(plan: RunPlan, checkpointing: bool) -> MemoryEstimate:
