@@ -78,15 +78,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_index(out: Path) -> None:
-    """``out/README.md``: every section's table found in ``out`` (its ``<section>.json``), in section order."""
+    """``out/README.md``: every section's table found in ``out`` (its ``<section>.json``), in section order; other
+    JSON there (the GPU check's ``gpu.json``, with its own ``gpu.md``) is left out."""
     order = list(SECTIONS)  # (a), (b), ... then any other section found there
-    sections = sorted((f.stem for f in out.glob("*.json")),
+    results = {f.stem: json.loads(f.read_text()) for f in out.glob("*.json")}
+    sections = sorted((name for name, result in results.items() if "columns" in result),
                       key=lambda s: (order.index(s) if s in order else len(order), s))
     body = ["# Benchmarks", "", "Regenerate with `python -m hybrid_lightning.bench` (sections: "
             + ", ".join(sections) + ").", ""]
     for name in sections:
-        result = json.loads((out / f"{name}.json").read_text())
-        body += [markdown(result), f"_{result['machine']}; {result['seconds']} s_", ""]
+        body += [markdown(results[name]), f"_{results[name]['machine']}; {results[name]['seconds']} s_", ""]
     write_owned(out, MARKER, "README.md", "\n".join(body), "--out")
 
 
