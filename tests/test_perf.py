@@ -259,3 +259,14 @@ def test_the_resume_check_names_where_two_logged_series_differ():
     assert found == {"straight only": [3], "resumed only": [4], "logged twice": [2], "values differ at": [2],
                      "largest difference": 0.5}
     assert differences([(1, 1.0)], [(1, 1.0)])["values differ at"] == []
+
+
+def test_the_bench_index_lists_the_sections_and_leaves_out_the_gpu_check(tmp_path):
+    from hybrid_lightning.bench.__main__ import write_index
+
+    section = {"title": "(c) t", "columns": ["a"], "rows": [{"a": 1}], "notes": "", "machine": "m", "seconds": 1}
+    (tmp_path / "work.json").write_text(json.dumps(section))
+    (tmp_path / "gpu.json").write_text(json.dumps({"device": "NVIDIA H200", "correctness": []}))
+    write_index(tmp_path)
+    index = (tmp_path / "README.md").read_text()
+    assert "(sections: work)" in index and "(c) t" in index and "H200" not in index
