@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from hybrid_lightning.analysis.figures import arm_colors, legend, wrap
+from hybrid_lightning.analysis.figures import arm_colors, legend, save, wrap
 from hybrid_lightning.kinds import FULL
 from hybrid_lightning.records import columns
 from hybrid_lightning.rundir import eval_files
@@ -118,3 +118,29 @@ def gradient_figure(rows: pd.DataFrame) -> Figure:
     fig.suptitle(wrap("Gradient influence by distance (line: seed mean, band: min-max over seeds)"), fontsize=9)
     return fig
 
+
+
+# kind -> (figure file, how it is drawn, what records it): the report's diagnostics, in this order
+FIGURES = {"restricted": ("restriction.png", restriction_figure, "receptive-field restriction (`restrict`)"),
+           "layer_probe": ("layer_probes.png", layer_probe_figure, "layer-wise probes (`probe-layers`)"),
+           "gradient": ("gradient.png", gradient_figure, "gradient influence (`gradient`)")}
+
+
+def report_section(configs: pd.DataFrame, out: Path, heading: str) -> str:
+    """``report.md``'s section on the diagnostics: per kind that any run recorded, its figure and
+    ``diagnostics_<kind>.csv`` (``diagnostic_rows``) written into ``out``; one line where none did."""
+    text = [f"{heading}\n", "The newest record of each kind per run (`eval/<kind>_step_<k>.json`); seed means with "
+            "their min-max over seeds (docs/evaluation.md defines each measure).\n"]
+    drawn = []
+    for kind, (png, draw, what) in FIGURES.items():
+        rows = diagnostic_rows(configs, kind)
+        if rows.empty:
+            continue
+        rows.to_csv(out / f"diagnostics_{kind}.csv", index=False)
+        save(draw(rows), out / png)
+        drawn.append(what)
+        text += [f"![{kind}]({png})\n", f"CSV: `diagnostics_{kind}.csv`.\n"]
+    if not drawn:
+        return "\n".join(text[:1] + ["No run has a diagnostics record: `hybrid-lightning restrict`, `probe-layers` and "
+                                      "`gradient` write them into the run directory.\n"])
+    return "\n".join(text)

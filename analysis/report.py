@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hybrid_lightning.analysis import figures, tables
+from hybrid_lightning.analysis import diagnostics, figures, scaling_runs, tables
 from hybrid_lightning.analysis.emergence import SIGNAL_Z
 from hybrid_lightning.analysis.load import Runs, load_runs
 from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, SCORE, metric_tag, record_metric
@@ -67,7 +67,9 @@ def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
     _write(runs.configs.drop(columns="path"), out, "runs.csv")
     summary = tables.summary(runs.metrics, runs.configs, metric)
     sections += [_emergence(runs, out, metric, tag), _laziness(runs, out), _niah(runs, out, metric),
-                 _pos(runs, out, metric, summary), _head_maps(runs, out), _ablation(runs, out), _summary(summary, out)]
+                 _pos(runs, out, metric, summary), _head_maps(runs, out), _ablation(runs, out), _summary(summary, out),
+                 scaling_runs.report_section(runs, out, "## 8. Scaling laws"),
+                 diagnostics.report_section(runs.configs, out, "## 9. Diagnostics: restriction, probes, gradients")]
     (out / "report.md").write_text("\n".join(sections))
 
 

@@ -152,3 +152,20 @@ def write_fits(runs: Runs, out: Path, form: str = "no_constant", resamples: int 
              out / f"scaling_{metric}.png")
         written += [f"scaling_{metric}_parameters.csv", f"scaling_{metric}_held_out.csv", f"scaling_{metric}.png"]
     return written
+
+
+def report_section(runs: Runs, out: Path, heading: str) -> str:
+    """``report.md``'s section on the scaling laws: ``write_fits``'s tables and figures, or one line where no
+    architecture has a size and a budget axis."""
+    written = write_fits(runs, out)
+    if not written:
+        return "\n".join([f"{heading}\n", "Not applicable: no architecture has finished runs at 3+ sizes and 2+ "
+                          "budgets (`hybrid-lightning scaling` fits a table too; docs/scaling.md).\n"])
+    text = [f"{heading}\n", "Per architecture, the paper's law (no constant) fitted to the last value of each finished "
+            "run, the largest size held out and predicted; 95% bootstrap intervals of every parameter "
+            f"({scaling.RESAMPLES} resamples).\n"]
+    for metric in METRICS:
+        if f"scaling_{metric}.png" in written:
+            text += [f"![scaling {metric}](scaling_{metric}.png)\n",
+                     f"CSV: `scaling_{metric}_parameters.csv`, `scaling_{metric}_held_out.csv`.\n"]
+    return "\n".join(text)

@@ -54,3 +54,19 @@ def test_rows_summaries_and_figures(tmp_path):
     grad = gradient_figure(diagnostic_rows(configs, "gradient")).axes[0]
     assert grad.get_xscale() == grad.get_yscale() == "log" and len(grad.get_lines()) == 2
     assert diagnostic_rows(configs.iloc[-1:], "gradient").empty
+
+
+def test_the_report_section_draws_what_the_runs_recorded(tmp_path):
+    from hybrid_lightning.analysis.diagnostics import report_section
+
+    out = tmp_path / "out"
+    out.mkdir()
+    configs = pd.DataFrame([fabricate(tmp_path, s, "swa") for s in (0, 1)])
+    text = report_section(configs, out, "## 9. Diagnostics")
+    assert text.startswith("## 9. Diagnostics") and "![gradient](gradient.png)" in text
+    assert {p.name for p in out.iterdir()} == {"restriction.png", "layer_probes.png", "gradient.png",
+                                              "diagnostics_restricted.csv", "diagnostics_layer_probe.csv",
+                                              "diagnostics_gradient.csv"}
+    assert len(pd.read_csv(out / "diagnostics_gradient.csv")) == 16  # 8 distances x 2 seeds
+    bare = pd.DataFrame([{"run": "bare", "path": str(tmp_path / "bare"), "label": "x", "seed": 0}])
+    assert "No run has a diagnostics record" in report_section(bare, tmp_path / "empty", "## 9. Diagnostics")

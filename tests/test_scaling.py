@@ -177,3 +177,9 @@ def test_the_scaling_verdict_backs_convergence_and_is_not_applicable_without_a_s
     params = pd.read_csv(tmp_path / "scaling_longppl_parameters.csv")
     assert set(params["arm"]) == {"swa", "lightning"} and (params["ci_low"] <= params["ci_high"]).all()
     assert set(pd.read_csv(tmp_path / "scaling_longppl_held_out.csv")["n"]) == {1e8}
+    # report.md's section: the figure and its tables; one line without a size axis
+    monkeypatch.setattr(scaling, "RESAMPLES", 5)
+    section = scaling_runs_module.report_section(runs, tmp_path, "## 8. Scaling laws")
+    assert "![scaling longppl](scaling_longppl.png)" in section and "(5 resamples)" in section
+    two = scaling_runs({"swa": base}, sizes=(2e7, 5e7))
+    assert "Not applicable" in scaling_runs_module.report_section(two, tmp_path / "none", "## 8. Scaling laws")
