@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -80,6 +80,11 @@ class Runs:
     layers: pd.DataFrame
     ablations: pd.DataFrame
     selections: pd.DataFrame
+
+    def without(self, runs: set[str]) -> Runs:
+        """The same tables without the rows of ``runs`` (their ``run`` names)."""
+        return Runs(*(t[~t["run"].isin(runs)] if "run" in t else t
+                      for t in (getattr(self, f.name) for f in fields(self))))
 
 
 SELECTION_COLUMNS = ["run", "step", "seed", "layer", "head", "score"]

@@ -24,7 +24,7 @@ MARKER = ".hybrid-lightning-analysis"  # in an output folder: the files analyze 
 
 def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
             planned: list[tuple[str, Path, str | None]] | None = None, workers: int | None = None,
-            findings: bool = False) -> Path:
+            findings: bool = False, exploratory: set[Path] | frozenset = frozenset()) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
 
     Args:
@@ -35,6 +35,8 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
             without a run directory, failed or not started (the command line reads them from ``--grid``).
         workers: processes reading runs; default up to 4, one per CPU.
         findings: open the report with the verdicts on the paper's three findings (analysis/findings.py).
+        exploratory: run directories of exploratory arms (a grid's ``exploratory`` cells): reported, left out of
+            the verdicts.
     Returns: the path of report.md.
     """
     tag = metric_tag(metric)
@@ -45,7 +47,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # beside out: every file, then moved in
     try:
-        _report(runs, folder, staging, metric, tag, planned, findings)
+        _report(runs, folder, staging, metric, tag, planned, findings, {Path(p).resolve() for p in exploratory})
         publish(staging, out, MARKER, "--out")
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # the package's own temporary folder
@@ -53,7 +55,7 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
 
 
 def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
-            planned: list[tuple[str, Path, str | None]] | None, findings: bool) -> None:
+            planned: list[tuple[str, Path, str | None]] | None, findings: bool, exploratory: set[Path]) -> None:
     """Writes every table, figure and report.md of ``runs`` into ``out``."""
     sections = [f"# Analysis of {folder}\n",
                 f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
@@ -61,7 +63,7 @@ def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
                 "`*_min`/`*_max` columns) and sample standard deviation (`std`).\n",
                 _missing(runs, planned, tag)]
     if findings:
-        sections.insert(2, _findings(runs, out))
+        sections.insert(2, _findings(runs, out, exploratory))
     _write(runs.metrics, out, "metrics.csv")
     # run: its path under the folder, the same on any machine
     _write(runs.configs.drop(columns="path"), out, "runs.csv")
@@ -73,15 +75,22 @@ def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
     (out / "report.md").write_text("\n".join(sections))
 
 
-def _findings(runs: Runs, out: Path) -> str:
+def _findings(runs: Runs, out: Path, exploratory: set[Path]) -> str:
     from hybrid_lightning.analysis.findings import markdown, verdicts
 
-    tests, comparisons = verdicts(runs)
+    c = runs.configs
+    aside = c[c["path"].map(lambda p: Path(p).resolve() in exploratory).astype(bool)]
+    confirmatory = runs.without(set(aside["run"]))
+    tests, comparisons = verdicts(confirmatory)
     _write(tests, out, "findings.csv")
     _write(comparisons, out, "findings_comparisons.csv")
     table = markdown(tests, comparisons)
+    if len(aside):
+        arms = ", ".join(f"`{label}` ({n} runs)" for label, n in aside.groupby("label").size().items())
+        table += (f"\nExploratory arms, declared in the grid (`exploratory`), reported in the sections below and left "
+                  f"out of every verdict: {arms}.\n")
     (out / "findings.md").write_text(table)
-    c = runs.configs
+    c = confirmatory.configs
     return "\n".join([
         "## Findings of the paper at this scale\n",
         "Each verdict follows a fixed rule (`analysis/findings.py` states the rules) on the comparison its "

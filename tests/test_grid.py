@@ -143,6 +143,10 @@ def test_presets_zip_and_long_names(tmp_path):
         ({"axes": {"model.window": [8]}, "exclude": [{"model.window": 9}]},
          "model.window=9 is not a value of that axis"),
         ({"axes": {"model.window": [8, 16]}, "exclude": [{"model.window": 8}, {"model.window": 16}]}, "leave no cell"),
+        ({"axes": {"model.window": [8]}, "exploratory": [{"model.windo": 8}]}, "exploratory[0]: 'model.windo' is not"),
+        ({"axes": {"model.window": [8, 16]}, "exclude": [{"model.window": 8}], "exploratory": [{"model.window": 8}]},
+         "exploratory[0] {'model.window': 8} matches no cell (left after the exclusions)"),
+        ({"axes": {"model.window": [8]}, "exploratory": [{}]}, "exploratory[0]: an empty entry"),
         ({"zip": [{"model.window": [8, 16], "seed": [0]}]}, "need equal lengths"),
         ({"axes": {"model.window": [8]}, "zip": [{"model.window": [8]}]}, "varied more than once"),
         ({"axis": {"model.window": [8]}}, "unknown grid key 'axis'; did you mean 'axes'"),
@@ -377,3 +381,14 @@ def test_a_cell_that_failed_before_its_run_directory_reads_as_failed(tmp_path):
     assert (rows[failed.name].state, rows[failed.name].reason) == ("failed", line)
     assert f"failed {failed.name}: {line}" in status_table(list(rows.values()))
     assert planned_cells(grid) == [(failed.name, failed.run_dir, line), (idle.name, idle.run_dir, None)]
+
+
+def test_exploratory_cells_are_marked_and_left_out_of_the_design_check(tmp_path):
+    from hybrid_lightning.cli.analysis import exploratory_dirs
+    from hybrid_lightning.grid.report import design_cells
+
+    grid = load_grid(write_grid(tmp_path, axes={"model.window": [8, 16, 32], "seed": [0, 1]},
+                                exploratory=[{"model.window": 32}]), resolve=False)
+    assert [c.name for c in grid.cells if c.exploratory] == ["window=32,seed=0", "window=32,seed=1"]
+    assert exploratory_dirs(grid) == {grid.root / "window=32,seed=0", grid.root / "window=32,seed=1"}
+    assert [name for name, _, _ in design_cells(grid)] == [c.name for c in grid.cells[:4]]

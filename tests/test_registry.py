@@ -123,3 +123,19 @@ def test_the_planner_and_the_verdicts_give_one_p():
     z, p = permutation.permutation_test([np.stack(a, axis=1)[:8], np.stack(b, axis=1)[:8]], survival.logrank_statistic)
     alone = [survival.logrank((a[0][r], a[1][r]), (b[0][r], b[1][r])) for r in range(8)]
     assert z == pytest.approx([x for x, _ in alone], rel=1e-9) and p == pytest.approx([y for _, y in alone], rel=1e-12)
+
+
+def test_exploratory_arms_are_reported_and_left_out_of_the_verdicts(tmp_path, toy):
+    """The toy verdict compares the first two arms by label: W=16 against W=256 when every arm counts (equal
+    losses: not reproduced), W=16 against W=64 with W=256 declared exploratory (apart: reproduced)."""
+    arm(tmp_path / "runs", "w16", 5, window=16, loss=lambda s: 2.0 + 0.01 * s)
+    arm(tmp_path / "runs", "w256", 5, window=256, loss=lambda s: 2.0 + 0.01 * s)
+    arm(tmp_path / "runs", "w64", 5, window=64, loss=lambda s: 3.0 + 0.01 * s)
+    analyze(tmp_path / "runs", tmp_path / "all", findings=True)
+    assert pd.read_csv(tmp_path / "all" / "findings.csv").set_index("test").loc[TOY.name, "verdict"] != "reproduced"
+    aside = {tmp_path / "runs" / f"w256-s{s}" for s in range(5)}
+    analyze(tmp_path / "runs", tmp_path / "out", findings=True, exploratory=aside)
+    assert pd.read_csv(tmp_path / "out" / "findings.csv").set_index("test").loc[TOY.name, "verdict"] == "reproduced"
+    text = (tmp_path / "out" / "findings.md").read_text()
+    assert "Exploratory arms, declared in the grid" in text and "W=256" in text.split("Exploratory arms")[1]
+    assert "(5 runs)" in text and "w256-s0" in pd.read_csv(tmp_path / "out" / "runs.csv")["run"].tolist()

@@ -28,16 +28,22 @@ def planned_cells(grid) -> list[tuple[str, Path, str | None]]:
             for c, row in zip(grid.cells, cell_states(grid))]
 
 
+def exploratory_dirs(grid) -> set[Path]:
+    """The run directories of a grid's exploratory cells (its ``exploratory`` entries), which no verdict reads."""
+    return {c.run_dir for c in grid.cells if c.exploratory}
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
-    planned = None
+    planned, exploratory = None, set()
     if args.grid is not None:
         from hybrid_lightning.grid.spec import load_grid
 
-        planned = planned_cells(load_grid(args.grid, args.dir, resolve=False))  # its data need not exist here
+        grid = load_grid(args.grid, args.dir, resolve=False)  # its data need not exist here
+        planned, exploratory = planned_cells(grid), exploratory_dirs(grid)
     runs_under(args.dir)  # DIR checked before the analysis (pandas, matplotlib, scipy) is imported
     from hybrid_lightning.analysis.report import analyze
 
-    report = analyze(args.dir, args.out, args.metric, planned, findings=args.findings)
+    report = analyze(args.dir, args.out, args.metric, planned, findings=args.findings, exploratory=exploratory)
     if args.findings:
         print((report.parent / "findings.md").read_text())
     print(f"report written to {report}")
@@ -51,8 +57,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     grid_file = args.grid or demo_grid()
     grid = load_grid(grid_file, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
-    print("report.md and findings.md written to "
-          f"{analyze(grid.root, args.out, planned=planned_cells(grid), findings=True).parent}")
+    report = analyze(grid.root, args.out, planned=planned_cells(grid), findings=True,
+                     exploratory=exploratory_dirs(grid))
+    print(f"report.md and findings.md written to {report.parent}")
     return code
 
 

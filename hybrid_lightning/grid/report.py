@@ -47,11 +47,11 @@ def plan_rows(grid: Grid, gpu: Gpu = DEFAULT_GPU) -> list[dict]:
 def design_cells(grid: Grid) -> list[tuple]:
     """A grid's cells as the design check (``grid plan --verdicts``, analysis/design.py) reads them: (name,
     config as plain data, run plan), planned without their data, which need not exist before the grid runs
-    (``grid`` loaded with ``resolve=False``)."""
+    (``grid`` loaded with ``resolve=False``). Exploratory cells are left out: no verdict reads them."""
     from hybrid_lightning.config import config_to_dict
     from hybrid_lightning.plan.resolve import plan_run
 
-    planned = [(cell.name, plan_run(cell.config, sources=False)) for cell in grid.cells]
+    planned = [(cell.name, plan_run(cell.config, sources=False)) for cell in grid.cells if not cell.exploratory]
     return [(name, config_to_dict(cfg), plan) for name, (cfg, plan) in planned]
 
 

@@ -35,6 +35,11 @@ class GridConfig(_Frozen):
         (),
         description="partial assignments (axis: value) whose cells are dropped",
     )
+    exploratory: tuple[dict[str, Any], ...] = Field(
+        (),
+        description="partial assignments (axis: value) whose cells are exploratory arms (added after results were "
+                    "seen): trained and reported, left out of the verdicts and the design check (docs/grids.md)",
+    )
     share_stable_phase: StrictBool = Field(
         False,
         description="budgets as decay branches: cells that differ only in their budget share a WSD stable phase "
@@ -72,9 +77,10 @@ class GridConfig(_Frozen):
         repeated = sorted({key for key in keys if keys.count(key) > 1})
         if repeated:
             raise ValueError(f"axes and zip: {repeated} varied more than once")
-        for i, entry in enumerate(self.exclude):
-            if not entry:
-                raise ValueError(f"exclude[{i}]: an empty entry would drop every cell")
+        for field in ("exclude", "exploratory"):
+            for i, entry in enumerate(getattr(self, field)):
+                if not entry:
+                    raise ValueError(f"{field}[{i}]: an empty entry would match every cell")
         return self
 
 

@@ -61,6 +61,7 @@ class Cell:
         config: the validated, resolved run config (``name`` = the cell's name).
         run_dir: ``<root>/<name>``.
         plan: its run plan (``plan.resolve.make_plan``); None for a grid loaded without resolving.
+        exploratory: the grid's ``exploratory`` entries match it: left out of the verdicts and the design check.
     """
 
     name: str
@@ -69,6 +70,7 @@ class Cell:
     config: RunConfig
     run_dir: Path
     plan: RunPlan | None = None
+    exploratory: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,26 +151,30 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
     axes += [_zip_options(group) for group in spec.zip]
     base = _base_config(spec, path)
     label_values = _label_values(axes)
-    _check_excludes(spec, label_values, path)
+    for field in ("exclude", "exploratory"):
+        _check_entries(getattr(spec, field), field, label_values, path)
     short = _short_keys(list(label_values))
 
     found: list[Cell] = []
-    matched = [False] * len(spec.exclude)
+    matched = {field: [False] * len(getattr(spec, field)) for field in ("exclude", "exploratory")}
     for combo in itertools.product(*axes) if axes else [()]:
         labels = {k: v for option in combo for k, v in option.labels.items()}
-        hits = [i for i, entry in enumerate(spec.exclude) if all(_same(labels[k], v) for k, v in entry.items())]
-        for i in hits:
-            matched[i] = True
-        if hits:
+        hits = {field: [i for i, entry in enumerate(getattr(spec, field))
+                        if all(_same(labels[k], v) for k, v in entry.items())] for field in matched}
+        if hits["exclude"]:
+            matched["exclude"] = [m or i in hits["exclude"] for i, m in enumerate(matched["exclude"])]
             continue
+        matched["exploratory"] = [m or i in hits["exploratory"] for i, m in enumerate(matched["exploratory"])]
         assignment = _merge([option.assignment for option in combo], path)
         cfg = _cell_config(base, assignment, cell_name_for(labels, short), path)
         labels = _normalised(labels, cfg)
         cell_name = cell_name_for(labels, short)
-        found.append(Cell(cell_name, labels, assignment, cfg.model_copy(update={"name": cell_name}), root / cell_name))
-    for i, hit in enumerate(matched):
-        if not hit:
-            raise ValueError(f"{path}: exclude[{i}] {dict(spec.exclude[i])} matches no cell")
+        found.append(Cell(cell_name, labels, assignment, cfg.model_copy(update={"name": cell_name}), root / cell_name,
+                          exploratory=bool(hits["exploratory"])))
+    for field, hit in matched.items():
+        for i in (i for i, h in enumerate(hit) if not h):
+            raise ValueError(f"{path}: {field}[{i}] {dict(getattr(spec, field)[i])} matches no cell"
+                             + (" (left after the exclusions)" if field == "exploratory" else ""))
     _check_distinct(found, path)
     if not found:
         raise ValueError(f"{path}: the exclusions leave no cell")
@@ -337,15 +343,16 @@ def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Pa
         raise ValueError(f"{grid_path}: cell {name}: {e}") from None
 
 
-def _check_excludes(spec: GridConfig, label_values: dict[str, list], grid_path: Path) -> None:
-    for i, entry in enumerate(spec.exclude):
+def _check_entries(entries: tuple[dict, ...], field: str, label_values: dict[str, list], grid_path: Path) -> None:
+    """Each key of each ``exclude`` or ``exploratory`` entry (``field``) an axis, each value one of its values."""
+    for i, entry in enumerate(entries):
         for key, value in entry.items():
             if key not in label_values:
                 hint = suggest(key, label_values)
-                raise ValueError(f"{grid_path}: exclude[{i}]: '{key}' is not an axis{hint} Axes: {list(label_values)}")
+                raise ValueError(f"{grid_path}: {field}[{i}]: '{key}' is not an axis{hint} Axes: {list(label_values)}")
             if not any(_same(value, v) for v in label_values[key]):
                 raise ValueError(
-                    f"{grid_path}: exclude[{i}]: {key}={format_value(value)} is not a value of that axis "
+                    f"{grid_path}: {field}[{i}]: {key}={format_value(value)} is not a value of that axis "
                     f"(values: {[format_value(v) for v in label_values[key]]})"
                 )
 
