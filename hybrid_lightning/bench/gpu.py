@@ -8,15 +8,16 @@ nothing left to discover but numbers.
    SDPA) against the fp32 reference on the same bf16 inputs, outputs and gradients, full attention,
    windows and head-wise layers (some heads full, the others windowed), with and without cached keys before
    the queries.
-2. The recurrent mixers' fla kernels against their references: ``hybrid_lightning.bench.gpu_recurrent.main()``,
-   when that module is installed.
-   On the CPU (``--rehearse``) the same checks run through Triton's interpreter, in a process of their own.
-3. MFU of training a ~125M-parameter model (GPT-2-small shape: 12 layers, d=768, vocab 50304, tied) at
+2. MFU of training a ~125M-parameter model (GPT-2-small shape: 12 layers, d=768, vocab 50304, tied) at
    T=4096 in bf16 autocast: full attention, the SWA-512 hybrid and the Gated DeltaNet hybrid, eager and
-   ``torch.compile``.
-4. A short ``hybrid-lightning train`` killed after a checkpoint and resumed, checked exact
+   ``torch.compile``; a configuration that raises is a row of its own, naming the exception.
+3. A short ``hybrid-lightning train`` killed after a checkpoint and resumed, checked exact
    (``hybrid_lightning.bench.gpu_resume``).
+4. The recurrent mixers' fla kernels against their references: ``hybrid_lightning.bench.gpu_recurrent.main()``,
+   when that module is installed; last, since fla autotunes its kernels at their first call (minutes).
+   On the CPU (``--rehearse``) the same checks run through Triton's interpreter, in a process of their own.
 
+The results so far are written after each section, so a run stopped at a time limit keeps them.
 Writes ``gpu.json`` and ``gpu.md`` (``rehearsal.json``, ``rehearsal.md`` with ``--rehearse``) to the
 output folder; exits 1 when a check fails and 2 when no CUDA device is visible (without ``--rehearse``).
 """
@@ -45,6 +46,7 @@ from hybrid_lightning.fileio import write_owned
 from hybrid_lightning.model.attention import HAS_FLASH_ATTN, attend
 from hybrid_lightning.model.mixers.headwise import attend_heads
 from hybrid_lightning.model.ops.common import auto_choice as auto_recurrent
+from hybrid_lightning.model.ops.common import fla_error
 from hybrid_lightning.plan import build_model
 from hybrid_lightning.plan.count import count
 from hybrid_lightning.plan.precision import peak_bf16_tflops
@@ -133,7 +135,7 @@ def recurrent(device: torch.device) -> object:
         out = Path(tmp) / "rows.json"
         if device.type == "cuda":
             status = importlib.import_module("hybrid_lightning.bench.gpu_recurrent").main(["--out", str(out)])
-            error = ["no rows written"]
+            error = [f"fla: {fla_error()}" if fla_error() else "no rows written"]
         else:
             proc = subprocess.run([sys.executable, "-m", "hybrid_lightning.bench.gpu_recurrent", "--interpret",
                                    "--out", str(out)],
