@@ -76,31 +76,3 @@ def test_a_gpu_run_planned_without_cuda_leaves_its_kernels_to_the_machine_that_t
     assert kernels_here(cfg, "bf16-mixed") is None
     plan = RunPlan((), Budget(8, 1, 1, 1, 1))
     assert plan.describe_kernels() == "kernels: resolved on the machine that trains the run"
-
-
-@pytest.mark.parametrize("hopper, above_3_4, above_3_7_1, tilelang, refused", [
-    (True, True, False, False, True),  # the H200 with Triton 3.6.0 and fla 0.6.0: refused
-    (True, True, False, True, False),  # tilelang installed: fla takes it
-    (True, True, True, False, False),  # Triton >= 3.7.1
-    (True, False, False, False, False),  # Triton < 3.4.0
-    (False, True, False, False, False),  # not a Hopper GPU (and on CPU)
-])
-def test_fla_refusing_its_gated_backward_on_hopper_is_found_before_training(monkeypatch, hopper, above_3_4,
-                                                                              above_3_7_1, tilelang, refused):
-    """fla imports on an H200 with Triton 3.6 but raises at the first backward of a gated kernel (seen there): the
-    plan names it as fla failing, so ``auto`` refuses or warns before training instead of crashing at step 1."""
-    import importlib.util
-    import types
-
-    flags = types.SimpleNamespace(IS_NVIDIA_HOPPER=hopper, TRITON_ABOVE_3_4_0=above_3_4, TRITON_ABOVE_3_7_1=above_3_7_1)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "tilelang" and tilelang
-                        else (None if name == "tilelang" else real(name, *a)))
-    error = common.refused_by_fla(flags)
-    assert (error is not None) == refused
-    if refused:
-        assert isinstance(error, RuntimeError) and "Triton >= 3.7.1 or tilelang" in str(error)
-        monkeypatch.setattr(common, "fla_error", lambda: error)
-        monkeypatch.setattr("hybrid_lightning.plan.kernels.fla_error", lambda: error)
-        with pytest.raises(ValueError, match=r"fla failed to import \(RuntimeError: fla refuses its gated kernels"):
-            resolve_kernels(hybrid(), "bf16-mixed", "cuda")

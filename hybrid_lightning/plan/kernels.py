@@ -3,8 +3,7 @@ the attention kernel of each attention mixer, the recurrent backend, ``torch.com
 its start line and in TensorBoard's config text, ``--dry-run`` prints them.
 
 No silent fallback. On CUDA, ``auto`` takes fla's kernels for recurrent layers and flash-attn for attention;
-where fla fails to import (absent, or triton failing) or refuses
-this GPU and Triton (``refused_by_fla``) the recurrent layers would run the pure-torch chunked
+where fla fails to import (absent, or triton failing) the recurrent layers would run the pure-torch chunked
 operators, and where flash-attn is installed but fails to import attention would run SDPA or FlexAttention.
 Either is a ``SlowKernelWarning`` naming the exception and the cost, or, with ``model.require_fast_kernels``
 (null = true when the run trains on CUDA), a ``ValueError`` naming the key. flash-attn not installed at all is

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -21,26 +20,9 @@ def fla_error() -> Exception | None:
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
         import fla.ops.simple_gla  # noqa: F401
-        import fla.utils
     except Exception as e:
         return e
-    return refused_by_fla(fla.utils)
-
-
-def refused_by_fla(flags) -> Exception | None:
-    """The setting in which fla imports but refuses the backward pass of its gated kernels (every recurrent mixer
-    here but Lightning Attention): Triton 3.4.0 up to 3.7.1 on a Hopper GPU without tilelang, where its gated
-    ``chunk_bwd_dqkwg`` gives wrong results (fla issue #640). Seen on an H200 with Triton 3.6.0 and fla 0.6.0: the
-    first backward raised. ``flags`` is ``fla.utils`` (its device and Triton version flags)."""
-    hopper, above_3_4 = getattr(flags, "IS_NVIDIA_HOPPER", False), getattr(flags, "TRITON_ABOVE_3_4_0", False)
-    if not (hopper and above_3_4 and not getattr(flags, "TRITON_ABOVE_3_7_1", True)):
-        return None
-    if importlib.util.find_spec("tilelang") is not None:
-        return None
-    import triton
-
-    return RuntimeError(f"fla refuses its gated kernels' backward with Triton {triton.__version__} on a Hopper GPU "
-                        "(wrong results, fla issue #640): install Triton >= 3.7.1 or tilelang")
+    return None
 
 
 def fla_available() -> bool:
