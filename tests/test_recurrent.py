@@ -264,10 +264,11 @@ def test_benchmark_section_runs_quick():
 
     result = run(quick=True)
     ops = {r["op"] for r in result["rows"]}
-    assert ops == {"gated_delta_rule", "gated_linear_attention"}
+    assert ops == {"gated_delta_rule", "gated_linear_attention", "kda", "gated_delta_product"}
     timed = [r for r in result["rows"] if "step-by-step / chunked" in r]
-    assert len(timed) == 2 and all(r["step-by-step / chunked"] > 1 for r in timed)
+    assert len(timed) == 4 and all(r["step-by-step / chunked"] > 1 for r in timed)
     assert "agree with the step-by-step reference" in result["notes"]
+    assert "gated_delta_product: fla has no pure-torch chunked reference" in result["notes"]
 
 
 @pytest.mark.parametrize("op", ["gla", "delta"])

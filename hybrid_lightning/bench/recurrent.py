@@ -16,21 +16,30 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hybrid_lightning.model.ops.delta_product import gated_delta_product
 from hybrid_lightning.model.ops.delta_rule import chunked_delta_rule, recurrent_delta_rule
 from hybrid_lightning.model.ops.gated_linear import chunked_gla, recurrent_gla
+from hybrid_lightning.model.ops.kda import kda
 
 B, H, DIM, CHUNK = 1, 4, 64, 64
 TARGETS = {"vs_recurrent": 20.0, "vs_fla_naive": 1.0, "growth": 2.3}  # the issue's acceptance numbers
 
-# op -> (ours chunked, ours step-by-step, fla naive file under fla/ops, fla naive chunked function)
+HOUSEHOLDER = 2  # Gated DeltaProduct's delta-rule steps per token (its layer's default)
+# op -> (ours chunked, ours step-by-step, fla naive file under fla/ops, fla naive chunked function or None where
+# fla has none); KDA and Gated DeltaProduct through their dispatcher (``backend`` chunked or recurrent)
 OPS = {
     "gated_delta_rule": (chunked_delta_rule, recurrent_delta_rule, "gated_delta_rule", "naive_chunk_gated_delta_rule"),
     "gated_linear_attention": (chunked_gla, recurrent_gla, "simple_gla", "naive_chunk_simple_gla"),
+    "kda": (kda, kda, "kda", "naive_chunk_kda"),
+    "gated_delta_product": (gated_delta_product, gated_delta_product, "gated_delta_product", None),
 }
+DISPATCHED = ("kda", "gated_delta_product")
 
 
-def fla_naive(folder: str, name: str) -> tuple[Callable | None, str]:
+def fla_naive(folder: str, name: str | None) -> tuple[Callable | None, str]:
     """fla's pure-torch chunked reference, loaded by file path: ``fla.ops`` itself imports triton."""
+    if name is None:
+        return None, f"fla has no pure-torch chunked reference (fla/ops/{folder}/naive.py is step by step)"
     spec = importlib.util.find_spec("fla")
     if spec is None or spec.origin is None:
         return None, "fla not installed"
@@ -47,15 +56,18 @@ def fla_naive(folder: str, name: str) -> tuple[Callable | None, str]:
 
 
 def inputs(T: int, batch: int = B, heads: int = H, key: int = DIM, value: int = DIM,
-           seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random operator inputs on the CPU: q, k (L2-normalised), v, g (log-decay, about 0.95 per step), beta."""
+           seed: int = 0, op: str = "gated_delta_rule") -> dict[str, torch.Tensor]:
+    """Random operator inputs on the CPU: q, k (L2-normalised), v, g (log-decay, about 0.95 per step), beta; for
+    ``kda`` g per key channel, for ``gated_delta_product`` k, v and beta ``HOUSEHOLDER`` per token."""
     g = torch.Generator().manual_seed(seed)
+    steps = T * HOUSEHOLDER if op == "gated_delta_product" else T
+    channels = (key,) if op == "kda" else ()
     return {
         "q": torch.randn(batch, T, heads, key, generator=g).requires_grad_(),
-        "k": F.normalize(torch.randn(batch, T, heads, key, generator=g), dim=-1).requires_grad_(),
-        "v": torch.randn(batch, T, heads, value, generator=g).requires_grad_(),
-        "g": F.logsigmoid(torch.randn(batch, T, heads, generator=g) + 3).requires_grad_(),
-        "beta": torch.rand(batch, T, heads, generator=g).requires_grad_(),
+        "k": F.normalize(torch.randn(batch, steps, heads, key, generator=g), dim=-1).requires_grad_(),
+        "v": torch.randn(batch, steps, heads, value, generator=g).requires_grad_(),
+        "g": F.logsigmoid(torch.randn(batch, T, heads, *channels, generator=g) + 3).requires_grad_(),
+        "beta": torch.rand(batch, steps, heads, generator=g).requires_grad_(),
     }
 
 
@@ -64,7 +76,12 @@ def calls(op: str, x: dict, fla_fn: Callable | None) -> dict[str, Callable[[], t
     chunked, recurrent, _, _ = OPS[op]
     scale = DIM**-0.5
     q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
-    if op == "gated_delta_rule":
+    if op in DISPATCHED:
+        out = {name: (lambda b=name: chunked(q, k, v, g, beta, scale=scale, backend=b, chunk_size=CHUNK)[0])
+               for name in ("chunked", "recurrent")}
+        if fla_fn is not None:
+            out["fla_naive"] = lambda: fla_fn(q, k, v, g, beta, scale=scale, chunk_size=CHUNK)[0]
+    elif op == "gated_delta_rule":
         out = {"chunked": lambda: chunked(q, k, v, g, beta, scale, None, CHUNK)[0],
                "recurrent": lambda: recurrent(q, k, v, g, beta, scale)[0]}
         if fla_fn is not None:  # note the order: g before beta here, unlike fla's recurrent reference
@@ -98,20 +115,21 @@ def check(fns: dict[str, Callable[[], torch.Tensor]]) -> float:
 
 
 def run(quick: bool) -> dict:
-    lengths = (128, 256, 512) if quick else (1024, 2048, 4096, 8192, 16384)
-    at = 512 if quick else 4096  # where the step-by-step reference is timed
+    lengths = (64, 128, 256) if quick else (1024, 2048, 4096, 8192, 16384)
+    at = 256 if quick else 4096  # where the step-by-step reference is timed
     repeats = 2 if quick else 3
     rows, notes = [], []
     for op, (_, _, folder, name) in OPS.items():
         fla_fn, why = fla_naive(folder, name)
         if fla_fn is None:
             notes.append(f"{op}: {why}; no fla comparison.")
-        small = inputs(200, seed=1)
+        t_small = 256 if op == "kda" else 200  # fla's naive_chunk_kda takes whole chunks only
+        small = inputs(t_small, seed=1, op=op)
         notes.append(f"{op}: outputs agree with the step-by-step reference to "
-                     f"{check(calls(op, small, fla_fn)):.1e} (T=200).")
+                     f"{check(calls(op, small, fla_fn)):.1e} (T={t_small}).")
         previous = {}
         for T in lengths:
-            x = inputs(T)
+            x = inputs(T, op=op)
             fns = calls(op, x, fla_fn)
             if T != at:
                 del fns["recurrent"]
