@@ -155,6 +155,21 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
         _check_entries(getattr(spec, field), field, label_values, path)
     short = _short_keys(list(label_values))
 
+    found = _expand(spec, axes, base, short, root, path)
+    _check_distinct(found, path)
+    if not found:
+        raise ValueError(f"{path}: the exclusions leave no cell")
+    chosen = _overridden(_matching(found, cells), overrides)
+    if resolve:
+        chosen = [_planned(c, path) for c in chosen]
+    if resolve and spec.share_stable_phase:
+        chosen = _sharing(chosen, found if cells and not overrides else chosen, root, short, path)
+    return Grid(name, path, root, chosen, label_values)
+
+
+def _expand(spec: GridConfig, axes: list, base: dict, short: dict[str, str], root: Path, path: Path) -> list[Cell]:
+    """The cells of the axes' product, in file order: those matching an ``exclude`` entry dropped, those matching an
+    ``exploratory`` entry marked; an entry that matches no cell is refused."""
     found: list[Cell] = []
     matched = {field: [False] * len(getattr(spec, field)) for field in ("exclude", "exploratory")}
     for combo in itertools.product(*axes) if axes else [()]:
@@ -175,15 +190,7 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
         for i in (i for i, h in enumerate(hit) if not h):
             raise ValueError(f"{path}: {field}[{i}] {dict(getattr(spec, field)[i])} matches no cell"
                              + (" (left after the exclusions)" if field == "exploratory" else ""))
-    _check_distinct(found, path)
-    if not found:
-        raise ValueError(f"{path}: the exclusions leave no cell")
-    chosen = _overridden(_matching(found, cells), overrides)
-    if resolve:
-        chosen = [_planned(c, path) for c in chosen]
-    if resolve and spec.share_stable_phase:
-        chosen = _sharing(chosen, found if cells and not overrides else chosen, root, short, path)
-    return Grid(name, path, root, chosen, label_values)
+    return found
 
 
 def _sharing(chosen: list[Cell], pool: list[Cell], root: Path, short: dict[str, str], grid_path: Path) -> list[Cell]:
