@@ -119,7 +119,6 @@ def gradient_figure(rows: pd.DataFrame) -> Figure:
     return fig
 
 
-
 # kind -> (figure file, how it is drawn, what records it): the report's diagnostics, in this order
 FIGURES = {"restricted": ("restriction.png", restriction_figure, "receptive-field restriction (`restrict`)"),
            "layer_probe": ("layer_probes.png", layer_probe_figure, "layer-wise probes (`probe-layers`)"),

@@ -6,6 +6,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +25,7 @@ MARKER = ".hybrid-lightning-analysis"  # in an output folder: the files analyze 
 
 def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
             planned: list[tuple[str, Path, str | None]] | None = None, workers: int | None = None,
-            findings: bool = False, exploratory: set[Path] | frozenset = frozenset()) -> Path:
+            findings: bool = False, exploratory: Collection[Path] = ()) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
 
     Args:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -94,5 +95,5 @@ def differences(straight: list[tuple[int, float]], resumed: list[tuple[int, floa
     a, b = dict(straight), dict(resumed)
     differ = sorted(s for s in a.keys() & b.keys() if a[s] != b[s])
     return {"straight only": sorted(a.keys() - b.keys()), "resumed only": sorted(b.keys() - a.keys()),
-            "logged twice": sorted({s for s, _ in resumed if [t for t, _ in resumed].count(s) > 1}),
+            "logged twice": sorted(s for s, n in Counter(s for s, _ in resumed).items() if n > 1),
             "values differ at": differ[:20], "largest difference": max((abs(a[s] - b[s]) for s in differ), default=0.0)}

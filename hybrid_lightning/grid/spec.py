@@ -171,23 +171,23 @@ def _expand(spec: GridConfig, axes: list, base: dict, short: dict[str, str], roo
     """The cells of the axes' product, in file order: those matching an ``exclude`` entry dropped, those matching an
     ``exploratory`` entry marked; an entry that matches no cell is refused."""
     found: list[Cell] = []
-    matched = {field: [False] * len(getattr(spec, field)) for field in ("exclude", "exploratory")}
+    unmatched = {field: set(range(len(getattr(spec, field)))) for field in ("exclude", "exploratory")}
     for combo in itertools.product(*axes) if axes else [()]:
         labels = {k: v for option in combo for k, v in option.labels.items()}
-        hits = {field: [i for i, entry in enumerate(getattr(spec, field))
-                        if all(_same(labels[k], v) for k, v in entry.items())] for field in matched}
+        hits = {field: {i for i, entry in enumerate(getattr(spec, field))
+                        if all(_same(labels[k], v) for k, v in entry.items())} for field in unmatched}
         if hits["exclude"]:
-            matched["exclude"] = [m or i in hits["exclude"] for i, m in enumerate(matched["exclude"])]
+            unmatched["exclude"] -= hits["exclude"]
             continue
-        matched["exploratory"] = [m or i in hits["exploratory"] for i, m in enumerate(matched["exploratory"])]
+        unmatched["exploratory"] -= hits["exploratory"]
         assignment = _merge([option.assignment for option in combo], path)
         cfg = _cell_config(base, assignment, cell_name_for(labels, short), path)
         labels = _normalised(labels, cfg)
         cell_name = cell_name_for(labels, short)
         found.append(Cell(cell_name, labels, assignment, cfg.model_copy(update={"name": cell_name}), root / cell_name,
                           exploratory=bool(hits["exploratory"])))
-    for field, hit in matched.items():
-        for i in (i for i, h in enumerate(hit) if not h):
+    for field, left in unmatched.items():
+        for i in sorted(left):
             raise ValueError(f"{path}: {field}[{i}] {dict(getattr(spec, field)[i])} matches no cell"
                              + (" (left after the exclusions)" if field == "exploratory" else ""))
     return found
