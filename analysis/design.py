@@ -114,10 +114,12 @@ def report(rows: list[dict], warned: list[str], source: str) -> str:
     return "\n".join(lines)
 
 
-def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | None = None, as_json: bool = False) -> str:
+def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | None = None, as_json: bool = False,
+                 declared: dict | None = None) -> str:
     """The design check's report for a grid's cells (name, config as plain data, plan), with effects from the
     pilot run directories under ``pilot`` where given; ``as_json``: the tests (``row``) and warnings as JSON.
-    The tests are those of the registered verdicts that have a design check (analysis/registry.py)."""
+    The tests are those of the registered verdicts that have a design check (analysis/registry.py), under what
+    the grid ``declared`` for them (``registry.verdicts``)."""
     configs = planned_configs(cells)
     models, k, source = default_models, TOP_K, (f"default ({pw.DEFAULT_EFFECT:g} seed SDs and the models above); "
                                                   f"ablation K={TOP_K} with {CONTROLS} control draws")
@@ -131,7 +133,8 @@ def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | Non
         models = pilot_models(runs, configs)
         source = f"from the {len(runs.configs)} pilot runs in {pilot}; ablation K={k}"
     d = Design(configs, {name: plan for name, _, plan in cells}, k, CONTROLS)
-    tests = [t for verdict in registry.VERDICTS if verdict.plan is not None for t in verdict.plan(d, models)]
+    tests = [t for verdict in registry.verdicts(declared) if verdict.plan is not None
+             for t in verdict.plan(d, models)]
     rows, warned = [row(t) for t in plan_tests(tests)], warnings(d)
     if as_json:
         return json.dumps({"tests": rows, "warnings": warned, "effects": source}, indent=1)

@@ -1,6 +1,6 @@
 """Finding 1, emergence (analysis/findings.py): within each family of hybrids that differ only in their
-efficient layers (analysis/arms.py), how fast each architecture's probe score rises above noise, and whether
-the architectures draw together by the end of the budget.
+efficient layers (analysis/arms.py), how fast each architecture's probe score rises above noise (whether
+the architectures draw together by the end of the budget is analysis/convergence.py's).
 
 Signal level. A run's score counts as above noise at an evaluation where it is at least ``SIGNAL_Z`` of its
 own null standard errors, ``longctx/token_acc_se`` (analysis/scores.py: the binomial error of the answer
@@ -19,27 +19,10 @@ by tau (two arms: their difference, Welch's interval, permutation p; more: the p
 their means, with their standard deviation as the effect, no pair singled out; not testable with fewer than
 two such arms); *emerges in more runs* (``EMERGES``): the share of runs with the event by tau, among all the
 family's arms. Beside the first, as context: the restricted means of all arms, which mix the two.
-
-*Convergence* uses evaluations declared before looking: ``mid``, the last common evaluation at or before
-``CONVERGENCE_STEPS[0]`` of the last one (``end``), and ``late`` at ``CONVERGENCE_STEPS[1]``, and a measure
-declared before looking, ``CONVERGENCE_MEASURE``: the score beyond the training length, which is not at its
-ceiling where the within score is (every risen arm ends near 1 - chance within it, so equivalence there is
-automatic). It is judged only among arms that have risen: every arm must be above its level (on the within
-score, as for speed) in most of its seeds by ``late``; an arm that has not (still rising, or never risen)
-makes it ``not testable at this budget``, naming the arm, never refuted. Claims: the arms differ at ``mid``
-(a gap to close); they are equivalent at ``end`` within ``EQUIVALENCE_MARGIN`` (two one-sided Welch tests
-per pair, ``stats.tost``, its 90% interval; with more than two arms every pair must be, so the p is the
-largest pair's); they differ at ``end``. Context: the change of each run from ``late`` to ``end``, compared
-among the arms (do they still move relative to each other?). ``reproduced``: a gap at ``mid`` and equivalence
-at ``end``; ``not testable at this budget``: an arm not risen, or the arms still moving relative to each
-other (raw p < 0.05); ``refuted``: apart at ``end``, equivalence rejected (the least equivalent pair's 90%
-interval wholly outside the margin) and the gap not shrinking from ``late`` to ``end`` (the arm means' spread
-no smaller); otherwise inconclusive with the reason.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -49,17 +32,14 @@ from hybrid_lightning.analysis import power as pw
 from hybrid_lightning.analysis import stats
 from hybrid_lightning.analysis.arms import Family, families
 from hybrid_lightning.analysis.load import Runs
-from hybrid_lightning.analysis.metrics import SCORE, SCORE_BEYOND, SCORE_SE
-from hybrid_lightning.analysis.stats import ALPHA, Comparison, Decided, Test
+from hybrid_lightning.analysis.metrics import SCORE, SCORE_SE
+from hybrid_lightning.analysis.stats import Comparison, Test
 from hybrid_lightning.analysis.survival import km_median
 from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, arms_floor, at_least, complete
 from hybrid_lightning.records import Tag
 from hybrid_lightning.units import si
 
 SIGNAL_Z = 3.0  # null standard errors above chance that count as a signal
-CONVERGENCE_STEPS = (0.5, 0.75)  # mid and late: shares of the last common evaluation's step, declared before looking
-EQUIVALENCE_MARGIN = 0.05  # probe score (chance-corrected answer-token accuracy): arms this close are equivalent
-CONVERGENCE_MEASURE = SCORE_BEYOND  # declared before looking: the within score saturates at 1 - chance
 NOT_TESTABLE = "not testable at this budget"
 F = "1. emergence speed"
 
@@ -68,27 +48,17 @@ def speed_tests(runs: Runs) -> list[Test]:
     """The speed test of the probe score per family; not tested where there is no family or no score."""
     def judge(name, fam, values, tokens, level, _):
         return _speed(name, fam, values, tokens, level, share=False)
-    return _per_family(runs, SPEED, judge, missing=True)
+    return per_family(runs, SPEED, judge, missing=True)
 
 
 def share_tests(runs: Runs) -> list[Test]:
     """The emergence-share test of the probe score per family with a score."""
     def judge(name, fam, values, tokens, level, _):
         return _speed(name, fam, values, tokens, level, share=True)
-    return _per_family(runs, EMERGES, judge, missing=False)
+    return per_family(runs, EMERGES, judge, missing=False)
 
 
-def convergence_tests(runs: Runs) -> list[Test]:
-    """The convergence test of ``CONVERGENCE_MEASURE`` per family whose runs logged the probe score."""
-    m = runs.metrics
-    measure = m[m["metric"] == CONVERGENCE_MEASURE].pivot_table(index="run", columns="step", values="value")
-
-    def judge(name, fam, values, _, level, __):
-        return _convergence(name, fam, values, level, measure)
-    return _per_family(runs, CONVERGENCE, judge, missing=False)
-
-
-def _per_family(runs: Runs, verdict: Verdict, judge, missing: bool) -> list[Test]:
+def per_family(runs: Runs, verdict: Verdict, judge, missing: bool) -> list[Test]:
     """``judge(name, family, values, tokens, level, errors)`` per family with a run above its noise level (the
     run x step scores and tokens, each run's level, the runs' null standard errors); ``no signal`` for a
     family without one; with ``missing``, ``not tested`` where there is no family or no score."""
@@ -166,86 +136,6 @@ def _si(v: float) -> str:
     return "nan" if math.isnan(v) else si(v)
 
 
-def declared_steps(steps: list) -> tuple | None:
-    """(mid, late, end) of ``CONVERGENCE_STEPS`` among the common evaluation ``steps``; None without three distinct."""
-    end = steps[-1]
-    mid, late = ([s for s in steps if s <= share * end] for share in CONVERGENCE_STEPS)
-    if not mid or not late or not mid[-1] < late[-1] < end:
-        return None
-    return mid[-1], late[-1], end
-
-
-def _convergence(test: str, fam: Family, values: pd.DataFrame, level: pd.Series, measure: pd.DataFrame) -> Test:
-    runs = [r for r in values.index if r in set(measure.index)]
-    common = measure.reindex(runs).dropna(axis=1) if runs else measure.iloc[:0, :0]
-    steps = declared_steps(list(common.columns)) if common.shape[1] else None
-    if steps is None:
-        return Test(F, test, verdict="not tested", evidence=f"fewer than three common evaluations of "
-                    f"{CONVERGENCE_MEASURE} in family {fam.name} at distinct shares {CONVERGENCE_STEPS} and 1 of the "
-                    "last")
-    mid, late, end = steps
-    at = {s: {label: common[s].reindex(r).dropna().to_numpy(float) for label, r in fam.runs.items()} for s in steps}
-    risen = {label: int(values.reindex(index=r, columns=[late])[late].ge(level.reindex(r)).sum())
-             for label, r in fam.runs.items()}
-    means = ", ".join(f"{label}: " + " / ".join(f"{at[s][label].mean():.3f}" for s in steps)
-                      + f" (risen in {risen[label]}/{len(fam.runs[label])} by step {late})" for label in fam.labels)
-    evidence = (f"family {fam.name}: {CONVERGENCE_MEASURE} arm means at the declared steps {mid} / {late} / {end}: "
-                + means)
-    late_arms = [f"{label} ({risen[label]}/{len(r)} seeds)" for label, r in fam.runs.items()
-                 if not 2 * risen[label] > len(r)]
-    if late_arms:
-        return Test(F, test, verdict=NOT_TESTABLE, reason=f"{', '.join(late_arms)} not above {SIGNAL_Z:g} null "
-                    f"standard errors in most seeds by the declared step {late}: convergence is judged only among "
-                    "arms that have risen", evidence=evidence)
-    gap = Comparison.among(f"arms at step {mid} (the declared gap)", at[mid])
-    equivalent = _equivalence(at[end], end)
-    moving = Comparison.among(f"change from step {late} to {end}", {k: at[end][k] - at[late][k] for k in fam.labels})
-    moving.claim = False
-    apart = Comparison.among(f"arms at step {end}", at[end])
-    shrinking = np.std([v.mean() for v in at[end].values()]) < np.std([v.mean() for v in at[late].values()])
-    return Test(F, test, [gap, equivalent, moving, apart], evidence, decide=lambda c: _decide(c, equivalent),
-                combine=lambda decided: _convergence_verdict(decided, shrinking))
-
-
-def _equivalence(end: dict[str, np.ndarray], step) -> Comparison:
-    """Equivalence at ``step`` within ``EQUIVALENCE_MARGIN``: every pair by ``stats.tost``; the pair with the
-    largest p is shown (its difference and 90% interval), its p is the test's (intersection-union)."""
-    pairs = [(stats.tost(end[b], end[a], EQUIVALENCE_MARGIN), a, b) for a, b in itertools.combinations(end, 2)]
-    (p, ci), a, b = max(pairs, key=lambda x: stats.nan_last(x[0][0]))
-    return Comparison(f"{b} - {a} at step {step} (equivalence within ±{EQUIVALENCE_MARGIN:g}, 90% CI; the pair "
-                      "least shown equivalent)", float(end[b].mean() - end[a].mean()), ci, p, 0,
-                      tuple(len(v) for v in end.values()), ci_level=1 - 2 * ALPHA)
-
-
-def _decide(c: Comparison, equivalent: Comparison) -> tuple[str, str]:
-    if c is not equivalent or c.by_design():
-        return c.verdict()
-    if c.p_adj < ALPHA:
-        return "reproduced", ""
-    return "inconclusive", f"not shown within ±{EQUIVALENCE_MARGIN:g} (adjusted p {c.p_adj:.3g})"
-
-
-def _convergence_verdict(decided: list[Decided], shrinking: bool) -> Decided:
-    """Reproduced: a gap at mid and equivalence at the end; not testable: still moving; refuted: apart at the
-    end, equivalence rejected and the gap not shrinking; else inconclusive with the reason."""
-    (gap, gap_v, gap_r), (equivalent, equivalent_v, equivalent_r), (moving, _, _), (apart, apart_v, _) = decided
-    if gap_v == "reproduced" and equivalent_v == "reproduced":
-        return equivalent, "reproduced", ""
-    if moving.p < ALPHA:
-        return moving, NOT_TESTABLE, (f"the arms still move relative to each other ({moving.what}, raw p "
-                                      f"{moving.p:.3g}): the end of the budget is not where they settle")
-    outside = equivalent.ci[0] > EQUIVALENCE_MARGIN or equivalent.ci[1] < -EQUIVALENCE_MARGIN
-    if apart_v == "reproduced" and outside and not shrinking:
-        return apart, "refuted", (f"the arms stay apart at the end (adjusted p {apart.p_adj:.3g}; equivalence within "
-                                  f"±{EQUIVALENCE_MARGIN:g} rejected) and the gap no longer shrinks")
-    if apart_v == "reproduced":
-        return apart, "inconclusive", ("apart at the end, but " + ("the gap still shrinks from the late step"
-                                                                   if shrinking else "equivalence not rejected"))
-    if gap_v != "reproduced":
-        return gap, "inconclusive", f"no gap shown at the declared step to close ({gap_r})"
-    return equivalent, "inconclusive", equivalent_r
-
-
 def _retrieval_acc(runs: Runs) -> list[Test]:
     """``val/retrieval_acc`` has no null with known sampling error (its answer tokens are not counted in the
     run's records), so no level tells its rise from noise: stated where runs log it, never tested."""
@@ -283,41 +173,9 @@ def _plan_share(d: Design, _: Models) -> list[Planned]:
     return out
 
 
-def _plan_convergence(d: Design, models: Models) -> list[Planned]:
-    out, fams = [], families(d.configs)
-    for fam in fams:
-        labels = list(fam.labels)
-        steps = d.steps(labels[0], "eval")
-        ok = bool(declared_steps(list(steps)))
-        effect, simulate = models(CONVERGENCE, labels, steps)
-        floors = (lambda s: [arms_floor(s), 0.0, arms_floor(s)]) if ok else (lambda s: [math.nan] * 3)
-        out.append(Planned(F, CONVERGENCE.named(fam.name if len(fams) > 1 else ""), "gap at the declared mid "
-                           f"evaluation, equivalence within ±{EQUIVALENCE_MARGIN:g} at the end, apart at the end",
-                           labels, d.seeds(labels), lambda s, floors=floors: at_least(s, floors(s)), simulate, effect,
-                           needs="first two", why="" if ok else ("fewer than three evaluations at the declared shares "
-                                                                 "0.5, 0.75, 1 of the budget")))
-    return out
-
-
 def _speed_default(labels: list[str], steps: np.ndarray) -> pw.Model:
     """The last arm ``DEFAULT_EFFECT`` seed SDs later than the others (censored times)."""
     return pw.censored([0.0] * (len(labels) - 1) + [pw.DEFAULT_EFFECT], steps)
-
-
-def _convergence_default(labels: list[str], _) -> pw.Model:
-    """A gap of ``DEFAULT_EFFECT`` seed SDs at mid; the arms equal at the end, seeds spread by half the margin."""
-    k, spread = len(labels), EQUIVALENCE_MARGIN / 2
-    gap, end = pw.normal([0.0] * (k - 1) + [pw.DEFAULT_EFFECT]), pw.normal([0.0] * k)
-    return pw.Model(f"gap {pw.DEFAULT_EFFECT:g} seed SDs at mid; arms equal at the end, seeds SD {spread:g}",
-                    lambda rng, s: (gap.draw(rng, s), [a * spread for a in end.draw(rng, s)]))
-
-
-def _convergence_passes(arms: tuple, alpha: float) -> np.ndarray:
-    """A gap at mid and every pair equivalent at the end."""
-    mid, end = arms
-    equal = np.all([pw.equivalent(a, b, EQUIVALENCE_MARGIN, alpha) for i, a in enumerate(end) for b in end[i + 1:]],
-                   axis=0)
-    return pw.passes_means(mid, alpha, 0) & equal
 
 
 def _pilot_scores(pilot: Runs, runs: list[list[str]]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -338,27 +196,8 @@ def _speed_samples(pilot: Runs, runs: list[list[str]]) -> list | None:
     return None if any(np.isnan(t).any() for t in times) else times
 
 
-def _convergence_samples(pilot: Runs, runs: list[list[str]]) -> list | None:
-    """Per arm, ``CONVERGENCE_MEASURE`` at the pilot's declared mid and end evaluations."""
-    m = pilot.metrics
-    d = m[(m["metric"] == CONVERGENCE_MEASURE) & m["run"].isin(sum(runs, []))]
-    common = d.pivot_table(index="run", columns="step", values="value").dropna(axis=1)
-    steps = declared_steps(list(common.columns)) if common.shape[1] else None
-    if steps is None:
-        return None
-    return [(common.loc[r, steps[0]].to_numpy(), common.loc[r, steps[2]].to_numpy()) for r in runs]
-
-
-def _convergence_resample(samples: list, text: str) -> pw.Model:
-    """The mid and the end values resampled each on its own."""
-    mid, end = (pw.resampled([s[i] for s in samples], "") for i in (0, 1))
-    return pw.Model(text, lambda rng, s: (mid.draw(rng, s), end.draw(rng, s)))
-
-
 SPEED = Verdict(F, "speed (probes)", speed_tests, _plan_speed, _speed_default,
                 lambda arms, alpha: pw.passes_means([a[0] if isinstance(a, tuple) else a for a in arms], alpha, 0),
                 _speed_samples)
 EMERGES = Verdict(F, "emerges in more runs (probes)", share_tests, _plan_share)
-CONVERGENCE = Verdict(F, "convergence (probes)", convergence_tests, _plan_convergence, _convergence_default,
-                      _convergence_passes, _convergence_samples, _convergence_resample)
 RETRIEVAL_ACC = Verdict(F, "speed (val/retrieval_acc rise)", _retrieval_acc)

@@ -52,19 +52,20 @@ COMPARISON_COLUMNS = ["finding", "test", "compared", "effect", "unit", "ci_low",
                       "verdict", "reason", "ci_level"]
 
 
-def findings(runs: Runs) -> pd.DataFrame:
+def findings(runs: Runs, declared: dict | None = None) -> pd.DataFrame:
     """One row per test (``TEST_COLUMNS``); see ``verdicts``."""
-    return verdicts(runs)[0]
+    return verdicts(runs, declared)[0]
 
 
-def verdicts(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
+def verdicts(runs: Runs, declared: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(tests, comparisons). tests: one row per test: finding, test, verdict (``reproduced``, ``refuted``,
     ``inconclusive``, ``no signal``, ``not tested``, ``not testable at this budget``), compared (the
     comparison the verdict rests on), effect, ci_low, ci_high (95% over seeds), p, p_holm (Holm over the
     finding's tests), seeds (per arm, ``5/5``), reason (why not reproduced), evidence (the numbers, in words).
-    comparisons: every comparison made, with its own verdict."""
+    comparisons: every comparison made, with its own verdict. ``declared``: what the grid declares for its
+    verdicts (``registry.verdicts``)."""
     tests, comparisons, by_finding = [], [], {}
-    for verdict in registry.VERDICTS:  # the registered verdicts, each finding's tests one Holm family
+    for verdict in registry.verdicts(declared):  # the registered verdicts, each finding's tests one Holm family
         by_finding.setdefault(verdict.finding, []).extend(verdict.decide(runs))
     for group in by_finding.values():
         stats.adjust([c for t in group for c in t.comparisons])

@@ -2,11 +2,11 @@
 --verdicts``, analysis/design.py), one registration line each, in the order of ``findings.csv`` and of the
 check's table; the claims of the verdicts of one finding form its Holm family. A verdict is defined in one module
 (``verdict.Verdict``: docs/extending.md, "Adding a verdict") and registered here, or at run time by
-``register``."""
+``register``; ``verdicts`` gives them under what a grid declares."""
 
 from __future__ import annotations
 
-from hybrid_lightning.analysis import emergence, laziness, mechanism, nope, scaling_runs
+from hybrid_lightning.analysis import convergence, emergence, laziness, mechanism, nope, scaling_runs
 from hybrid_lightning.analysis.verdict import Verdict
 
 VERDICTS: list[Verdict] = []
@@ -20,9 +20,15 @@ def register(verdict: Verdict) -> Verdict:
     return verdict
 
 
+def verdicts(declared: dict | None = None) -> list[Verdict]:
+    """The registered verdicts, each that reads a grid's declarations (``Verdict.declare``) under ``declared``
+    (``grid.schema.VerdictsSpec.declared``; None: the defaults)."""
+    return [v.declare(declared) if declared is not None and v.declare else v for v in VERDICTS]
+
+
 register(emergence.SPEED)
 register(emergence.EMERGES)
-register(emergence.CONVERGENCE)
+register(convergence.CONVERGENCE)
 register(emergence.RETRIEVAL_ACC)
 register(scaling_runs.SCALING)
 register(mechanism.WHERE)

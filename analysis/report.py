@@ -25,7 +25,7 @@ MARKER = ".hybrid-lightning-analysis"  # in an output folder: the files analyze 
 
 def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
             planned: list[tuple[str, Path, str | None]] | None = None, workers: int | None = None,
-            findings: bool = False, exploratory: Collection[Path] = ()) -> Path:
+            findings: bool = False, exploratory: Collection[Path] = (), declared: dict | None = None) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.
 
     Args:
@@ -38,6 +38,8 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
         findings: open the report with the verdicts on the paper's three findings (analysis/findings.py).
         exploratory: run directories of exploratory arms (a grid's ``exploratory`` cells): reported, left out of
             the verdicts.
+        declared: what the grid declares for its verdicts (``grid.schema.VerdictsSpec.declared``); None: the
+            defaults.
     Returns: the path of report.md.
     """
     tag = metric_tag(metric)
@@ -48,7 +50,8 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # beside out: every file, then moved in
     try:
-        _report(runs, folder, staging, metric, tag, planned, findings, {Path(p).resolve() for p in exploratory})
+        aside = {Path(p).resolve() for p in exploratory}
+        _report(runs, folder, staging, metric, tag, planned, (aside, declared) if findings else None)
         publish(staging, out, MARKER, "--out")
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # the package's own temporary folder
@@ -56,15 +59,16 @@ def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "to
 
 
 def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
-            planned: list[tuple[str, Path, str | None]] | None, findings: bool, exploratory: set[Path]) -> None:
-    """Writes every table, figure and report.md of ``runs`` into ``out``."""
+            planned: list[tuple[str, Path, str | None]] | None, findings: tuple[set[Path], dict | None] | None) -> None:
+    """Writes every table, figure and report.md of ``runs`` into ``out``, opened by the verdicts where
+    ``findings`` gives what they read besides the runs: (exploratory run directories, declarations)."""
     sections = [f"# Analysis of {folder}\n",
                 f"Runs: {len(runs.configs)}; architectures: {runs.configs['label'].nunique()}. Long-context score "
                 f"(`--metric {metric}`): {METRIC_TEXT[metric]}. Spread over seeds: min-max range (figures, "
                 "`*_min`/`*_max` columns) and sample standard deviation (`std`).\n",
                 _missing(runs, planned, tag)]
-    if findings:
-        sections.insert(2, _findings(runs, out, exploratory))
+    if findings is not None:
+        sections.insert(2, _findings(runs, out, *findings))
     _write(runs.metrics, out, "metrics.csv")
     # run: its path under the folder, the same on any machine
     _write(runs.configs.drop(columns="path"), out, "runs.csv")
@@ -76,13 +80,13 @@ def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
     (out / "report.md").write_text("\n".join(sections))
 
 
-def _findings(runs: Runs, out: Path, exploratory: set[Path]) -> str:
+def _findings(runs: Runs, out: Path, exploratory: set[Path], declared: dict | None) -> str:
     from hybrid_lightning.analysis.findings import markdown, verdicts
 
     c = runs.configs
     aside = c[c["path"].map(lambda p: Path(p).resolve() in exploratory).astype(bool)]
     confirmatory = runs.without(set(aside["run"]))
-    tests, comparisons = verdicts(confirmatory)
+    tests, comparisons = verdicts(confirmatory, declared)
     _write(tests, out, "findings.csv")
     _write(comparisons, out, "findings_comparisons.csv")
     table = markdown(tests, comparisons)

@@ -1,9 +1,9 @@
 """What a verdict of ``analyze --findings`` is: one object (``Verdict``) per test, defined in one module (the
-built-in ones in analysis/emergence.py, mechanism.py, laziness.py, nope.py) and registered once, by one line,
-in analysis/registry.py; ``findings`` (the verdicts), the design check (``grid plan --verdicts``,
-analysis/design.py) and the pilot's effect models (analysis/pilot.py) iterate over the registry. Also what the
-design check of a verdict works with: the grid's arms and plans (``Design``), a test as planned (``Planned``)
-and the floors of the permutation tests' exact null distributions.
+built-in ones in analysis/emergence.py, convergence.py, mechanism.py, laziness.py, nope.py, scaling_runs.py) and
+registered once, by one line, in analysis/registry.py; ``findings`` (the verdicts), the design check (``grid plan
+--verdicts``, analysis/design.py) and the pilot's effect models (analysis/pilot.py) iterate over the registry.
+Also what the design check of a verdict works with: the grid's arms and plans (``Design``), a test as planned
+(``Planned``) and the floors of the permutation tests' exact null distributions.
 """
 
 from __future__ import annotations
@@ -138,6 +138,8 @@ class Verdict:
         bool.
     samples: what it reads from a pilot, (pilot runs, run names per arm) -> per arm the values its ``default``
         model draws (None where a run lacks them); ``resample``: those values -> the model drawing from them.
+    declare: the verdict under what a grid declares for its verdicts (plain data:
+        ``grid.schema.VerdictsSpec.declared``); None: it reads no declaration.
     """
 
     finding: str
@@ -148,6 +150,7 @@ class Verdict:
     passes: Callable[[list, float], np.ndarray] | None = None
     samples: Callable[[Runs, list[list[str]]], list | None] | None = None
     resample: Callable[[list, str], pw.Model] = pw.resampled
+    declare: Callable[[dict], Verdict] | None = None
 
     def named(self, family: str = "") -> str:
         """The test's name, for one family of arms among several (``family`` not empty) ``name: family``."""

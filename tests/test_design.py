@@ -109,6 +109,20 @@ def test_three_seeds_cannot_reach_two_arm_verdicts(tmp_path, capsys, quick):
             in ablation["why"])
 
 
+def test_the_convergence_test_is_planned_under_the_grids_declarations(tmp_path, capsys, quick):
+    """A grid declaring the convergence measure and margin: the check plans that test on them, and its default
+    effect model spreads the seeds by half the declared margin."""
+    archs = {"w16": {"model.window": 16}, "w64": {"model.window": 64}}
+    path = grid_file(tmp_path, archs, 5)
+    table, _, _ = check([path], capsys)
+    assert "equivalence of longctx/token_acc_beyond within ±0.05" in table["convergence (probes)"]["compares"]
+    grid = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**grid, "verdicts": {"convergence": {"measure": "loss_gain_beyond",
+                                                                         "margin": 0.2}}}))
+    row = check([path], capsys)[0]["convergence (probes)"]
+    assert "equivalence of longctx/loss_gain_beyond within ±0.2" in row["compares"] and "seeds SD 0.1" in row["effect"]
+
+
 def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):
     """Pilot runs of the NoPE pair: beyond - within 0.3 higher for NoPE with seeds 0.01 apart (power 1 at 5
     seeds), and no difference at all in the text loss beyond the allowed cost (power near 0)."""

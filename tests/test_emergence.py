@@ -9,7 +9,8 @@ import math
 import pandas as pd
 import pytest
 
-from hybrid_lightning.analysis.emergence import CONVERGENCE, EQUIVALENCE_MARGIN, SPEED, declared_steps
+from hybrid_lightning.analysis.convergence import CONVERGENCE, EQUIVALENCE_MARGIN, declared_steps
+from hybrid_lightning.analysis.emergence import SPEED
 from hybrid_lightning.analysis.findings import verdicts as both
 from hybrid_lightning.analysis.load import find_runs, load_runs
 from hybrid_lightning.cli import main
@@ -231,3 +232,47 @@ def test_analyze_findings_states_effect_ci_p_and_seeds(tmp_path, capsys):
     assert comparisons["verdict"].tolist() == ["reproduced", "context", "inconclusive", "reproduced", "reproduced",
                                                "context", "inconclusive"]
     assert comparisons["compared"][2] == "W=64 - W=16: share of runs emerged by tau" and comparisons["effect"][2] == 0
+
+
+def test_the_grid_declares_the_convergence_measure_and_margin(tmp_path):
+    """The closing gap above at 5 seeds (reproduced within the default ±0.05 on the beyond-length score) under a
+    grid's declarations: within ±0.001 the equal arms are not shown equivalent; on ``loss_gain`` (the fabricated
+    answer loss is 1.0 in every run) there is no gap at mid to close. The evidence names the declared measure."""
+    from hybrid_lightning.analysis.findings import findings
+    from hybrid_lightning.analysis.report import analyze
+    from hybrid_lightning.grid.schema import VerdictsSpec
+
+    arm(tmp_path, "a", 5, window=16, token_acc=lambda s: (0.6, 0.9 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    arm(tmp_path, "b", 5, window=64, token_acc=lambda s: (0.5, 0.6 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    runs = load_runs(find_runs(tmp_path), root=tmp_path)
+
+    def convergence(**spec):
+        declared = VerdictsSpec.model_validate({"convergence": spec}).declared()
+        return findings(runs, declared).set_index("test").loc["convergence (probes)"]
+
+    assert_reproduced(convergence())
+    assert "longctx/token_acc_beyond arm means" in convergence()["evidence"]
+    assert_verdict(convergence(margin=0.001), "inconclusive", "not shown within ±0.001")
+    declared = VerdictsSpec.model_validate({"convergence": {"margin": 0.001}}).declared()
+    analyze(tmp_path, tmp_path / "report", findings=True, declared=declared)  # as analyze --grid passes them
+    assert pd.read_csv(tmp_path / "report" / "findings.csv").set_index("test").loc[
+        "convergence (probes)", "reason"].startswith("not shown within ±0.001")
+    by_loss = convergence(measure="loss_gain", margin=0.1)
+    assert_verdict(by_loss, "inconclusive", "no gap shown at the declared step")
+    assert "longctx/loss_gain arm means" in by_loss["evidence"]
+
+
+def test_a_convergence_measure_without_a_margin_or_at_its_ceiling_is_refused(tmp_path, capsys):
+    """A grid declaring ``loss_gain`` (no default margin) or the within-length token score (at its ceiling once
+    the arms have risen) is refused before anything runs, naming the key."""
+    import yaml
+
+    for spec, said in (({"measure": "loss_gain"}, "verdicts.convergence: loss_gain has no default equivalence margin"),
+                       ({"measure": "token_acc"}, "verdicts.convergence.measure"),
+                       ({"margin": 0}, "verdicts.convergence.margin"),
+                       ({"measur": "loss_gain"}, "unknown grid key 'verdicts.convergence.measur'")):
+        path = tmp_path / "grid.yaml"
+        path.write_text(yaml.safe_dump({"name": "g", "axes": {"seed": [0]}, "verdicts": {"convergence": spec}}))
+        assert main(["grid", "plan", str(path), "--verdicts"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err

@@ -34,16 +34,17 @@ def exploratory_dirs(grid) -> set[Path]:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    planned, exploratory = None, set()
+    planned, exploratory, declared = None, set(), None
     if args.grid is not None:
         from hybrid_lightning.grid.spec import load_grid
 
         grid = load_grid(args.grid, args.dir, resolve=False)  # its data need not exist here
-        planned, exploratory = planned_cells(grid), exploratory_dirs(grid)
+        planned, exploratory, declared = planned_cells(grid), exploratory_dirs(grid), grid.verdicts.declared()
     runs_under(args.dir)  # DIR checked before the analysis (pandas, matplotlib, scipy) is imported
     from hybrid_lightning.analysis.report import analyze
 
-    report = analyze(args.dir, args.out, args.metric, planned, findings=args.findings, exploratory=exploratory)
+    report = analyze(args.dir, args.out, args.metric, planned, findings=args.findings, exploratory=exploratory,
+                     declared=declared)
     if args.findings:
         print((report.parent / "findings.md").read_text())
     print(f"report written to {report}")
@@ -58,7 +59,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     grid = load_grid(grid_file, args.root)
     code = submit_grid(grid, "local", parallel=args.parallel)
     report = analyze(grid.root, args.out, planned=planned_cells(grid), findings=True,
-                     exploratory=exploratory_dirs(grid))
+                     exploratory=exploratory_dirs(grid), declared=grid.verdicts.declared())
     print(f"report.md and findings.md written to {report.parent}")
     return code
 

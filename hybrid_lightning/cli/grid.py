@@ -44,7 +44,8 @@ def cmd_grid_plan(args: argparse.Namespace) -> int:
     if args.verdicts:  # which verdicts of analyze --findings the grid can reach, before its data exists
         from hybrid_lightning.analysis.design import design_check
 
-        print(design_check(design_cells(_grid(args, resolve=False)), args.pilot, args.json))
+        grid = _grid(args, resolve=False)
+        print(design_check(design_cells(grid), args.pilot, args.json, grid.verdicts.declared()))
         return 0
     gpu = plan_gpu(args.profile, args.tflops, args.throughput)  # a bad profile before any cell is planned
     executor = _executor(args)

@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
-from hybrid_lightning.config.fields import _Frozen
+from hybrid_lightning.config.fields import Number, _Frozen
 from hybrid_lightning.config.loading import validate
+
+# The convergence verdict's measures (analysis/convergence.py): none at its ceiling where the arms have risen (the
+# within-length token score ends near 1 - chance for every risen arm, so equivalence there would be automatic).
+# Each with its default equivalence margin, None where the grid must state one.
+CONVERGENCE_MEASURES = {"token_acc_beyond": 0.05, "loss_gain": None, "loss_gain_beyond": None}
+
+
+class ConvergenceSpec(_Frozen):
+    """The convergence verdict's measure and equivalence margin, declared before the results are seen."""
+
+    measure: Literal["token_acc_beyond", "loss_gain", "loss_gain_beyond"] = Field(
+        "token_acc_beyond", description="the probe score judged: `token_acc_beyond` (answer-token accuracy minus "
+        "chance beyond the training length), `loss_gain` or `loss_gain_beyond` (chance loss minus answer loss, nats "
+        "per answer token, within or beyond the training length)")
+    margin: Number | None = Field(None, gt=0, description="arms whose means differ by less are equivalent, in the "
+                                  "measure's units; null = 0.05 for token_acc_beyond (required for the others)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ConvergenceSpec:
+        if self.margin is None and CONVERGENCE_MEASURES[self.measure] is None:
+            raise ValueError(f"{self.measure} has no default equivalence margin: state `margin` in its units (nats "
+                             "per answer token), before the results are seen")
+        return self
+
+    @property
+    def equivalence_margin(self) -> float:
+        return self.margin if self.margin is not None else CONVERGENCE_MEASURES[self.measure]
+
+
+class VerdictsSpec(_Frozen):
+    """What a grid declares for its verdicts before looking (docs/grids.md, Declared verdict settings)."""
+
+    convergence: ConvergenceSpec = Field(default_factory=ConvergenceSpec)
+
+    def declared(self) -> dict:
+        """As plain data, every default filled in, for ``analysis.registry.verdicts``."""
+        return {"convergence": {"measure": self.convergence.measure, "margin": self.convergence.equivalence_margin}}
 
 
 class GridConfig(_Frozen):
@@ -39,6 +76,11 @@ class GridConfig(_Frozen):
         (),
         description="partial assignments (axis: value) whose cells are exploratory arms (added after results were "
                     "seen): trained and reported, left out of the verdicts and the design check (docs/grids.md)",
+    )
+    verdicts: VerdictsSpec = Field(
+        default_factory=VerdictsSpec,
+        description="settings of the verdicts declared before the results are seen: `convergence: {measure, margin}` "
+                    "(docs/grids.md)",
     )
     share_stable_phase: StrictBool = Field(
         False,

@@ -41,7 +41,7 @@ from hybrid_lightning.config import (
     validate_config,
 )
 from hybrid_lightning.grid.branches import share_stable_phases
-from hybrid_lightning.grid.schema import GridConfig, validate_grid_config
+from hybrid_lightning.grid.schema import GridConfig, VerdictsSpec, validate_grid_config
 from hybrid_lightning.plan.resolve import plan_run, resolve_config
 from hybrid_lightning.rundir import GRID_DIR
 from hybrid_lightning.runplan import RunPlan
@@ -82,6 +82,7 @@ class Grid:
     root: Path
     cells: list[Cell]
     axes: dict[str, list[Any]]  # axis label -> its values, in file order
+    verdicts: VerdictsSpec = VerdictsSpec()  # what the grid declares for its verdicts
 
     @property
     def state_dir(self) -> Path:
@@ -164,7 +165,7 @@ def load_grid(path: str | Path, root: str | Path | None = None, resolve: bool = 
         chosen = [_planned(c, path) for c in chosen]
     if resolve and spec.share_stable_phase:
         chosen = _sharing(chosen, found if cells and not overrides else chosen, root, short, path)
-    return Grid(name, path, root, chosen, label_values)
+    return Grid(name, path, root, chosen, label_values, spec.verdicts)
 
 
 def _expand(spec: GridConfig, axes: list, base: dict, short: dict[str, str], root: Path, path: Path) -> list[Cell]:
