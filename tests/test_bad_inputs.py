@@ -82,6 +82,12 @@ CASES = {  # name: (the command, or what makes it from the test's folder; a part
     "a BPE of a billion tokens": (["data", "tokenizer", *TINY, "--vocab-size", "1000000000", "--out", "t.json"],
                                   "--vocab-size"),
     "a YAML list as a key": (lambda w: ["train", write(w, "c.yaml", "? [a, b]\n: 1\n")], "a key is"),
+    "data.files empty": (train("data.files=[]"), "data.files: [] names no file"),
+    "data.files empty in a config": (lambda w: ["train", write(w, "c.yaml", "data:\n  files: []\n")], "data.files"),
+    "data.files empty in a grid's base": (lambda w: grid(w, base={**GRID["base"], "data": {"files": []}}),
+                                          "base: data.files: [] names no file"),
+    "data.files empty on a grid axis": (lambda w: grid(w, axes={"seed": [0], "data.files": [[]]}), "data.files"),
+    "data.files empty by grid --set": (lambda w: grid(w, "--set", "data.files=[]"), "--set: data.files"),
 }
 
 

@@ -22,7 +22,7 @@ def test_unknown_key_suggests_closest():
 def test_overrides_are_typed_and_nested(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"model": {"window": 16}}))
-    cfg = load_config(path, ["train.lr=3e-4", "model.pos.full=nope", "model.window=8", "data.files=[]"])
+    cfg = load_config(path, ["train.lr=3e-4", "model.pos.full=nope", "model.window=8", "data.files=null"])
     assert cfg.train.lr == 3e-4 and cfg.model.pos.full == "nope" and cfg.model.window == 8
     assert cfg.name == "c"
 

@@ -29,6 +29,7 @@ def test_print_config_round_trips_through_train(tmp_path, capsys, monkeypatch):
     again = load_config(tmp_path / "resolved.yaml")
     assert again == resolve_config(load_config(None, [*TINY[1::2], "model.window=16"]))
     assert again.model.window == 16 and again.model.vocab_size == 257 and again.name == "run"
+    assert yaml.safe_load(printed)["data"]["files"] is None  # the embedded corpus: an empty list would be refused
     assert main(["train", "resolved.yaml", "--print-config"]) == 0
     assert capsys.readouterr().out == printed
     assert _files(tmp_path) == [tmp_path.joinpath("resolved.yaml").relative_to(tmp_path)]
@@ -95,3 +96,19 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
 def test_a_warmup_longer_than_the_run_says_what_to_set():
     with pytest.raises(ValueError, match=r"set train.warmup_steps to at most 2 \(e.g. --set train.warmup_steps=0\)"):
         load_config(None, ["train.max_steps=3"])
+
+
+def test_a_record_without_files_in_either_form_is_the_same_run(tmp_path):
+    """Run records write no ``data.files`` as null; those written before as []: both are the embedded corpus,
+    and a run resumes under either."""
+    from hybrid_lightning.config import config_to_dict
+    from hybrid_lightning.training.resume import check_same_config
+
+    cfg = load_config(None, TINY[1::2])
+    for files in ([], None):
+        old = config_to_dict(cfg)
+        old["data"]["files"] = files
+        check_same_config(tmp_path, old, cfg, "config.yaml")
+    old["data"]["files"] = ["/elsewhere/a.txt"]
+    with pytest.raises(ValueError, match="data.files"):
+        check_same_config(tmp_path, old, cfg, "config.yaml")

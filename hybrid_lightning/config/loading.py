@@ -182,7 +182,18 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         raw = resolve_paths(raw, path.parent)
         raw.setdefault("name", path.stem)
     raw = resolve_paths(apply_overrides(raw, overrides), Path.cwd())
+    data = raw.get("data")
+    refuse_no_files(data.get("files") if isinstance(data, dict) else None)
     return validate_config(raw)
+
+
+def refuse_no_files(files: Any) -> None:
+    """A ``data.files`` the user wrote as an empty list names no file: a ``ValueError`` (null, or no key, is the
+    embedded corpus), so that a list left empty by mistake never trains on the embedded corpus unsaid. Run
+    records write null (``dump_config``); older ones with ``[]`` are read as they were written."""
+    if isinstance(files, (list, tuple)) and not files:
+        raise ValueError("data.files: [] names no file; give files or globs, or leave the key out (null) to train on "
+                         "the embedded corpus")
 
 
 def read_text_file(path: Path, what: str) -> str:
@@ -270,7 +281,9 @@ def config_to_dict(cfg: RunConfig) -> dict:
 
 
 def dump_config(cfg: RunConfig, extra: dict | None = None) -> str:
+    """The config as YAML, ``extra`` keys after it; no ``data.files`` is written as null (``refuse_no_files``)."""
     data = config_to_dict(cfg)
+    data["data"]["files"] = data["data"]["files"] or None
     if extra:
         data = {**data, **extra}
     return yaml.safe_dump(data, sort_keys=False)

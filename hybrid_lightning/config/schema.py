@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool, ValidationInfo, create_model, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, create_model, field_validator, model_validator
 
 from hybrid_lightning.config.fields import (
     BOOKKEEPING,
@@ -154,7 +154,8 @@ class DataConfig(_Frozen):
     """The ``data:`` section. No files and no hub name = the embedded corpus."""
 
     files: tuple[str, ...] = Field((), description="local text (`.txt .md .py ...`, one file = one document), "
-                                   "`.json/.jsonl` or `.parquet` files or globs; relative to the config file")
+                                   "`.json/.jsonl` or `.parquet` files or globs; relative to the config file; null or "
+                                   "left out: the embedded corpus (or `hub`); a list written empty is refused")
     hub: str | None = Field(None, description="a `datasets` hub dataset, streamed (needs network)")
     hub_config: str | None = Field(None, description="the hub dataset's configuration")
     hub_split: str = Field("train", description="the hub dataset's split")
@@ -187,6 +188,11 @@ class DataConfig(_Frozen):
                                  "attention, RoPE positions and recurrent state restart after each end-of-document "
                                  "token (docs/training.md)",
                                  **role(IDENTITY))
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _no_files(cls, files: Any) -> Any:
+        return () if files is None else files  # null: no files (an empty list a user wrote is refused on loading)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

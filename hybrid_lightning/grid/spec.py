@@ -36,6 +36,7 @@ from hybrid_lightning.config import (
     parse_override,
     read_text_file,
     read_yaml,
+    refuse_no_files,
     resolve_paths,
     suggest,
     validate_config,
@@ -213,6 +214,10 @@ def _overridden(cells: list[Cell], overrides: Sequence[str]) -> list[Cell]:
     changed = {".".join(key): value for key, value in map(parse_override, overrides)}
     if "name" in changed:
         raise ValueError("--set name: each cell is named after its values")
+    try:
+        refuse_no_files(changed.get("data.files"))
+    except ValueError as e:
+        raise ValueError(f"--set: {e}") from None
     out = []
     for cell in cells:
         try:
@@ -314,6 +319,8 @@ def _base_config(spec: GridConfig, grid_path: Path) -> dict:
             raise ValueError(f"{grid_path}: base: {e}") from None
     else:
         try:
+            data = spec.base.get("data")
+            refuse_no_files(data.get("files") if isinstance(data, dict) else None)
             cfg = validate_config(resolve_paths(dict(spec.base), grid_path.parent))
         except ValueError as e:
             raise ValueError(f"{grid_path}: base: {e}") from None
@@ -346,6 +353,7 @@ def _cell_config(base: dict, overrides: dict[str, Any], name: str, grid_path: Pa
     if "name" in overrides:
         raise ValueError(f"{grid_path}: 'name' cannot be set by an axis; each cell is named after its values")
     try:
+        refuse_no_files(overrides.get("data.files"))
         return validate_config(resolve_paths(apply_assignments(base, {**overrides, "name": name}), grid_path.parent))
     except ValueError as e:
         raise ValueError(f"{grid_path}: cell {name}: {e}") from None

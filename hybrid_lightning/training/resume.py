@@ -57,9 +57,10 @@ def check_same_run(run_dir: Path, cfg: RunConfig, resume: Resume | None = None, 
 def _compared(key: str, value):
     """``data.files`` by file name: where the files lie is a location, so a run directory moved or unpacked
     on another machine or checkout (the data elsewhere) holds the same run; what the files hold is checked
-    by the data fingerprint when training resumes (``recorded_data``)."""
-    if key == "data.files" and isinstance(value, (list, tuple)):
-        return [Path(v).name for v in value]
+    by the data fingerprint when training resumes (``recorded_data``). No files is null in newer records, [] in
+    older ones."""
+    if key == "data.files":
+        return [Path(v).name for v in value] if value else None
     return value
 
 
