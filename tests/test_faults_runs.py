@@ -211,6 +211,32 @@ def test_a_signal_to_one_ddp_rank_is_the_runs_exit_code(tmp_path):
     assert status["state"] == "interrupted" and status["error"] == "SIGTERM" and status["step"] == step >= 4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("gap", [0.0, 0.05, 0.3])
+def test_a_double_signal_to_one_ddp_rank_ends_the_run_by_it(tmp_path, gap):
+    """Two signals ``gap`` seconds apart to rank 1 alone: the run ends within 30 s by one of them, status.json
+    interrupted at the step of the checkpoint on disk; never the failed run that rank 0's broken collective
+    would report (rank 1 leaves its signal for rank 0: stop.rank_signal)."""
+    import psutil
+
+    run = tmp_path / "run"
+    ddp = ["--set", "train.strategy=ddp", "--set", "train.devices=2", "--set", "train.accelerator=cpu"]
+    proc = start(run, *args(100000, 5), *ddp)
+    wait_for_step(proc, run, 6, timeout=300)
+    (child,) = [p for p in psutil.Process(proc.pid).children(recursive=True) if "train" in " ".join(p.cmdline())]
+    began = time.monotonic()
+    child.send_signal(signal.SIGINT)  # two of one number would merge
+    time.sleep(gap)
+    child.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert time.monotonic() - began < 30 and proc.returncode in (130, 143), err[-3000:]
+    status, step = read_status(run), stored_step(run / "checkpoints" / "last.ckpt")
+    name = {130: "SIGINT", 143: "SIGTERM"}[proc.returncode]
+    assert status["state"] == "interrupted" and status["error"] == name and status["step"] == step >= 5, status
+    assert f"stopped by {name} at step {step};" in err and "Traceback" not in err, err[-3000:]
+    assert not list(run.glob(".rank-ended-by-signal.*"))
+
+
 def weights(run: Path) -> dict:
     return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
 

@@ -46,6 +46,7 @@ EVAL_KINDS = {"longctx": "step_", "heads": "heads_step_", "restricted": "restric
 _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)\.json$")
 DATA_KEY = "data"  # what training adds to config.yaml's provenance: the fingerprint of the data the run trains on
 CKPT_SUFFIX = ".ckpt"
+RANK_SIGNAL = ".rank-ended-by-signal."  # + pid: a rank other than 0 ended at once by a second signal (its number)
 
 
 def step_checkpoint_name(step: int) -> str:

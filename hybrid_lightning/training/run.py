@@ -21,7 +21,7 @@ from hybrid_lightning.runplan import RunPlan
 from hybrid_lightning.training.branch import start_of_branch
 from hybrid_lightning.training.preflight import is_rank_zero, preflight
 from hybrid_lightning.training.resume import Resume, check_extension, check_numbering, check_same_run, recorded_data
-from hybrid_lightning.training.stop import EndAtOnce, Stopped
+from hybrid_lightning.training.stop import EndAtOnce, Stopped, clear_rank_signals, rank_signal
 
 if TYPE_CHECKING:
     import lightning as L
@@ -52,6 +52,7 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
             signals.at_once = EndAtOnce(run_dir, cfg.train.max_steps, lock)  # what a second signal does
             if is_rank_zero():
                 remove_temporaries(run_dir)  # of a writer killed mid-write; the lock says none is running
+                clear_rank_signals(run_dir)
             return _train_locked(cfg, plan, run_dir, [signals, *callbacks], signals)
     finally:
         signals.restore()
@@ -94,17 +95,10 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
         io.wait()  # every checkpoint on disk under its name, or the failure raised
     except BaseException as e:  # an error fails the run; a signal or an exit interrupts it
         io.teardown()
-        state = "failed" if isinstance(e, Exception) else "interrupted"
-        if isinstance(e, OSError) and e.errno:
-            reason = str(IOFailure.of(e))
-        else:
-            reason = str(e) if isinstance(e, Stopped) else f"{type(e).__name__}: {e}"
-        saved = saved_step(trainer, run_dir)  # where a rerun resumes, not the step training had reached
-        with contextlib.suppress(OSError):  # a full disk may refuse this too; the error is raised anyway
-            _status(trainer, run_dir, state, saved, error=reason)
-        if isinstance(e, Stopped):
-            e.step = saved
-        raise
+        ending = _ending(trainer, run_dir, e)
+        if ending is e:
+            raise
+        raise ending from e
     io.teardown()
     if finished:
         _status(trainer, run_dir, "done", trainer.global_step)
@@ -115,6 +109,24 @@ def _train_locked(cfg: RunConfig, plan: RunPlan, run_dir: Path, callbacks: list,
     if stopped:
         raise stopped
     return run_dir
+
+
+def _ending(trainer, run_dir: Path, e: BaseException) -> BaseException:
+    """Writes how ``e`` ended the run into its status (an error fails it; a signal or an exit interrupts it) and
+    returns what to raise: ``e``, or ``Stopped`` where the collectives broke because another rank was ended at
+    once by a second signal (``stop.rank_signal``), so that the run ends as that signal asked."""
+    signum = rank_signal(run_dir) if isinstance(e, Exception) and trainer.world_size > 1 else None
+    e = Stopped(signum) if signum is not None else e
+    if isinstance(e, OSError) and e.errno:
+        reason = str(IOFailure.of(e))
+    else:
+        reason = str(e) if isinstance(e, Stopped) else f"{type(e).__name__}: {e}"
+    saved = saved_step(trainer, run_dir)  # where a rerun resumes, not the step training had reached
+    with contextlib.suppress(OSError):  # a full disk may refuse this too; the error is raised anyway
+        _status(trainer, run_dir, "failed" if isinstance(e, Exception) else "interrupted", saved, error=reason)
+    if isinstance(e, Stopped):
+        e.step = saved
+    return e
 
 
 def _complete(cfg: RunConfig, run_dir: Path, step: int) -> Path:

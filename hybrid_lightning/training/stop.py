@@ -8,10 +8,11 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from hybrid_lightning.rundir import STATUS_FILE
+from hybrid_lightning.rundir import RANK_SIGNAL, STATUS_FILE
 from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.status import process_status, read_status, write_status
 
@@ -43,8 +44,9 @@ class EndAtOnce:
     Before it exits it halts the checkpoint writer (``AtomicCheckpointIO.halt``: the rename under way finishes,
     nothing else is renamed or removed, the temporaries go), reads the resume point from the checkpoints left on
     disk, writes it to ``status.json`` (rank 0, once the run has a status), says it on stderr and releases the
-    run lock. Every step only waits on this process's own writer thread, never on a lock the main thread could
-    hold, so it is safe inside a signal handler.
+    run lock; another rank leaves its signal in the run directory, where rank 0 reads it once the collectives
+    break (``rank_signal``). Every step only waits on this process's own writer thread, never on a lock the main
+    thread could hold, so it is safe inside a signal handler.
 
     Args:
         run_dir: the run directory.
@@ -61,7 +63,10 @@ class EndAtOnce:
             if self.io is not None:
                 self.io.halt()
             step = None
-            if self.lock is not None:
+            if self.lock is None:  # another rank: rank 0 learns why it is gone from this file
+                with contextlib.suppress(OSError):
+                    (self.run_dir / f"{RANK_SIGNAL}{os.getpid()}").write_text(str(signum))
+            else:
                 step = resume_step(self.run_dir)
                 # a run that wrote nothing yet gets no status, a finished one keeps its own
                 if (self.run_dir / STATUS_FILE).exists() and (read_status(self.run_dir) or {}).get("state") != "done":
@@ -70,8 +75,33 @@ class EndAtOnce:
             for stream in (sys.stdout, sys.stderr):  # what the run printed (a log file's buffer) goes out first
                 with contextlib.suppress(Exception):  # interrupted inside a write to it: a reentrant call
                     stream.flush()
-            os.write(2, f"\n{stop_message(signum, step)}\n".encode())
+            said = (stop_message(signum, step) if self.lock is not None else
+                    f"hybrid-lightning train: a rank's process ({os.getpid()}) ended by {signal.Signals(signum).name}")
+            os.write(2, f"\n{said}\n".encode())
             if self.lock is not None:
                 self.lock.release()
         finally:
             os._exit(128 + signum)
+
+
+def rank_signal(run_dir: Path, wait: float = 2.0) -> int | None:
+    """The signal that ended another rank of the run at once (``EndAtOnce``), None where none did; looked for up to
+    ``wait`` seconds (the rank writes it just before it exits). The marks read are removed."""
+    deadline = time.monotonic() + wait
+    while True:
+        marks = sorted(Path(run_dir).glob(f"{RANK_SIGNAL}*"))
+        if marks or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    signums = []
+    for mark in marks:
+        with contextlib.suppress(OSError, ValueError):
+            signums.append(int(mark.read_text()))
+        mark.unlink(missing_ok=True)
+    return max(signums, default=None)
+
+
+def clear_rank_signals(run_dir: Path) -> None:
+    """Removes the marks of ranks of an earlier process (call it holding the run lock, before training starts)."""
+    for mark in Path(run_dir).glob(f"{RANK_SIGNAL}*"):
+        mark.unlink(missing_ok=True)
