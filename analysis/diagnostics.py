@@ -1,8 +1,9 @@
 """The paper's diagnostics across runs (the records of ``restrict``, ``probe-layers`` and ``gradient``,
-records.DIAGNOSTICS): one tidy table per kind with each run's architecture label and seed, the seed summaries, and
-the figures of Qiao et al. 2026 (arXiv 2606.15378, Finding 2): scores and LongPPL under each restriction, probe
-accuracy by layer with the full-attention layers marked, gradient influence against distance on log axes. Reads
-the run directory only."""
+records.DIAGNOSTICS, and of the retrieval heads' tracing, records.TRACING): one tidy table per kind with each run's
+architecture label and seed, the seed summaries, and the figures of Qiao et al. 2026 (arXiv 2606.15378, Finding
+2): scores and LongPPL under each restriction, probe accuracy by layer with the full-attention layers marked,
+gradient influence against distance on log axes, the target heads' entropy and Q/K distance against training
+tokens. Reads the run directory only."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from matplotlib.figure import Figure
 from hybrid_lightning.analysis.figures import arm_colors, legend, save, wrap
 from hybrid_lightning.kinds import FULL
 from hybrid_lightning.records import columns
-from hybrid_lightning.rundir import eval_files
+from hybrid_lightning.rundir import TRACING_DIR, eval_files
 from hybrid_lightning.rundir.evals import read_eval_record
+
+TRACED = ("mass", "entropy_norm", "qk_rel_l2")  # what the tracing figure draws, a panel each
 
 
 def diagnostic_rows(configs: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -119,20 +122,67 @@ def gradient_figure(rows: pd.DataFrame) -> Figure:
     return fig
 
 
-# kind -> (figure file, how it is drawn, what records it): the report's diagnostics, in this order
-FIGURES = {"restricted": ("restriction.png", restriction_figure, "receptive-field restriction (`restrict`)"),
-           "layer_probe": ("layer_probes.png", layer_probe_figure, "layer-wise probes (`probe-layers`)"),
-           "gradient": ("gradient.png", gradient_figure, "gradient influence (`gradient`)")}
+def trace_rows(configs: pd.DataFrame, _: str = "trace") -> pd.DataFrame:
+    """Each run's traced target heads at every traced step, with their attention mass: from ``hybrid-lightning
+    trace`` (``tracing/step_<k>.json``; ``source`` ``final``: the final checkpoint's top heads) where the run has
+    it, else from training (``eval/trace_step_<k>.json``, ``eval.trace``; ``source`` ``live``: each step's own
+    top heads); with ``run``, ``label`` and ``seed``."""
+    frames = []
+    for run in configs.itertuples():
+        offline = sorted((Path(run.path) / TRACING_DIR).glob("step_*.json"))
+        paths = offline or [path for kind, _, path in eval_files(Path(run.path)) if kind == "trace"]
+        for record in filter(None, map(read_eval_record, paths)):
+            mass = {(r["layer"], r["head"]): r["mass"] for r in record.get("mass", [])}
+            rows = [r | {"mass": mass.get((r["layer"], r["head"]))} for r in record.get("trace", [])]
+            frames.append(pd.DataFrame(rows).assign(run=run.run, label=run.label, seed=run.seed,
+                                                    source="final" if offline else "live"))
+    if not frames:
+        return pd.DataFrame(columns=[*columns("trace"), "mass", "run", "label", "seed", "source"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def tracing_figure(rows: pd.DataFrame) -> Figure:
+    """Per measure of ``TRACED``, one line per architecture against training tokens: each run's mean over its target
+    heads, then the seed mean, band min-max."""
+    fig = Figure(figsize=(7.5, 3.0 * len(TRACED)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(TRACED), 1, sharex=True))
+    per_run = rows.groupby(["label", "run", "tokens", "source"], as_index=False)[list(TRACED)].mean()
+    labels = sorted(per_run["label"].unique())
+    colors = arm_colors(labels)
+    for ax, measure in zip(axes, TRACED):
+        for label in labels:
+            part = per_run[per_run["label"] == label]
+            s = seed_summary(part, ["tokens"], measure).sort_values("tokens")
+            heads = "final heads" if (part["source"] == "final").all() else "each step's heads"
+            ax.plot(s["tokens"], s["mean"], color=colors[label], marker=".",
+                    label=f"{label} ({int(s['seeds'].max())} seeds, {heads})")
+            ax.fill_between(s["tokens"], s["min"], s["max"], color=colors[label], alpha=0.2, lw=0)
+        ax.set_ylabel(measure)
+    axes[-1].set_xlabel("training tokens")
+    legend(axes[0])
+    fig.suptitle(wrap("Target retrieval heads over training: attention mass on the needle, normalised entropy, Q/K "
+                      "distance to the reference (line: seed mean of each run's heads' mean, band: min-max)"),
+                 fontsize=9)
+    return fig
+
+
+# kind -> (figure file, how it is drawn, what records it, how its rows are read): the report's diagnostics, in order
+FIGURES = {"restricted": ("restriction.png", restriction_figure, "receptive-field restriction (`restrict`)",
+                          diagnostic_rows),
+           "layer_probe": ("layer_probes.png", layer_probe_figure, "layer-wise probes (`probe-layers`)",
+                           diagnostic_rows),
+           "gradient": ("gradient.png", gradient_figure, "gradient influence (`gradient`)", diagnostic_rows),
+           "trace": ("tracing.png", tracing_figure, "retrieval-head tracing (`trace`, `eval.trace`)", trace_rows)}
 
 
 def report_section(configs: pd.DataFrame, out: Path, heading: str) -> str:
     """``report.md``'s section on the diagnostics: per kind that any run recorded, its figure and
     ``diagnostics_<kind>.csv`` (``diagnostic_rows``) written into ``out``; one line where none did."""
-    text = [f"{heading}\n", "The newest record of each kind per run (`eval/<kind>_step_<k>.json`); seed means with "
-            "their min-max over seeds (docs/evaluation.md defines each measure).\n"]
+    text = [f"{heading}\n", "The newest record of each kind per run (`eval/<kind>_step_<k>.json`), every traced step "
+            "for the tracing; seed means with their min-max over seeds (docs/evaluation.md defines each measure).\n"]
     drawn = []
-    for kind, (png, draw, what) in FIGURES.items():
-        rows = diagnostic_rows(configs, kind)
+    for kind, (png, draw, what, read) in FIGURES.items():
+        rows = read(configs, kind)
         if rows.empty:
             continue
         rows.to_csv(out / f"diagnostics_{kind}.csv", index=False)
@@ -140,6 +190,7 @@ def report_section(configs: pd.DataFrame, out: Path, heading: str) -> str:
         drawn.append(what)
         text += [f"![{kind}]({png})\n", f"CSV: `diagnostics_{kind}.csv`.\n"]
     if not drawn:
-        return "\n".join(text[:1] + ["No run has a diagnostics record: `hybrid-lightning restrict`, `probe-layers` and "
-                                      "`gradient` write them into the run directory.\n"])
+        return "\n".join(text[:1] + ["No run has a diagnostics record: `hybrid-lightning restrict`, `probe-layers`, "
+                                      "`gradient` and `trace` (or `eval.trace` during training) write them into the "
+                                      "run directory.\n"])
     return "\n".join(text)

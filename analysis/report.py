@@ -76,7 +76,8 @@ def _report(runs: Runs, folder: Path, out: Path, metric: str, tag: str,
     sections += [_emergence(runs, out, metric, tag), _laziness(runs, out), _niah(runs, out, metric),
                  _pos(runs, out, metric, summary), _head_maps(runs, out), _ablation(runs, out), _summary(summary, out),
                  scaling_runs.report_section(runs, out, "## 8. Scaling laws"),
-                 diagnostics.report_section(runs.configs, out, "## 9. Diagnostics: restriction, probes, gradients")]
+                 diagnostics.report_section(runs.configs, out,
+                                            "## 9. Diagnostics: restriction, probes, gradients, tracing")]
     (out / "report.md").write_text("\n".join(sections))
 
 

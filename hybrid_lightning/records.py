@@ -220,15 +220,16 @@ class HeadMass(_Head):
     kind: str = _doc("`full`, `swa`")
     window: int | None = _doc()
     mass: float = _doc("attention mass of the query at len - 2 on the needle's tokens, mean over samples")
-    target: bool = _doc("bool: one of the final checkpoint's top K")
+    target: bool = _doc("bool: one of the target heads (the top K of the checkpoint at `final_step`)")
 
 
 @dataclasses.dataclass(frozen=True)
 class TracedHead(_Head):
     """one row per target head (heads/mass.py)"""
 
-    final_step: int = _doc("the checkpoint whose top heads these are")
-    reference_step: int = _doc("the checkpoint of the Q/K distances")
+    final_step: int = _doc("the checkpoint whose top heads these are: the final one (`trace`), the step's own "
+                           "(`eval.trace`)")
+    reference_step: int = _doc("the checkpoint of the Q/K distances (0: the initialisation)")
     entropy: float = _doc("at the last 4 queries, mean over queries and samples")
     entropy_norm: float = _doc("entropy / log(keys seen)")
     q_l2: float = _doc()
@@ -245,6 +246,7 @@ class TracedHead(_Head):
 LONGCTX_TAGS = "val_longctx"
 HEADS_TAGS = "val_longctx_heads"
 TRACING_TAGS = "tracing"  # the target heads traced over a run's checkpoints (heads/tracing.py), in <run>/tracing/
+TRACE_TAGS = "val_longctx_trace"  # the same traced during training (eval.trace:), each step's own top heads
 TASKS_TAGS = "val_longctx_tasks"
 
 

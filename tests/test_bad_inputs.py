@@ -83,6 +83,8 @@ CASES = {  # name: (the command, or what makes it from the test's folder; a part
                                   "--vocab-size"),
     "a YAML list as a key": (lambda w: ["train", write(w, "c.yaml", "? [a, b]\n: 1\n")], "a key is"),
     "data.files empty": (train("data.files=[]"), "data.files: [] names no file"),
+    "an unknown tracing task": (train("eval.trace.task=nosuch"), "eval.trace.task"),
+    "a tracing probe too short": (train("eval.trace.length=16"), "eval.trace.length"),
     "data.files empty in a config": (lambda w: ["train", write(w, "c.yaml", "data:\n  files: []\n")], "data.files"),
     "data.files empty in a grid's base": (lambda w: grid(w, base={**GRID["base"], "data": {"files": []}}),
                                           "base: data.files: [] names no file"),

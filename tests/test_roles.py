@@ -28,7 +28,8 @@ WRITTEN_ROLES = {
         "train.val_every_n_steps", "train.val_batches", "train.progress_bar", "train.stable_phase",
     ], BOOKKEEPING),
 }
-WRITTEN_SECTIONS = {"eval": BOOKKEEPING, "eval.heads": BOOKKEEPING, "train.stable_phase": BOOKKEEPING}
+WRITTEN_SECTIONS = {"eval": BOOKKEEPING, "eval.heads": BOOKKEEPING, "eval.trace": BOOKKEEPING,
+                    "train.stable_phase": BOOKKEEPING}
 # Keys that decide what is trained; a few of them, named so that the table's default is not taken on trust.
 WRITTEN_IDENTITY = ["train.accumulate_grad_batches", "train.batch_size", "train.seq_len", "train.lr", "data.doc_mask",
                     "model.pattern", "model.mixer", "model.window", "model.d_model", "model.pos.full"]

@@ -7,6 +7,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -128,3 +129,59 @@ def test_trace_chooses_the_final_checkpoints_heads_and_traces_them_back(tmp_path
     assert [e.step for e in acc.Scalars("tracing/entropy_norm")] == [2, 4]
     assert main(["trace", str(run_dir), "--niah", str(niah), "--heads", "0.5"]) == 2
     assert "not an attention head" in capsys.readouterr().err
+
+
+def test_the_initialisation_is_the_model_training_starts_from(tmp_path):
+    """``initialisation`` rebuilds the model ``build_trainer`` makes after seeding, weight for weight, and leaves the
+    global random state as it was."""
+    from hybrid_lightning.config import load_config
+    from hybrid_lightning.heads.tracing import initialisation
+    from hybrid_lightning.plan.resolve import plan_run
+    from hybrid_lightning.training.trainer import build_trainer
+
+    cfg = load_config(None, ["seed=7", "model.pattern=EF", "model.n_layers=2", "model.d_model=32", "model.n_heads=2",
+                             "train.max_steps=4", "train.warmup_steps=1", "train.seq_len=64", "train.batch_size=2"])
+    cfg, plan = plan_run(cfg, sources=False)
+    _, module, _ = build_trainer(cfg, plan, tmp_path / "run")
+    before = torch.random.get_rng_state()
+    rebuilt = initialisation(plan, cfg.seed).state_dict()
+    assert torch.equal(before, torch.random.get_rng_state())
+    assert all(torch.equal(w, rebuilt[k]) for k, w in module.model.state_dict().items())
+
+
+def test_heads_traced_during_training_are_their_checkpoints_traced_again(tmp_path, capsys):
+    """``eval.trace`` every 5 steps of a 10-step run: eval/trace_step_5.json and _10.json with each step's top 2 heads
+    (the full layer's), Q/K distances to the initialisation growing, TensorBoard scalars under val_longctx_trace/;
+    the step-10 record equals ``live_trace`` recomputed from the checkpoint; analyze draws it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from conftest import TINY
+    from hybrid_lightning.analysis.report import analyze
+    from hybrid_lightning.cli import main
+    from hybrid_lightning.eval.offline import load_checkpoint
+    from hybrid_lightning.heads.tracing import initialisation, live_trace, trace_samples
+
+    run_dir = tmp_path / "run"
+    settings = {"train.max_steps": 10, "train.warmup_steps": 1, "eval.every_n_steps": 0, "eval.at_end": "false",
+                "eval.heads.every_n_steps": 0, "eval.heads.at_end": "false", "eval.trace.every_n_steps": 5,
+                "eval.trace.samples": 3, "eval.trace.top": 2}
+    assert main(["train", "--run-dir", str(run_dir), *TINY, *[a for k, v in settings.items()
+                                                              for a in ("--set", f"{k}={v}")]]) == 0
+    five, ten = (json.loads((run_dir / "eval" / f"trace_step_{s}.json").read_text()) for s in (5, 10))
+    assert ten["final_step"] == 10 and ten["reference_step"] == 0 and ten["samples"] == 3 and len(ten["trace"]) == 2
+    assert {r["layer"] for r in ten["trace"]} == {1}  # TINY is EF: the full layer's heads
+    assert 0 < np.mean([r["qk_l2"] for r in five["trace"]]) < np.mean([r["qk_l2"] for r in ten["trace"]])
+    run = load_checkpoint(run_dir, None, [], None)
+    again = live_trace(run.model.eval(), initialisation(run.plan, run.cfg.seed),
+                       trace_samples(run.cfg.eval, run.data.tokenizer, run.data.val_tokens), 2, step=10,
+                       tokens=ten["tokens"])
+    for part in ("mass", "trace"):
+        for a, b in zip(ten[part], again[part], strict=True):
+            assert a.keys() == b.keys() and all(a[k] == (pytest.approx(b[k], rel=1e-5, abs=1e-7)
+                                                         if isinstance(a[k], float) else b[k]) for k in a), (a, b)
+    acc = EventAccumulator(str(run_dir)).Reload()
+    assert [e.step for e in acc.Scalars("val_longctx_trace/qk_rel_l2")] == [5, 10]
+    analyze(run_dir, tmp_path / "report")
+    rows = pd.read_csv(tmp_path / "report" / "diagnostics_trace.csv")
+    assert set(rows["source"]) == {"live"} and sorted(set(rows["step"])) == [5, 10]
+    assert (tmp_path / "report" / "tracing.png").is_file()

@@ -67,6 +67,7 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
+MAX_SEED = 2**32 - 1  # seeds are numpy's and Lightning's seed_everything's: 0 to 2^32 - 1
 MAX_PROBE_TOKENS = 2**21  # probe and evaluation lengths: 2M tokens, beyond any evaluated context
 
 

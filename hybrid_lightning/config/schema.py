@@ -17,6 +17,7 @@ from hybrid_lightning.config.fields import (
     IDENTITY,
     LABEL,
     MAX_PROBE_TOKENS,
+    MAX_SEED,
     RESUMABLE,
     Number,
     Whole,
@@ -24,6 +25,7 @@ from hybrid_lightning.config.fields import (
     check_probes,
     role,
 )
+from hybrid_lightning.config.heads import HeadsConfig, TraceConfig
 from hybrid_lightning.config.sections import SECTIONS
 from hybrid_lightning.config.stable import StablePhaseConfig
 from hybrid_lightning.config.synthetic import SyntheticConfig
@@ -33,7 +35,6 @@ PROVENANCE_KEY = "provenance"  # the section train adds to config.yaml (git revi
 MAX_STEPS = 10**12  # more optimizer steps than any budget can mean (the paper's largest: under 10^12 tokens)
 MAX_TOKENS_PER_PARAM = 10**6  # the paper trains on 100N to 1000N tokens
 MAX_LAYERS = 4096  # bounds checked before anything is counted or allocated (the largest published models: ~200)
-MAX_SEED = 2**32 - 1  # seeds are numpy's and Lightning's seed_everything's: 0 to 2^32 - 1
 
 
 class PosConfig(_Frozen):
@@ -286,40 +287,6 @@ class TrainConfig(_Frozen):
         return self
 
 
-class HeadsConfig(_Frozen):
-    """The ``eval.heads:`` section: retrieval-head scores (Wu et al. 2024) during training and by
-    ``hybrid-lightning heads`` (hybrid_lightning/heads/retrieval.py). Probes share ``eval.seed``,
-    ``eval.batch_size`` and ``eval.chunk_tokens`` with the long-context evaluation."""
-
-    every_n_steps: Whole = Field(100, ge=0, description="score heads every N optimizer steps; 0 = not at intervals")
-    at_end: StrictBool = Field(True, description="score heads when training ends")
-    tasks: tuple[str, ...] = Field(("passkey", "niah_single_1"), description="probe tasks")
-    lengths: tuple[Whole, ...] = Field((512, 1024), description="probe lengths in tokens, prompt + answer")
-    depths: tuple[Number, ...] = Field((0.0, 0.25, 0.5, 0.75, 1.0), description="needle depths")
-    samples: Whole = Field(1, ge=1, description="samples per (task, length, depth)")
-    value_tokens: Whole | None = Field(16, ge=1, description="answers of at least this many tokens (null = the tasks' "
-                                     "own values), so that a head that only locates the answer stays under the "
-                                     "threshold")
-    threshold: Number = Field(0.1, ge=0, description="a retrieval head scores above this (Wu et al.: 0.1)")
-    min_copy_precision: Number = Field(0.5, ge=0, le=1, description="copy head: retrieval head with at least this "
-                                       "share of its in-span argmaxes on the source token")
-    min_in_span: Number = Field(0.5, ge=0, le=1, description="locator head: argmax in the answer span on at least this "
-                                "share of answer steps, not a copy head")
-    min_answer_accuracy: Number | None = Field(None, ge=0, le=1, description="score only samples whose answer tokens "
-                                              "are right (teacher-forced) in more than this share (Wu et al.'s answer "
-                                              "filter, ROUGE-1 recall > 0.5); null = all")
-    echo: StrictBool = Field(True, description="add echo probes (probes/near.py), one per task, length and sample at "
-                             "the middle depth: a copy source inside small windows")
-    selection_seed: Whole | None = Field(None, ge=0, le=MAX_SEED, description="probe seed of the scores that choose "
-                                         "the heads `hybrid-lightning heads --mask-top/--mask-random` masks; null = "
-                                         "eval.seed + 1 (held out from the probes scored)")
-
-    @model_validator(mode="after")
-    def _check(self) -> HeadsConfig:
-        check_probes("eval.heads", self.tasks, self.lengths, self.depths)
-        return self
-
-
 class EvalConfig(_Frozen):
     """The ``eval:`` section: long-context evaluation during training and by ``hybrid-lightning eval``."""
 
@@ -360,6 +327,7 @@ class EvalConfig(_Frozen):
     longppl_alpha: Number = Field(2.0, description="LongPPL: key if NLL(short) - NLL(long) > alpha (nats)")
     longppl_beta: Number = Field(-2.0, description="LongPPL: key if log p(long) > beta")
     heads: HeadsConfig = Field(default_factory=HeadsConfig)
+    trace: TraceConfig = Field(default_factory=TraceConfig)
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
@@ -386,7 +354,8 @@ class RunConfig(_Frozen):
     def _check(self, info: ValidationInfo) -> RunConfig:
         if info.context and info.context.get("model_only"):  # a model built alone sees no sequences of a run
             return self
-        longest = max(self.train.seq_len, self.eval.position_len, *self.eval.lengths, *self.eval.heads.lengths)
+        longest = max(self.train.seq_len, self.eval.position_len, *self.eval.lengths, *self.eval.heads.lengths,
+                      self.eval.trace.length)
         windowed = any(KINDS[m].has_window for m in self.model.mixers_used)
         if windowed and self.model.window > longest:
             raise ValueError(f"model.window={self.model.window} is longer than any sequence the model sees (at most "

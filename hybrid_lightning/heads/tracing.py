@@ -1,8 +1,10 @@
 """``hybrid-lightning trace RUN_DIR --niah FILE``: the paper's tracing of retrieval heads over training, after the
-run (heads/mass.py has the measures and their sources). The target heads are chosen once, on the run's final
-(newest valid) checkpoint, by attention mass; then every kept checkpoint of ``checkpoints/`` (``step_<N>.ckpt``,
-``last.ckpt``), oldest first, gets the attention mass of every head and, for the target heads, the entropy of their
-last queries and the distance of their Q/K rows to a reference checkpoint (default: the oldest kept one).
+run (heads/mass.py has the measures and their sources); ``live_trace`` is the same during training (``eval.trace:``,
+training/evaluation.py), each step's own top heads against the initialisation. After the run the target heads are
+chosen once, on the run's final (newest valid) checkpoint, by attention mass; then every kept checkpoint of
+``checkpoints/`` (``step_<N>.ckpt``, ``last.ckpt``), oldest first, gets the attention mass of every head and, for
+the target heads, the entropy of their last queries and the distance of their Q/K rows to a reference checkpoint
+(default: the oldest kept one).
 
 Writes ``tracing/step_<k>.json`` per checkpoint (``records.TRACING``: ``mass`` rows for every attention head,
 ``trace`` rows for the target heads) and TensorBoard scalars in ``tracing/`` under ``records.TRACING_TAGS``
@@ -16,20 +18,25 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from hybrid_lightning import records
+from hybrid_lightning.config import EvalConfig
 from hybrid_lightning.data.tokenizer import load_tokenizer
 from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.heads.mass import (
     MAX_SAMPLES,
     MAX_TOKENS,
     TARGET_HEADS,
+    NiahSample,
     entropies,
     mass_scores,
+    needle_positions,
     qk_distances,
     read_niah,
     target_heads,
 )
+from hybrid_lightning.probes.tasks import GenContext, make_sample
 from hybrid_lightning.rundir import CKPT_DIR, CKPT_SUFFIX, TRACING_DIR, tracing_path
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid, given_checkpoint, read_checkpoint_meta
 
@@ -97,13 +104,14 @@ def check_heads(model, heads: list[tuple[int, int]]) -> None:
             raise ValueError(f"--heads {layer}.{head}: not an attention head (attention layers: {sorted(layers)})")
 
 
-def trace_checkpoint(model, reference, samples, heads: list[tuple[int, int]], **where: int) -> dict:
+def trace_checkpoint(model, reference, samples, heads: list[tuple[int, int]], scored: tuple | None = None,
+                     **where: int) -> dict:
     """One checkpoint's record: ``mass`` rows of every attention head, ``trace`` rows of ``heads`` (Q/K distances
-    to the model ``reference``), and the samples used; ``where``: its ``step``, ``tokens``, ``final_step`` and
-    ``reference_step``."""
+    to the model ``reference``), and the samples used; ``scored``: ``mass_scores`` of ``model`` where computed
+    already; ``where``: its ``step``, ``tokens``, ``final_step`` and ``reference_step``."""
     from hybrid_lightning.model.observe import attention_layers
 
-    scores, used = mass_scores(model, samples)
+    scores, used = scored or mass_scores(model, samples)
     spec = {i: model.plan[i] for i, _ in attention_layers(model)}
     step, tokens = where["step"], where["tokens"]
     mass = [records.row("mass", step=step, tokens=tokens, layer=i, head=h, kind=spec[i].mixer,
@@ -124,15 +132,56 @@ def log_scalars(folder: Path, traced: list[dict]) -> None:
         old.unlink()
     writer = SummaryWriter(str(folder))
     for record in traced:
-        mass = {(r["layer"], r["head"]): r["mass"] for r in record["mass"]}
-        rows = [r | {"mass": mass[(r["layer"], r["head"])]} for r in record["trace"]]
-        for measure in TB_MEASURES:
-            for r in rows:
-                writer.add_scalar(f"{records.TRACING_TAGS}/{measure}/L{r['layer']}.H{r['head']}", r[measure],
-                                  record["step"])
-            writer.add_scalar(f"{records.TRACING_TAGS}/{measure}", float(np.mean([r[measure] for r in rows])),
-                              record["step"])
+        for tag, value in trace_scalars(record, records.TRACING_TAGS).items():
+            writer.add_scalar(tag, value, record["step"])
     writer.close()
+
+
+def trace_scalars(record: dict, prefix: str) -> dict[str, float]:
+    """A traced record's scalars: ``<prefix>/<measure>/L<l>.H<h>`` per target head and ``<prefix>/<measure>``, their
+    mean, for each of ``TB_MEASURES``."""
+    mass = {(r["layer"], r["head"]): r["mass"] for r in record["mass"]}
+    rows = [r | {"mass": mass[(r["layer"], r["head"])]} for r in record["trace"]]
+    out = {}
+    for measure in TB_MEASURES:
+        out |= {f"{prefix}/{measure}/L{r['layer']}.H{r['head']}": r[measure] for r in rows}
+        if rows:
+            out[f"{prefix}/{measure}"] = float(np.mean([r[measure] for r in rows]))
+    return out
+
+
+def trace_samples(cfg: EvalConfig, tokenizer, held_out: np.ndarray) -> list[NiahSample]:
+    """The ``eval.trace`` probes as NIAH samples: ``samples`` prompts of ``task`` at ``length`` tokens (prompt and
+    answer), needle depths spread evenly over [0, 1], seeded by ``eval.seed`` (the generators of ``eval``: the
+    same prompt for the same task, length, depth and index); the needle is every occurrence of the answer in the
+    prompt (``needle_positions``)."""
+    t = cfg.trace
+    ctx = GenContext(tokenizer, held_out, None, cfg.vt_example)
+    out = []
+    for i, depth in enumerate(np.linspace(0, 1, t.samples) if t.samples > 1 else [0.5]):
+        s = make_sample(t.task, ctx, t.length, float(depth), i, cfg.seed)
+        out.append(NiahSample(s.prompt, needle_positions(s.prompt, [tokenizer.decode(s.answer.tolist())], tokenizer)))
+    return out
+
+
+def initialisation(plan, seed: int):
+    """The model as training initialises it (built right after seeding with ``seed``: trainer.build_trainer), in
+    eval mode, built without touching the global random state."""
+    from hybrid_lightning.plan.build import build_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(plan).eval()
+
+
+def live_trace(model, initial, samples: list[NiahSample], top: int, *, step: int, tokens: int) -> dict:
+    """The record of one step traced during training: ``trace_checkpoint`` of ``model`` with its own ``top`` heads
+    by attention mass as the target heads (``final_step`` is the step itself) and the Q/K distances to ``initial``,
+    the model at initialisation (``reference_step`` 0)."""
+    scored = mass_scores(model, samples)
+    heads = target_heads(scored[0], top)
+    return trace_checkpoint(model, initial, samples, heads, scored, step=step, tokens=tokens, final_step=step,
+                            reference_step=0)
 
 
 def trace_table(traced: list[dict]) -> str:

@@ -50,17 +50,31 @@ def check_heads_probes(cfg: EvalConfig, tokenizer) -> int:
         raise ValueError(re.sub(r"^eval\.", "eval.heads.", str(e))) from None
 
 
+def check_trace_probes(cfg: EvalConfig, tokenizer) -> None:
+    """``check_lengths`` for the ``eval.trace`` probes; the error names eval.trace.* keys."""
+    t = cfg.trace
+    try:
+        check_lengths(cfg.model_copy(update={"tasks": (t.task,), "lengths": (t.length,), "value_tokens": None}),
+                      tokenizer)
+    except ValueError as e:
+        raise ValueError(re.sub(r"^eval\.(tasks|lengths)", lambda m: f"eval.trace.{m.group(1)[:-1]}", str(e))) from None
+
+
 def check_probes(cfg: EvalConfig, tokenizer, seq_len: int) -> dict:
-    """Checks the probes of both evaluations (long-context, heads; a ``ValueError`` naming the key), whether or not
-    they run: settings taken are settings checked. Returns what the run plan records of each enabled one: its tasks,
-    and its lengths within and beyond the training length ``seq_len``; for the heads, ``nearest_source``
-    (``check_heads_probes``: a windowed head of window W can score only where W - 1 reaches it)."""
+    """Checks the probes of the three evaluations (long-context, heads, tracing; a ``ValueError`` naming the key),
+    whether or not they run: settings taken are settings checked. Returns what the run plan records of each enabled
+    one: its tasks, and its lengths within and beyond the training length ``seq_len``; for the heads,
+    ``nearest_source`` (``check_heads_probes``: a windowed head of window W can score only where W - 1 reaches it)."""
     checked = {}
-    for name, section, check in (("eval", cfg, check_lengths), ("heads", cfg.heads, check_heads_probes)):
+    t = cfg.trace
+    sections = (("eval", cfg, check_lengths, cfg.tasks, cfg.lengths),
+                ("heads", cfg.heads, check_heads_probes, cfg.heads.tasks, cfg.heads.lengths),
+                ("trace", t, check_trace_probes, (t.task,), (t.length,)))
+    for name, section, check, tasks, lengths in sections:
         nearest = check(cfg, tokenizer)
         if section.every_n_steps or section.at_end:
-            checked[name] = {"tasks": list(section.tasks), "within": [n for n in section.lengths if n <= seq_len],
-                             "beyond": [n for n in section.lengths if n > seq_len]}
+            checked[name] = {"tasks": list(tasks), "within": [n for n in lengths if n <= seq_len],
+                             "beyond": [n for n in lengths if n > seq_len]}
             if nearest is not None:
                 checked[name]["nearest_source"] = nearest
     return checked

@@ -42,7 +42,7 @@ GRID_DIR = ".grid"  # a grid's state (job records, lock, logs, cell configs) und
 HPARAMS_SUFFIX = ".hparams"  # the TensorBoard event files of a run's HParams session, beside the training's
 # Evaluation record kind -> file name prefix in EVAL_DIR: <prefix><step>.json.
 EVAL_KINDS = {"longctx": "step_", "heads": "heads_step_", "restricted": "restricted_step_",
-              "layer_probe": "layer_probe_step_", "gradient": "gradient_step_"}
+              "layer_probe": "layer_probe_step_", "gradient": "gradient_step_", "trace": "trace_step_"}
 _EVAL_RE = re.compile(rf"^({'|'.join(map(re.escape, EVAL_KINDS.values()))})(\d+)\.json$")
 DATA_KEY = "data"  # what training adds to config.yaml's provenance: the fingerprint of the data the run trains on
 CKPT_SUFFIX = ".ckpt"

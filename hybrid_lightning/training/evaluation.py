@@ -7,7 +7,10 @@ probes before training):
   (runner.py; the probes' generation score every ``eval.generate_every_n_steps`` steps and at the
   end), the scalars and the depth x length heatmap, ``eval/step_<k>.json``;
 - ``RetrievalHeadsEvaluation`` (``eval.heads:``): the retrieval score of every attention head
-  (heads/retrieval.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``.
+  (heads/retrieval.py), head counts and scores per layer, the layer x head image, ``eval/heads_step_<k>.json``;
+- ``HeadTracing`` (``eval.trace:``): the paper's attention mass of every attention head, and the entropy and Q/K
+  distance to the initialisation of the step's top heads (heads/tracing.py ``live_trace``),
+  ``eval/trace_step_<k>.json``.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from hybrid_lightning.config import RunConfig
 from hybrid_lightning.eval.longppl import evaluator_key_tokens
 from hybrid_lightning.eval.report import heatmap, scalars, write_report
 from hybrid_lightning.eval.runner import LongContextEval
+from hybrid_lightning.eval.scoring import evaluating
 from hybrid_lightning.heads.report import heads_scalars, score_image, scored_layers, write_heads
 from hybrid_lightning.heads.retrieval import RetrievalHeads
+from hybrid_lightning.heads.tracing import initialisation, live_trace, trace_samples, trace_scalars
 from hybrid_lightning.plan.precision import autocast_dtype
-from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS
+from hybrid_lightning.records import HEADS_TAGS, LONGCTX_TAGS, TRACE_TAGS
 from hybrid_lightning.rundir import eval_files
-from hybrid_lightning.rundir.evals import read_eval_record
+from hybrid_lightning.rundir.evals import read_eval_record, write_eval_record
 from hybrid_lightning.training.steps import OnOptimizerSteps, say
 
 
@@ -173,3 +178,41 @@ class RetrievalHeadsEvaluation(PeriodicEvaluation):
         for tag, value in heads_scalars(report, self._scored).items():
             writer.add_scalar(tag, value, step)
         writer.add_figure(f"{self.tag}/scores", score_image(report), step, close=False)
+
+
+class HeadTracing(PeriodicEvaluation):
+    """The paper's tracing during training (``eval.trace:``): on rank 0, the attention mass of every attention head
+    on the ``eval.trace`` probes and, for the step's top heads, their entropy and the distance of their Q/K rows to
+    the initialisation (rebuilt from the run's seed, so also after a resume), logged under ``val_longctx_trace/``,
+    written to ``eval/trace_step_<k>.json`` (``records.TRACING``).
+
+    Args:
+        cfg: the run config (its ``eval.trace:`` section drives the callback).
+        plan: the run plan (the initialisation's model).
+        run_dir: where ``eval/trace_step_<k>.json`` go.
+        tokenizer: the run's tokenizer.
+        on_time: called with the seconds each evaluation took.
+    """
+
+    def __init__(self, cfg: RunConfig, plan, run_dir: Path, tokenizer, on_time: Callable[[float], None] | None = None):
+        super().__init__(cfg.eval.trace.every_n_steps, cfg.eval.trace.at_end, TRACE_TAGS, on_time)
+        self.cfg, self.plan, self.run_dir, self.tokenizer = cfg, plan, Path(run_dir), tokenizer
+        self._probes: tuple | None = None  # (samples, the model at initialisation)
+
+    def evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> dict | None:
+        if not trainer.is_global_zero:  # the same model on every rank: one traces it
+            return None
+        model = pl_module.model
+        if self._probes is None:
+            initial = initialisation(self.plan, self.cfg.seed).to(next(model.parameters()).device)
+            self._probes = trace_samples(self.cfg.eval, self.tokenizer, trainer.datamodule.val_tokens), initial
+        with evaluating(model):
+            return live_trace(model, self._probes[1], self._probes[0], self.cfg.eval.trace.top, step=step,
+                              tokens=pl_module.tokens_at(trainer.global_step))
+
+    def write_record(self, report: dict) -> None:
+        write_eval_record(self.run_dir, "trace", report)
+
+    def log_report(self, writer, report: dict, step: int) -> None:
+        for tag, value in trace_scalars(report, self.tag).items():
+            writer.add_scalar(tag, value, step)

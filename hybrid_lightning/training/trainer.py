@@ -19,7 +19,7 @@ from hybrid_lightning.training.callbacks import Console, LastStep, PeakMemory, R
 from hybrid_lightning.training.checkpoint_io import AtomicCheckpointIO
 from hybrid_lightning.training.checkpoints import StepCheckpoints
 from hybrid_lightning.training.cluster import set_main_address
-from hybrid_lightning.training.evaluation import LongContextEvaluation, RetrievalHeadsEvaluation
+from hybrid_lightning.training.evaluation import HeadTracing, LongContextEvaluation, RetrievalHeadsEvaluation
 from hybrid_lightning.training.system import LMSystem
 from hybrid_lightning.training.threads import set_threads
 
@@ -74,6 +74,8 @@ def build_trainer(
         callbacks.append(LongContextEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if cfg.eval.heads.every_n_steps or cfg.eval.heads.at_end:
         callbacks.append(RetrievalHeadsEvaluation(cfg, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
+    if cfg.eval.trace.every_n_steps or cfg.eval.trace.at_end:
+        callbacks.append(HeadTracing(cfg, plan, run_dir, datamodule.tokenizer, on_time=throughput.exclude))
     if t.progress_bar:
         callbacks.append(StepProgressBar(refresh_rate=max(1, t.log_every_n_steps // 2)))
     # after the evaluations: it reports them
