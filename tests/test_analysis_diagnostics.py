@@ -70,3 +70,37 @@ def test_the_report_section_draws_what_the_runs_recorded(tmp_path):
     assert len(pd.read_csv(out / "diagnostics_gradient.csv")) == 16  # 8 distances x 2 seeds
     bare = pd.DataFrame([{"run": "bare", "path": str(tmp_path / "bare"), "label": "x", "seed": 0}])
     assert "No run has a diagnostics record" in report_section(bare, tmp_path / "empty", "## 9. Diagnostics")
+
+
+def test_the_restriction_verdict_pools_the_hybrids_runs(tmp_path, monkeypatch):
+    """Hybrid runs whose probe score falls to 0.1 with the full layers restricted and stays at 0.45 with the
+    efficient ones (``fabricate``): with 6 runs reproduced (exact sign-flip p 2/64), effect 0.35; with 3 the floor
+    is 0.25; a full-attention model's records are left out; records without both restrictions at one R give
+    ``not tested``; runs without records no test."""
+    from hybrid_lightning.analysis import registry
+    from hybrid_lightning.analysis.findings import findings
+    from hybrid_lightning.analysis.load import Runs
+    from hybrid_lightning.analysis.restriction import RESTRICTION
+
+    monkeypatch.setattr(registry, "VERDICTS", [RESTRICTION])
+    hybrids = [fabricate(tmp_path, s, label) | {"full_layers": "3", "mixers": label} for s in range(3)
+               for label in ("swa", "lightning")]
+    full = fabricate(tmp_path, 0, "full") | {"full_layers": "0,1,2,3", "mixers": ""}
+
+    def verdict(configs):
+        empty = pd.DataFrame()
+        table = findings(Runs(pd.DataFrame(configs), empty, empty, empty, empty, empty, empty))
+        return table.set_index("test").loc[RESTRICTION.name] if len(table) else None
+
+    pooled = verdict(hybrids + [full])
+    assert pooled["verdict"] == "reproduced" and pooled["p"] == pytest.approx(2 / 64) and pooled["seeds"] == "6"
+    assert pooled["effect"] == pytest.approx(0.35) and "swa: unrestricted 0.600" in pooled["evidence"]
+    three = verdict(hybrids[:3])
+    assert three["verdict"] == "inconclusive" and three["p"] == pytest.approx(0.25)
+    one_sided = tmp_path / "one-sided"
+    write_eval_record(one_sided, "restricted", {"step": 1, "tokens": 1, "restricted": [
+        row("restricted", layers="full", receptive_field=8, step=1, tokens=1, score=0.1, score_beyond=None, exact=0.0,
+            longppl=None, ppl=None, position_loss=[])]})
+    lone = {"run": "one-sided", "path": str(one_sided), "label": "swa", "seed": 0, "full_layers": "3", "mixers": "swa"}
+    assert verdict([lone])["verdict"] == "not tested"
+    assert verdict([{**lone, "path": str(tmp_path / "none")}]) is None
