@@ -6,7 +6,15 @@ check's table; the claims of the verdicts of one finding form its Holm family. A
 
 from __future__ import annotations
 
-from hybrid_lightning.analysis import convergence, emergence, laziness, mechanism, nope, restriction, scaling_runs
+from hybrid_lightning.analysis import (
+    convergence,
+    diagnostic_verdicts,
+    emergence,
+    laziness,
+    mechanism,
+    nope,
+    scaling_runs,
+)
 from hybrid_lightning.analysis.verdict import Verdict
 
 VERDICTS: list[Verdict] = []
@@ -34,6 +42,7 @@ register(scaling_runs.SCALING)
 register(mechanism.WHERE)
 register(mechanism.ABLATION)
 register(laziness.LAZINESS)
-register(restriction.RESTRICTION)
+register(diagnostic_verdicts.RESTRICTION)
+register(diagnostic_verdicts.LAYER_PROBES)
 register(nope.BEYOND)
 register(nope.COST)

@@ -82,6 +82,15 @@ def permutation_p(arms: list[np.ndarray], statistic: Statistic = mean_difference
     return permutation.permutation_p(arms, statistic, upper)
 
 
+def sign_flip_p(differences: np.ndarray) -> float:
+    """Two-sided p of "each difference is as likely negative as positive" (scipy's one-sample permutation test,
+    the sign of every difference flipped; exact up to ``EXACT_LIMIT`` arrangements, else ``PERMUTATIONS`` draws)."""
+    d = np.asarray(differences, dtype=float)
+    resamples = np.inf if 2 ** len(d) <= EXACT_LIMIT else PERMUTATIONS
+    return float(st.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=resamples,
+                                     rng=np.random.default_rng(SEED)).pvalue)
+
+
 def stratified_p(strata: list[tuple[np.ndarray, np.ndarray]], weights: list[float] | None = None) -> float:
     """Two-sided permutation p for "the marked items of each run are like any others of that run" (scipy has
     no stratified permutation test). Each stratum (one run) is (values (n,), marked (n,) bool); the statistic

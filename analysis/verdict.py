@@ -1,9 +1,9 @@
 """What a verdict of ``analyze --findings`` is: one object (``Verdict``) per test, defined in one module (the
-built-in ones in analysis/emergence.py, convergence.py, mechanism.py, laziness.py, nope.py, scaling_runs.py) and
-registered once, by one line, in analysis/registry.py; ``findings`` (the verdicts), the design check (``grid plan
---verdicts``, analysis/design.py) and the pilot's effect models (analysis/pilot.py) iterate over the registry.
-Also what the design check of a verdict works with: the grid's arms and plans (``Design``), a test as planned
-(``Planned``) and the floors of the permutation tests' exact null distributions.
+built-in ones in analysis/emergence.py, convergence.py, mechanism.py, diagnostic_verdicts.py, laziness.py, nope.py,
+scaling_runs.py) and registered once, by one line, in analysis/registry.py; ``findings`` (the verdicts), the design
+check (``grid plan --verdicts``, analysis/design.py) and the pilot's effect models (analysis/pilot.py) iterate over
+the registry. Also what the design check of a verdict works with: the grid's arms and plans (``Design``), a test as
+planned (``Planned``) and the floors of the permutation tests' exact null distributions.
 """
 
 from __future__ import annotations

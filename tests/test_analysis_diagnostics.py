@@ -78,9 +78,9 @@ def test_the_restriction_verdict_pools_the_hybrids_runs(tmp_path, monkeypatch):
     is 0.25; a full-attention model's records are left out; records without both restrictions at one R give
     ``not tested``; runs without records no test."""
     from hybrid_lightning.analysis import registry
+    from hybrid_lightning.analysis.diagnostic_verdicts import RESTRICTION
     from hybrid_lightning.analysis.findings import findings
     from hybrid_lightning.analysis.load import Runs
-    from hybrid_lightning.analysis.restriction import RESTRICTION
 
     monkeypatch.setattr(registry, "VERDICTS", [RESTRICTION])
     hybrids = [fabricate(tmp_path, s, label) | {"full_layers": "3", "mixers": label} for s in range(3)
@@ -104,3 +104,24 @@ def test_the_restriction_verdict_pools_the_hybrids_runs(tmp_path, monkeypatch):
     lone = {"run": "one-sided", "path": str(one_sided), "label": "swa", "seed": 0, "full_layers": "3", "mixers": "swa"}
     assert verdict([lone])["verdict"] == "not tested"
     assert verdict([{**lone, "path": str(tmp_path / "none")}]) is None
+
+
+def test_the_layer_probes_verdict_compares_the_gain_of_full_and_efficient_layers(tmp_path, monkeypatch):
+    """``fabricate``'s residual probes (chance 1/8; SWA 0.1, full 0.9, SWA 0.9 + seed / 100): the full layer gains
+    0.8, the SWA layers (0.1 + s/100 - 0.125 + 0) / 2 on average: with 6 hybrid runs reproduced (p 2/64); a
+    full-attention model is left out."""
+    from hybrid_lightning.analysis import registry
+    from hybrid_lightning.analysis.diagnostic_verdicts import LAYER_PROBES
+    from hybrid_lightning.analysis.findings import findings
+    from hybrid_lightning.analysis.load import Runs
+
+    monkeypatch.setattr(registry, "VERDICTS", [LAYER_PROBES])
+    runs = [fabricate(tmp_path, s, label) | {"full_layers": "1", "mixers": label} for s in range(3)
+            for label in ("swa", "lightning")]
+    runs.append(fabricate(tmp_path, 0, "full") | {"full_layers": "0,1,2", "mixers": ""})
+    empty = pd.DataFrame()
+    row_ = findings(Runs(pd.DataFrame(runs), empty, empty, empty, empty, empty, empty)).set_index("test").loc[
+        LAYER_PROBES.name]
+    assert row_["verdict"] == "reproduced" and row_["p"] == pytest.approx(2 / 64) and row_["seeds"] == "6"
+    assert row_["effect"] == pytest.approx(0.8 - (0.1 + 0.01 - 0.125) / 2) and "0.800 per full-attention" in row_[
+        "evidence"]
