@@ -62,8 +62,10 @@ class Convergence:
     @staticmethod
     def declared(declared: dict) -> Verdict:
         """The verdict under a grid's declarations (``grid.schema.VerdictsSpec.declared``: ``convergence``, its
-        ``measure`` by score name, e.g. ``loss_gain_beyond``, and ``margin``)."""
-        spec = declared["convergence"]
+        ``measure`` by score name, e.g. ``loss_gain_beyond``, and ``margin``); the defaults where it declares none."""
+        spec = declared.get("convergence")
+        if spec is None:
+            return CONVERGENCE
         score, beyond = spec["measure"].removesuffix("_beyond"), spec["measure"].endswith("_beyond")
         return Convergence(METRICS[score] + ("_beyond" if beyond else ""), float(spec["margin"])).verdict()
 
