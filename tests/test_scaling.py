@@ -127,11 +127,12 @@ def covers(rep: int, n_eval: float = 2e8, margin: float = 0.02) -> tuple[bool, b
 def test_the_intervals_cover_known_exponents_and_the_convergence_budget():
     """100 fabricated grids (4 sizes x 5 budgets, 1% noise, the largest size held out): the 95% bootstrap
     intervals of alpha and beta, and of the budget at which two laws come within 0.02, cover the truth in about
-    95% of them (measured 91, 89 and 91: docs/scaling.md). Replications in parallel, one per process."""
+    95% of them (measured 94, 91 and 95; 91, 89 and 91 before the p smallest residuals were left out of the
+    resampling: docs/scaling.md). Replications in parallel, one per process."""
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         covered = np.array(list(pool.map(covers, range(100)))).sum(axis=0)
     print("covered (alpha, beta, budget) in 100:", covered)
-    assert ((88 <= covered) & (covered <= 100)).all(), covered
+    assert ((90 <= covered) & (covered <= 100)).all(), covered
 
 
 def scaling_runs(arms: dict[str, scaling.Law], sizes=(2e7, 5e7, 1e8), budgets=(50, 100, 200, 400), noise=0.003):
