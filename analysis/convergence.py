@@ -36,9 +36,10 @@ from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.metrics import METRICS, SCORE_BEYOND
 from hybrid_lightning.analysis.stats import ALPHA, Comparison, Decided, Test
 from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, arms_floor, at_least
+from hybrid_lightning.config.fields import CONVERGENCE_MEASURES
 
 CONVERGENCE_STEPS = (0.5, 0.75)  # mid and late: shares of the last common evaluation's step, declared before looking
-EQUIVALENCE_MARGIN = 0.05  # the default measure's (chance-corrected answer-token accuracy): arms this close are equal
+EQUIVALENCE_MARGIN = CONVERGENCE_MEASURES["token_acc_beyond"]  # the default measure's: arms this close are equal
 NAME = "convergence (probes)"
 
 

@@ -18,7 +18,7 @@ from hybrid_lightning.analysis.figures import arm_colors, legend, save, wrap
 from hybrid_lightning.kinds import FULL
 from hybrid_lightning.records import columns
 from hybrid_lightning.rundir import TRACING_DIR, eval_files
-from hybrid_lightning.rundir.evals import read_eval_record
+from hybrid_lightning.rundir.evals import read_eval_record, traced_heads
 
 TRACED = ("mass", "entropy_norm", "qk_rel_l2")  # what the tracing figure draws, a panel each
 
@@ -132,9 +132,7 @@ def trace_rows(configs: pd.DataFrame, _: str = "trace") -> pd.DataFrame:
         offline = sorted((Path(run.path) / TRACING_DIR).glob("step_*.json"))
         paths = offline or [path for kind, _, path in eval_files(Path(run.path)) if kind == "trace"]
         for record in filter(None, map(read_eval_record, paths)):
-            mass = {(r["layer"], r["head"]): r["mass"] for r in record.get("mass", [])}
-            rows = [r | {"mass": mass.get((r["layer"], r["head"]))} for r in record.get("trace", [])]
-            frames.append(pd.DataFrame(rows).assign(run=run.run, label=run.label, seed=run.seed,
+            frames.append(pd.DataFrame(traced_heads(record)).assign(run=run.run, label=run.label, seed=run.seed,
                                                     source="final" if offline else "live"))
     if not frames:
         return pd.DataFrame(columns=[*columns("trace"), "mass", "run", "label", "seed", "source"])

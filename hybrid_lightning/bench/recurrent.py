@@ -26,14 +26,13 @@ TARGETS = {"vs_recurrent": 20.0, "vs_fla_naive": 1.0, "growth": 2.3}  # the issu
 
 HOUSEHOLDER = 2  # Gated DeltaProduct's delta-rule steps per token (its layer's default)
 # op -> (ours chunked, ours step-by-step, fla naive file under fla/ops, fla naive chunked function or None where
-# fla has none); KDA and Gated DeltaProduct through their dispatcher (``backend`` chunked or recurrent)
+# fla has none); step-by-step None: one dispatcher for both (KDA, Gated DeltaProduct: ``backend`` chunked or recurrent)
 OPS = {
     "gated_delta_rule": (chunked_delta_rule, recurrent_delta_rule, "gated_delta_rule", "naive_chunk_gated_delta_rule"),
     "gated_linear_attention": (chunked_gla, recurrent_gla, "simple_gla", "naive_chunk_simple_gla"),
-    "kda": (kda, kda, "kda", "naive_chunk_kda"),
-    "gated_delta_product": (gated_delta_product, gated_delta_product, "gated_delta_product", None),
+    "kda": (kda, None, "kda", "naive_chunk_kda"),
+    "gated_delta_product": (gated_delta_product, None, "gated_delta_product", None),
 }
-DISPATCHED = ("kda", "gated_delta_product")
 
 
 def fla_naive(folder: str, name: str | None) -> tuple[Callable | None, str]:
@@ -76,7 +75,7 @@ def calls(op: str, x: dict, fla_fn: Callable | None) -> dict[str, Callable[[], t
     chunked, recurrent, _, _ = OPS[op]
     scale = DIM**-0.5
     q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
-    if op in DISPATCHED:
+    if recurrent is None:
         out = {name: (lambda b=name: chunked(q, k, v, g, beta, scale=scale, backend=b, chunk_size=CHUNK)[0])
                for name in ("chunked", "recurrent")}
         if fla_fn is not None:

@@ -6,19 +6,14 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
-from hybrid_lightning.config.fields import Number, _Frozen
+from hybrid_lightning.config.fields import CONVERGENCE_MEASURES, Number, _Frozen
 from hybrid_lightning.config.loading import validate
-
-# The convergence verdict's measures (analysis/convergence.py): none at its ceiling where the arms have risen (the
-# within-length token score ends near 1 - chance for every risen arm, so equivalence there would be automatic).
-# Each with its default equivalence margin, None where the grid must state one.
-CONVERGENCE_MEASURES = {"token_acc_beyond": 0.05, "loss_gain": None, "loss_gain_beyond": None}
 
 
 class ConvergenceSpec(_Frozen):
     """The convergence verdict's measure and equivalence margin, declared before the results are seen."""
 
-    measure: Literal["token_acc_beyond", "loss_gain", "loss_gain_beyond"] = Field(
+    measure: Literal[tuple(CONVERGENCE_MEASURES)] = Field(
         "token_acc_beyond", description="the probe score judged: `token_acc_beyond` (answer-token accuracy minus "
         "chance beyond the training length), `loss_gain` or `loss_gain_beyond` (chance loss minus answer loss, nats "
         "per answer token, within or beyond the training length)")

@@ -36,9 +36,11 @@ from hybrid_lightning.heads.mass import (
     read_niah,
     target_heads,
 )
+from hybrid_lightning.probes.files import spread_depths
 from hybrid_lightning.probes.tasks import GenContext, make_sample
 from hybrid_lightning.rundir import CKPT_DIR, CKPT_SUFFIX, TRACING_DIR, tracing_path
 from hybrid_lightning.rundir.checkpoints import checkpoint_is_valid, given_checkpoint, read_checkpoint_meta
+from hybrid_lightning.rundir.evals import traced_heads
 
 TB_MEASURES = ("mass", "entropy", "entropy_norm", "qk_l2", "qk_rel_l2")  # the scalars logged per target head
 
@@ -140,8 +142,7 @@ def log_scalars(folder: Path, traced: list[dict]) -> None:
 def trace_scalars(record: dict, prefix: str) -> dict[str, float]:
     """A traced record's scalars: ``<prefix>/<measure>/L<l>.H<h>`` per target head and ``<prefix>/<measure>``, their
     mean, for each of ``TB_MEASURES``."""
-    mass = {(r["layer"], r["head"]): r["mass"] for r in record["mass"]}
-    rows = [r | {"mass": mass[(r["layer"], r["head"])]} for r in record["trace"]]
+    rows = traced_heads(record)
     out = {}
     for measure in TB_MEASURES:
         out |= {f"{prefix}/{measure}/L{r['layer']}.H{r['head']}": r[measure] for r in rows}
@@ -158,7 +159,7 @@ def trace_samples(cfg: EvalConfig, tokenizer, held_out: np.ndarray) -> list[Niah
     t = cfg.trace
     ctx = GenContext(tokenizer, held_out, None, cfg.vt_example)
     out = []
-    for i, depth in enumerate(np.linspace(0, 1, t.samples) if t.samples > 1 else [0.5]):
+    for i, depth in enumerate(spread_depths(t.samples)):
         s = make_sample(t.task, ctx, t.length, float(depth), i, cfg.seed)
         out.append(NiahSample(s.prompt, needle_positions(s.prompt, [tokenizer.decode(s.answer.tolist())], tokenizer)))
     return out
@@ -188,10 +189,9 @@ def trace_table(traced: list[dict]) -> str:
     """The console's table: per checkpoint and target head, mass, normalised entropy and relative Q/K distance."""
     lines = [f"{'step':>8} {'head':>7} {'mass':>8} {'entropy':>8} {'ent/log':>8} {'qk_rel_l2':>10}"]
     for record in traced:
-        mass = {(r["layer"], r["head"]): r["mass"] for r in record["mass"]}
-        for r in record["trace"]:
+        for r in traced_heads(record):
             name = f"L{r['layer']}.H{r['head']}"
             lines.append(f"{record['step']:>8} {name:>7} "
-                         f"{mass[(r['layer'], r['head'])]:>8.4f} {r['entropy']:>8.4f} {r['entropy_norm']:>8.4f} "
+                         f"{r['mass']:>8.4f} {r['entropy']:>8.4f} {r['entropy_norm']:>8.4f} "
                          f"{r['qk_rel_l2']:>10.4f}")
     return "\n".join(lines)

@@ -20,6 +20,11 @@ from hybrid_lightning.probes.tasks import GenContext, check_tasks, make_sample
 PROBE_KEYS = ("text", "task", "length", "depth", "answer")  # a line of the probes file
 
 
+def spread_depths(samples: int) -> np.ndarray:
+    """The needle depths of ``samples`` probes of one task and length: spread evenly over [0, 1]; one probe at 0.5."""
+    return np.linspace(0, 1, samples) if samples > 1 else np.array([0.5])
+
+
 def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples: int, seed: int,
                   value_tokens: int | None = None, tokenizer: str = "byte") -> int:
     """Writes ``samples`` probes per (task, length) to ``out`` as ``{"text", "task", "length", "depth",
@@ -41,7 +46,7 @@ def export_probes(out: str | Path, tasks: list[str], lengths: list[int], samples
     ctx = GenContext(tok, held_out, value_tokens)
     lines = []
     for task, length in itertools.product(tasks, lengths):
-        for i, depth in enumerate(np.linspace(0, 1, samples) if samples > 1 else [0.5]):
+        for i, depth in enumerate(spread_depths(samples)):
             try:
                 s = make_sample(task, ctx, length, float(depth), i, seed)
             except ValueError as e:  # the generators name the eval keys

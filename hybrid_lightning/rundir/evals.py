@@ -1,5 +1,5 @@
 """A run's evaluation records (``eval/<prefix><step>.json``, ``EVAL_KINDS``): read one, and write one, merging its
-rows into the record already at that step."""
+rows into the record already at that step; a tracing record's target heads with their mass (``traced_heads``)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,10 @@ def write_eval_record(run_dir: Path, kind: str, record: dict, merge: Mapping[str
         merged.update(derived(merged))
     write_atomic(path, json.dumps(merged, indent=1))
     return path
+
+
+def traced_heads(record: dict) -> list[dict]:
+    """A tracing record's ``trace`` rows (``records.TRACING``), each with its head's attention ``mass`` from the
+    record's ``mass`` rows (None where they lack it)."""
+    mass = {(r["layer"], r["head"]): r["mass"] for r in record.get("mass", [])}
+    return [r | {"mass": mass.get((r["layer"], r["head"]))} for r in record.get("trace", [])]

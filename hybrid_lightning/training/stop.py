@@ -62,21 +62,21 @@ class EndAtOnce:
         try:
             if self.io is not None:
                 self.io.halt()
-            step = None
             if self.lock is None:  # another rank: rank 0 learns why it is gone from this file
                 with contextlib.suppress(OSError):
                     (self.run_dir / f"{RANK_SIGNAL}{os.getpid()}").write_text(str(signum))
+                said = (f"hybrid-lightning train: a rank's process ({os.getpid()}) ended by "
+                        f"{signal.Signals(signum).name}")
             else:
                 step = resume_step(self.run_dir)
                 # a run that wrote nothing yet gets no status, a finished one keeps its own
                 if (self.run_dir / STATUS_FILE).exists() and (read_status(self.run_dir) or {}).get("state") != "done":
                     status = process_status("interrupted", step, self.max_steps, error=signal.Signals(signum).name)
                     write_status(self.run_dir, **status)
+                said = stop_message(signum, step)
             for stream in (sys.stdout, sys.stderr):  # what the run printed (a log file's buffer) goes out first
                 with contextlib.suppress(Exception):  # interrupted inside a write to it: a reentrant call
                     stream.flush()
-            said = (stop_message(signum, step) if self.lock is not None else
-                    f"hybrid-lightning train: a rank's process ({os.getpid()}) ended by {signal.Signals(signum).name}")
             os.write(2, f"\n{said}\n".encode())
             if self.lock is not None:
                 self.lock.release()
