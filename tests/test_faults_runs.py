@@ -216,7 +216,7 @@ def test_a_signal_to_one_ddp_rank_is_the_runs_exit_code(tmp_path):
 def test_a_double_signal_to_one_ddp_rank_ends_the_run_by_it(tmp_path, gap):
     """Two signals ``gap`` seconds apart to rank 1 alone: the run ends within 30 s by one of them, status.json
     interrupted at the step of the checkpoint on disk; never the failed run that rank 0's broken collective
-    would report (rank 1 leaves its signal for rank 0: stop.rank_signal)."""
+    would report (rank 1 leaves its signal for rank 0: stop.rank_signal); no mark survives the next start."""
     import psutil
 
     run = tmp_path / "run"
@@ -234,6 +234,15 @@ def test_a_double_signal_to_one_ddp_rank_ends_the_run_by_it(tmp_path, gap):
     name = {130: "SIGINT", 143: "SIGTERM"}[proc.returncode]
     assert status["state"] == "interrupted" and status["error"] == name and status["step"] == step >= 5, status
     assert f"stopped by {name} at step {step};" in err and "Traceback" not in err, err[-3000:]
+    # rank 1 may outlive rank 0 by a moment: a mark it writes then is left, and is the second signal's; the next
+    # start removes it, holding the run lock, before it trains
+    child.wait(timeout=30)
+    assert all(m.read_text() == str(int(signal.SIGTERM)) for m in run.glob(".rank-ended-by-signal.*"))
+    again = start(run, *args(100000, 5), *ddp)
+    wait_for_step(again, run, step + 1, timeout=300)
+    for p in [*psutil.Process(again.pid).children(recursive=True), psutil.Process(again.pid)]:
+        p.kill()
+    again.communicate()
     assert not list(run.glob(".rank-ended-by-signal.*"))
 
 
