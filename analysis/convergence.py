@@ -39,7 +39,7 @@ from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, 
 from hybrid_lightning.config.fields import CONVERGENCE_MEASURES
 
 CONVERGENCE_STEPS = (0.5, 0.75)  # mid and late: shares of the last common evaluation's step, declared before looking
-EQUIVALENCE_MARGIN = CONVERGENCE_MEASURES["token_acc_beyond"]  # the default measure's: arms this close are equal
+EQUIVALENCE_MARGIN = CONVERGENCE_MEASURES["score_beyond"]  # the default measure's: arms this close are equal
 NAME = "convergence (probes)"
 
 

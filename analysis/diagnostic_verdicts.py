@@ -58,7 +58,7 @@ def layer_gains(rows: pd.DataFrame) -> pd.DataFrame:
     for (run, label), r in rows.groupby(["run", "label"]):
         r = r.sort_values("layer")
         gain = np.diff(np.concatenate([[1 / r["classes"].iloc[0]], r["accuracy"].to_numpy(float)]))
-        full = (r["kind"] == FULL).to_numpy()
+        full = (r["mixer"] == FULL).to_numpy()
         if full.any() and not full.all():
             out.append({"run": run, "label": label, "full": gain[full].mean(), "efficient": gain[~full].mean(),
                         "d": gain[full].mean() - gain[~full].mean()})

@@ -81,10 +81,10 @@ def layer_probe_figure(rows: pd.DataFrame, feature: str = "residual") -> Figure:
     colors = arm_colors(labels)
     for label in labels:
         part = rows[rows["label"] == label]
-        s = seed_summary(part, ["layer", "kind"], "accuracy").sort_values("layer")
+        s = seed_summary(part, ["layer", "mixer"], "accuracy").sort_values("layer")
         ax.plot(s["layer"], s["mean"], color=colors[label], label=f"{label} ({int(s['seeds'].max())} seeds)")
         ax.fill_between(s["layer"], s["min"], s["max"], color=colors[label], alpha=0.2, lw=0)
-        full = s["kind"] == FULL
+        full = s["mixer"] == FULL
         ax.scatter(s["layer"][full], s["mean"][full], color=colors[label], s=28, zorder=3)
         ax.scatter(s["layer"][~full], s["mean"][~full], facecolors="white", edgecolors=colors[label], s=28, zorder=3)
     if len(rows):

@@ -3,7 +3,7 @@ efficient layers (analysis/arms.py), how fast each architecture's probe score ri
 the architectures draw together by the end of the budget is analysis/convergence.py's).
 
 Signal level. A run's score counts as above noise at an evaluation where it is at least ``SIGNAL_Z`` of its
-own null standard errors, ``longctx/token_acc_se`` (analysis/scores.py: the binomial error of the answer
+own null standard errors, ``longctx/score_se`` (analysis/scores.py: the binomial error of the answer
 tokens at chance, a null with known sampling error); a run without one never counts. An architecture's seed
 mean counts at ``SIGNAL_Z`` standard errors of a mean of its seeds. At z = 3 a run that learns nothing
 crosses at one evaluation with probability 0.0013 (normal approximation), at one of 20 about 0.03.

@@ -209,11 +209,11 @@ def head_maps(maps: pd.DataFrame, threshold: float = 0.1) -> Figure:
         for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, "n/a" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=7,
                     color="white" if v < 0.6 * vmax else "black")
-        names = [f"{int(r.layer)} {r.kind}" + (f"/{int(r.window)}" if pd.notna(r.window) else "")
+        names = [f"{int(r.layer)} {r.mixer}" + (f"/{int(r.window)}" if pd.notna(r.window) else "")
                  + ("" if r.applicable else " (not attn)") for r in layers.itertuples()]
         ax.set_yticks(range(len(layers)), names, fontsize=7)
-        for tick, kind in zip(ax.get_yticklabels(), layers["kind"]):
-            tick.set_fontweight("bold" if kind == FULL else "normal")
+        for tick, mixer in zip(ax.get_yticklabels(), layers["mixer"]):
+            tick.set_fontweight("bold" if mixer == FULL else "normal")
         ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer (bold: full attention)", fontsize=8)

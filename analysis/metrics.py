@@ -7,26 +7,26 @@ from hybrid_lightning.records import Tag
 
 # --metric name -> the tidy metric it reads (the long-context scores are defined in analysis/scores.py).
 METRICS = {
-    "token_acc": "longctx/token_acc",
+    "score": "longctx/score",
     "loss_gain": "longctx/loss_gain",
     "exact": "longctx/exact",
     "retrieval_acc": Tag.RETRIEVAL_ACC,
 }
 
-SCORE = METRICS["token_acc"]  # the probe score the findings' verdicts judge (analysis/emergence.py, nope.py)
+SCORE = METRICS["score"]  # the probe score the findings' verdicts judge (analysis/emergence.py, nope.py)
 SCORE_SE = f"{SCORE}_se"  # its null standard error (analysis/scores.py)
 SCORE_BEYOND = f"{SCORE}_beyond"  # the score beyond the training length
-RECORD_SCORES = ("token_acc", "loss_gain", "exact")  # the scores computed from evaluation records
+RECORD_SCORES = ("score", "loss_gain", "exact")  # the scores computed from evaluation records
 # What each score is, for the report's text.
 METRIC_TEXT = {
-    "token_acc": "answer-token accuracy minus chance (teacher-forced, mean over task x length)",
+    "score": "answer-token accuracy minus chance (teacher-forced, mean over task x length)",
     "loss_gain": "chance loss minus answer loss (nats per answer token, mean over task x length)",
     "exact": "exact match of the whole answer (share of probes, mean over task x length)",
     "retrieval_acc": "val/retrieval_acc: argmax accuracy on queried values of synthetic validation sequences",
 }
 # Axis labels, with units.
 METRIC_AXIS = {
-    "token_acc": "answer-token accuracy - chance (share of answer tokens)",
+    "score": "answer-token accuracy - chance (share of answer tokens)",
     "loss_gain": "chance loss - answer loss (nats per answer token)",
     "exact": "exact match (share of probes)",
     "retrieval_acc": "val/retrieval_acc (share of queried tokens)",
@@ -41,5 +41,5 @@ def metric_tag(metric: str) -> str:
 
 
 def record_metric(metric: str) -> str:
-    """The records' score for per-length and per-depth tables: the metric itself when it is one, else token_acc."""
-    return metric if metric in RECORD_SCORES else "token_acc"
+    """The records' score for per-length and per-depth tables: the metric itself when it is one, else the score."""
+    return metric if metric in RECORD_SCORES else "score"

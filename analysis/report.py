@@ -23,7 +23,7 @@ POS_KEYS = ("model.pos.full", "model.pos.efficient")
 MARKER = ".hybrid-lightning-analysis"  # in an output folder: the files analyze wrote there (fileio.publish)
 
 
-def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "token_acc",
+def analyze(folder: str | Path, out: str | Path | None = None, metric: str = "score",
             planned: list[tuple[str, Path, str | None]] | None = None, workers: int | None = None,
             findings: bool = False, exploratory: Collection[Path] = (), declared: dict | None = None) -> Path:
     """Reads every run under ``folder`` and writes the tables, figures and ``report.md`` into ``out``.

@@ -6,10 +6,10 @@ per (task, length), as the evaluation does (``hybrid_lightning.records.pooled``:
 exact match, answer tokens weigh the token measures and the chance accuracy), then averages over
 (task, length):
 
-    token_acc   teacher-forced answer-token accuracy minus its chance level (the accuracy of a
+    score       teacher-forced answer-token accuracy minus its chance level (the accuracy of a
                 predictor that knows the answer's format but retrieves nothing, probes/chance.py);
                 0 = no retrieval
-    token_acc_se  the standard error of token_acc for a model that retrieves nothing: per cell a
+    score_se    the standard error of score for a model that retrieves nothing: per cell a
                 binomial share of its answer tokens at the chance accuracy (an upper bound where
                 the tokens' chances differ), over the cells' mean
     loss_gain   chance loss minus answer loss, nats per answer token; 0 = no retrieval
@@ -28,25 +28,25 @@ from hybrid_lightning.analysis.metrics import RECORD_SCORES
 from hybrid_lightning.records import POOL_WEIGHTS, mean_over_cells, split
 from hybrid_lightning.records import pooled as pool_sums
 
-MEASURES = {"token_acc": "score", "loss_gain": "loss_gain", "exact": "accuracy"}  # RECORD_SCORES -> records.pooled's
+MEASURES = {"score": "score", "loss_gain": "loss_gain", "exact": "accuracy"}  # RECORD_SCORES -> records.pooled's
 
 
 def pooled(records: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Records pooled over everything but ``by`` (``hybrid_lightning.records.pooled``): columns ``by`` +
-    token_acc, token_acc_se, loss_gain, exact, n."""
+    score, score_se, loss_gain, exact, n."""
     measures = {m: w for m, w in POOL_WEIGHTS.items() if w != "generated"}
     weighted = records[list(dict.fromkeys(measures.values()))].assign(
         **{m: records[m] * records[w] for m, w in measures.items()})
     g = pd.concat([records[by], weighted], axis=1).groupby(by, sort=True).sum().reset_index()
     p = pool_sums(g)
-    return g[by].assign(token_acc=p["score"], token_acc_se=np.sqrt(p["score_var"]), loss_gain=p["loss_gain"],
+    return g[by].assign(score=p["score"], score_se=np.sqrt(p["score_var"]), loss_gain=p["loss_gain"],
                         exact=p["accuracy"], n=g["n"])
 
 
 def record_scores(records: pd.DataFrame, seq_len: pd.Series) -> pd.DataFrame:
     """Tidy scores (run, step, tokens, metric, value) with metrics ``longctx/<score>`` (lengths up to the run's
     training length) and ``longctx/<score>_beyond`` (longer ones) for each of ``RECORD_SCORES``, and
-    ``longctx/token_acc_se`` (of the first): each evaluation's cells scored as training scores them
+    ``longctx/score_se`` (of the first): each evaluation's cells scored as training scores them
     (``hybrid_lightning.records``: the within/beyond split and the mean over (task, length)).
 
     Args:
@@ -62,5 +62,5 @@ def record_scores(records: pd.DataFrame, seq_len: pd.Series) -> pd.DataFrame:
             rows += [(run, step, tokens, f"longctx/{score}{suffix}", mean_over_cells(part, MEASURES[score]))
                      for score in RECORD_SCORES]
             if not suffix:
-                rows.append((run, step, tokens, "longctx/token_acc_se", np.sqrt(mean_over_cells(part, "score_var"))))
+                rows.append((run, step, tokens, "longctx/score_se", np.sqrt(mean_over_cells(part, "score_var"))))
     return pd.DataFrame(rows, columns=["run", "step", "tokens", "metric", "value"])

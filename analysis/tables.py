@@ -179,9 +179,9 @@ def head_maps(heads: pd.DataFrame, layers: pd.DataFrame, configs: pd.DataFrame) 
     """Retrieval score per architecture, layer and head at each run's last scored step, mean over seeds;
     layers that are not attention appear once with head NaN and score NaN.
 
-    Returns: label, layer, head, kind, window, applicable, score, runs.
+    Returns: label, layer, head, mixer, window, applicable, score, runs.
     """
-    columns = ["label", "layer", "head", "kind", "window", "applicable", "score", "runs"]
+    columns = ["label", "layer", "head", "mixer", "window", "applicable", "score", "runs"]
     if layers.empty:
         return pd.DataFrame(columns=columns)
     labels = configs.set_index("run")["label"]
@@ -191,9 +191,9 @@ def head_maps(heads: pd.DataFrame, layers: pd.DataFrame, configs: pd.DataFrame) 
         label=lambda d: d["run"].map(labels))
     scores = (last_heads.groupby(["label", "layer", "head"]).agg(score=("score", "mean"), runs=("run", "nunique"))
               .reset_index())
-    kinds = last_layers.groupby(["label", "layer"]).agg(kind=("kind", "first"), window=("window", "first"),
-                                                        applicable=("applicable", "first")).reset_index()
-    out = kinds.merge(scores, on=["label", "layer"], how="left")
+    mixers = last_layers.groupby(["label", "layer"]).agg(mixer=("mixer", "first"), window=("window", "first"),
+                                                         applicable=("applicable", "first")).reset_index()
+    out = mixers.merge(scores, on=["label", "layer"], how="left")
     return out[columns].sort_values(["label", "layer", "head"]).reset_index(drop=True)
 
 

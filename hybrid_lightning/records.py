@@ -83,7 +83,7 @@ class HeadScores:
     tokens: int = _doc()
     layer: int = _doc()
     head: int = _doc()
-    kind: str = _doc("`full`, `swa`, `headwise`, ...")
+    mixer: str = _doc("the layer's mixer: `full`, `swa`, `headwise`, ...")
     window: int | None = _doc("the head's own window; null for full attention, a head-wise layer's full heads included")
     pos: str = _doc()
     score: float | None = _doc()
@@ -107,7 +107,7 @@ class LayerPlace:
     step: int = _doc()
     tokens: int = _doc()
     layer: int = _doc()
-    kind: str = _doc()
+    mixer: str = _doc()
     window: int | None = _doc()
     pos: str = _doc()
     applicable: bool = _doc("false: not attention")
@@ -182,7 +182,7 @@ class LayerProbe:
     step: int = _doc()
     tokens: int = _doc()
     layer: int = _doc()
-    kind: str = _doc("the layer's mixer")
+    mixer: str = _doc("the layer's mixer")
     feature: str = _doc("`residual`: the block's output at the last token; `delta`: minus the block's input")
     accuracy: float = _doc("held-out accuracy of the layer's logistic regression")
     n_train: int = _doc()
@@ -217,7 +217,7 @@ class _Head:
 class HeadMass(_Head):
     """one row per attention head (heads/mass.py)"""
 
-    kind: str = _doc("`full`, `swa`")
+    mixer: str = _doc("the layer's mixer: `full`, `swa`, ...")
     window: int | None = _doc()
     mass: float = _doc("attention mass of the query at len - 2 on the needle's tokens, mean over samples")
     target: bool = _doc("bool: one of the target heads (the top K of the checkpoint at `final_step`)")
@@ -386,7 +386,7 @@ def mean_over_cells(rows: list[dict], measure: str) -> float | None:
 
 
 def headline(rows: list[dict], seq_len: int | None) -> dict[str, float | None]:
-    """The one score of an evaluation's cells, ``val_longctx/score`` in training and ``longctx/token_acc`` in
+    """The one score of an evaluation's cells, ``val_longctx/score`` in training and ``longctx/score`` in
     analysis: answer-token accuracy above chance (teacher-forced; a predictor that knows the answer's format but
     retrieves nothing scores 0, probes/chance.py), averaged over (task, length) within the training length
     ``seq_len`` (retrieval, not extrapolation), each pooled over depths; ``score_beyond`` the same over the longer

@@ -27,11 +27,11 @@ def run_config(seed, window=16, pos_full="rope", pattern="EEEF", mixer="swa", n_
     return {**config_to_dict(validate_config(cfg)), "provenance": {"git": "abc"}}
 
 
-def fabricate(run_dir, config, state, scalars, token_acc=(), beyond_extra=0.0, heads=(), packed=False):
+def fabricate(run_dir, config, state, scalars, score=(), beyond_extra=0.0, heads=(), packed=False):
     """A run directory: config.yaml, status.json, TensorBoard ``scalars`` {tag: [(step, value)]} (``packed``:
     as a packed run's scalars.csv, faster to write and read), and at
-    EVAL_STEPS[i] an eval/step_<k>.json whose token accuracy minus chance is token_acc[i] at length 8 and
-    token_acc[i] + beyond_extra at length 16 (> seq_len), and a heads file with heads[i] = (retrieval heads,
+    EVAL_STEPS[i] an eval/step_<k>.json whose token accuracy minus chance is score[i] at length 8 and
+    score[i] + beyond_extra at length 16 (> seq_len), and a heads file with heads[i] = (retrieval heads,
     score of head 3.0), its layers' kinds from the config's pattern and mixer and its heads per layer from
     model.n_heads; the retrieval heads are the first heads of its first full-attention layer."""
     run_dir.mkdir(parents=True)
@@ -48,7 +48,7 @@ def fabricate(run_dir, config, state, scalars, token_acc=(), beyond_extra=0.0, h
                 writer.add_scalar(tag, value, step)
         writer.close()
     (run_dir / "eval").mkdir()
-    for step, acc in zip(EVAL_STEPS, token_acc):
+    for step, acc in zip(EVAL_STEPS, score):
         tokens = (step + 1) * TOKENS_PER_STEP
         records = [{"step": step, "tokens": tokens, "task": "passkey", "length": length, "depth": depth,
                     "in_window": None, "n": 1, "accuracy": float(acc > 0.5), "answer_tokens": 2,
@@ -62,13 +62,13 @@ def fabricate(run_dir, config, state, scalars, token_acc=(), beyond_extra=0.0, h
         tokens = (step + 1) * TOKENS_PER_STEP
         kinds = ["full" if letter == "F" else config["model"]["mixer"] for letter in config["model"]["pattern"]]
         first_full = kinds.index("full") if "full" in kinds else None
-        rows = [{"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": kinds[layer],
+        rows = [{"step": step, "tokens": tokens, "layer": layer, "head": head, "mixer": kinds[layer],
                  "window": 16 if layers_swa else None, "pos": "rope",
                  "score": score if (layer, head) == (3, 0) else 0.0,
                  "retrieval": layer == first_full and head < count, "role": None}
                 for layer, layers_swa in enumerate(k == "swa" for k in kinds) if kinds[layer] in ("full", "swa")
                 for head in range(config["model"]["n_heads"])]
-        layers = [{"step": step, "tokens": tokens, "layer": i, "kind": k, "window": 16 if k == "swa" else None,
+        layers = [{"step": step, "tokens": tokens, "layer": i, "mixer": k, "window": 16 if k == "swa" else None,
                    "pos": "rope", "applicable": True} for i, k in enumerate(kinds)]
         total = {"retrieval_heads": count, "copy_heads": 0, "locator_heads": 0, "max_score": score,
                  "mean_score": score / 8}
@@ -88,20 +88,20 @@ def fabricated(tmp_path_factory):
     fabricate(root / "rope-s0", run_config(0), "done",
               {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0), (39, 2.0)],
                "val/retrieval_acc": [(19, 0.1), (39, 0.3)]},
-              token_acc=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0), (0, 0.05), (1, 0.2), (2, 0.5)))
+              score=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0), (0, 0.05), (1, 0.2), (2, 0.5)))
     fabricate(root / "rope-s1", run_config(1), "done",
               {"train/tokens": tokens_scalars(39), "val/loss": [(19, 3.0), (39, 2.2)],
                "val/retrieval_acc": [(19, 0.2), (39, 0.5)]},
-              token_acc=(0.0, 0.4, 0.6, 0.6), heads=((0, 0.0), (1, 0.2), (1, 0.2), (1, 0.3)))
+              score=(0.0, 0.4, 0.6, 0.6), heads=((0, 0.0), (1, 0.2), (1, 0.2), (1, 0.3)))
     fabricate(root / "nope-s0", run_config(0, pos_full="nope"), "done",
               {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.3)]},
-              token_acc=(0.0, 0.1, 0.2, 0.3), beyond_extra=0.1, heads=((0, 0.0),) * 4)
+              score=(0.0, 0.1, 0.2, 0.3), beyond_extra=0.1, heads=((0, 0.0),) * 4)
     fabricate(root / "nope-s1", run_config(1, pos_full="nope"), "done",
               {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.5)]},
-              token_acc=(0.0, 0.1, 0.2, 0.5), beyond_extra=0.1, heads=((0, 0.0), (0, 0.0), (0, 0.0), (1, 0.4)))
+              score=(0.0, 0.1, 0.2, 0.5), beyond_extra=0.1, heads=((0, 0.0), (0, 0.0), (0, 0.0), (1, 0.4)))
     fabricate(root / "w64-s0", run_config(0, window=64), "running",
               {"train/tokens": tokens_scalars(19), "val/loss": [(19, 3.1)]},
-              token_acc=(0.1, 0.3), heads=((0, 0.0), (0, 0.01)))
+              score=(0.1, 0.3), heads=((0, 0.0), (0, 0.01)))
     fabricate(root / "full-s0", run_config(0, pattern="F"), "done",
               {"train/tokens": tokens_scalars(39), "val/loss": [(39, 1.9)]})
     (root / ".grid" / "cells" / "x").mkdir(parents=True)
@@ -128,14 +128,14 @@ def test_tidy_tables(fabricated):
     m = runs.metrics
     assert {"run", "step", "tokens", "metric", "value", "label", "seed", "model.window", "model.pos.full",
             "model.pattern"} <= set(m.columns)
-    row = m[(m["run"] == "rope-s0") & (m["metric"] == "longctx/token_acc") & (m["step"] == 39)]
+    row = m[(m["run"] == "rope-s0") & (m["metric"] == "longctx/score") & (m["step"] == 39)]
     assert (row["value"].item() == pytest.approx(0.8) and row["tokens"].item() == 640
             and row["model.pos.full"].item() == "rope")
-    beyond = m[(m["run"] == "nope-s1") & (m["metric"] == "longctx/token_acc_beyond") & (m["step"] == 39)]
+    beyond = m[(m["run"] == "nope-s1") & (m["metric"] == "longctx/score_beyond") & (m["step"] == 39)]
     assert beyond["value"].item() == pytest.approx(0.6)
     val = m[(m["run"] == "rope-s1") & (m["metric"] == "val/loss")]
     assert val["step"].tolist() == [19, 39] and val["tokens"].tolist() == [320, 640]
-    assert len(runs.heads) == 4 * 8 * 4 + 2 * 8 and set(runs.layers["kind"]) == {"swa", "full"}
+    assert len(runs.heads) == 4 * 8 * 4 + 2 * 8 and set(runs.layers["mixer"]) == {"swa", "full"}
 
 
 def test_emergence_csvs(fabricated):
@@ -212,8 +212,8 @@ def test_niah_pos_maps_and_summary_csvs(fabricated):
     assert [row[k] for k in ("val_loss_rope", "val_loss_nope", "val_loss_delta")] == pytest.approx([2.1, 2.4, 0.3])
     maps = csv(out, "head_maps.csv")
     rope = maps[maps["label"] == "W=16 EEEF pos.full=rope"].set_index(["layer", "head"])
-    assert (rope.loc[(3, 0), "score"] == pytest.approx(0.4) and rope.loc[(3, 0), "kind"] == "full"
-            and rope.loc[(0, 1), "kind"] == "swa")
+    assert (rope.loc[(3, 0), "score"] == pytest.approx(0.4) and rope.loc[(3, 0), "mixer"] == "full"
+            and rope.loc[(0, 1), "mixer"] == "swa")
     assert rope.loc[(3, 0), "runs"] == 2 and len(rope) == 8
     s = csv(out, "summary.csv").set_index("label")
     rope = s.loc["W=16 EEEF pos.full=rope"]
@@ -242,7 +242,7 @@ def test_figures_have_labelled_axes_units_and_legends(fabricated):
         assert ax.get_xlabel() == "training tokens seen" and "(" in ax.get_ylabel()
     assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()][-1].startswith("threshold 0.1")
     niah = csv(out, "niah.csv")
-    fig = figures.niah_heatmap(niah[niah["run"] == "rope-s0"], "rope-s0", "token_acc (share of answer tokens)")
+    fig = figures.niah_heatmap(niah[niah["run"] == "rope-s0"], "rope-s0", "score (share of answer tokens)")
     assert fig.axes[0].get_xlabel() == "probe length (tokens)" and "depth" in fig.axes[0].get_ylabel()
     assert "share of answer tokens" in fig.axes[-1].get_ylabel()  # the colour bar
     fig = figures.head_maps(csv(out, "head_maps.csv"))
@@ -266,7 +266,7 @@ def test_ablation_tables_and_verdict_on_known_values(tmp_path):
     root = tmp_path / "grid"
     for seed in (0, 1):
         fabricate(root / f"s{seed}", run_config(seed), "done", {"train/tokens": tokens_scalars(39)},
-                  token_acc=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0),) * 4)
+                  score=(0.0, 0.2, 0.4, 0.8), heads=((0, 0.0),) * 4)
     rows = [  # run s0: top-2 drops 0.9 at length 8 (passkey n=2: 1.0 -> 0.1; niah n=6: 1.0 -> 0.1)
         ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1),
         ablation_row("top", [[3, 0], [3, 1]], 8, 1.0, 0.1, n=6, task="niah"),

@@ -23,7 +23,7 @@ def fabricate(tmp_path, seed: int, label: str) -> dict:
                           score_beyond=None, exact=0.0, longppl=10 - s, ppl=20.0, position_loss=[])
                       for part, r, s in ((None, None, 0.5 + seed / 10), ("full", 8, 0.1), ("efficient", 8, 0.45))]
         write_eval_record(run, "restricted", {"step": step, "tokens": step, "restricted": restricted})
-    probes = [row("layer_probe", layers=None, receptive_field=None, step=2, tokens=2, layer=i, kind=kind,
+    probes = [row("layer_probe", layers=None, receptive_field=None, step=2, tokens=2, layer=i, mixer=kind,
                   feature="residual", accuracy=acc + seed / 100, n_train=8, n_test=2, classes=8)
               for i, (kind, acc) in enumerate((("swa", 0.1), ("full", 0.9), ("swa", 0.9)))]
     write_eval_record(run, "layer_probe", {"step": 2, "tokens": 2, "layer_probe": probes})

@@ -19,7 +19,7 @@ def unrelated(root, n=12):
         cfg["train"]["lr"] = (3e-4, 1e-3)[i // 4 % 2]
         cfg["data"]["files"] = [f"/very/long/folder/name/of/the/corpus/number_{i % 4}/train-shard-of-the-corpus.jsonl"]
         fabricate(root / f"run{i}", cfg, "done", {"train/tokens": tokens_scalars(39)},
-                  token_acc=(0.1 * i / n, 0.2, 0.3, 0.4 + 0.01 * i))
+                  score=(0.1 * i / n, 0.2, 0.3, 0.4 + 0.01 * i))
 
 
 def test_labels_name_only_what_differs(tmp_path):
@@ -80,7 +80,7 @@ def test_legends_and_titles_fit_in_the_figure(tmp_path, n):
     runs = load_runs(find_runs(tmp_path), root=tmp_path)
     from hybrid_lightning.analysis import tables
 
-    fig = figures.emergence(tables.curves(runs.metrics, "longctx/token_acc"), "score (share)")
+    fig = figures.emergence(tables.curves(runs.metrics, "longctx/score"), "score (share)")
     FigureCanvasAgg(fig).draw()
     box = fig.bbox
     (ax,) = fig.axes

@@ -65,7 +65,7 @@ def test_analyze_reads_50_runs_of_1000_steps(tmp_path):
     writer.close()
     events = next(template.glob("events.out.tfevents.*"))
     one = tmp_path / "one"
-    fabricate(one, run_config(0), "done", {}, token_acc=(0.1, 0.2, 0.3, 0.4), heads=((0, 0.1),) * 4)
+    fabricate(one, run_config(0), "done", {}, score=(0.1, 0.2, 0.3, 0.4), heads=((0, 0.1),) * 4)
     root = tmp_path / "big"
     for i in range(50):
         run = root / f"w{16 * (1 + i % 5)}-s{i // 5}"
@@ -132,7 +132,7 @@ def test_analyze_a_real_tiny_grid(tmp_path):
     pos = pd.read_csv(out / "nope_vs_rope.csv")
     assert pos["base"].tolist() == ["EF pos.full=rope"] and pos["score_beyond_delta"].notna().all()
     maps = pd.read_csv(out / "head_maps.csv")
-    assert set(maps.loc[maps["label"] == "EF pos.full=rope", "kind"]) == {"swa", "full"}
+    assert set(maps.loc[maps["label"] == "EF pos.full=rope", "mixer"]) == {"swa", "full"}
 
 
 def test_the_demo_grid_has_every_comparison(tmp_path):
@@ -205,8 +205,8 @@ def test_provenance_plan_names_mixers_and_gives_parameter_counts(tmp_path):
     config["provenance"] = {"layers": [{"layer": i, "kind": k, "letter": letter, "window": None, "pos": pos}
                                        for i, (k, letter, pos) in enumerate(kinds)],
                             "params": {"embedding": 100, "non_embedding": 2000, "total": 2100}}
-    fabricate(root / "hyena", config, "done", {"train/tokens": tokens_scalars(39)}, token_acc=(0.0, 0.1, 0.2, 0.3))
-    fabricate(root / "swa", run_config(0), "done", {"train/tokens": tokens_scalars(39)}, token_acc=(0.0, 0.2, 0.4, 0.6))
+    fabricate(root / "hyena", config, "done", {"train/tokens": tokens_scalars(39)}, score=(0.0, 0.1, 0.2, 0.3))
+    fabricate(root / "swa", run_config(0), "done", {"train/tokens": tokens_scalars(39)}, score=(0.0, 0.2, 0.4, 0.6))
     c = load_runs(find_runs(root), root=root).configs.set_index("run")
     assert c.loc["hyena", "label"] == "hyena" and c.loc["swa", "label"] == "swa"  # only what differs
     assert (c.loc["hyena", "mixers"], c.loc["hyena", "windowed"]) == ("hyena", False)

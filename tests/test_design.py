@@ -115,7 +115,7 @@ def test_the_convergence_test_is_planned_under_the_grids_declarations(tmp_path, 
     archs = {"w16": {"model.window": 16}, "w64": {"model.window": 64}}
     path = grid_file(tmp_path, archs, 5)
     table, _, _ = check([path], capsys)
-    assert "equivalence of longctx/token_acc_beyond within ±0.05" in table["convergence (probes)"]["compares"]
+    assert "equivalence of longctx/score_beyond within ±0.05" in table["convergence (probes)"]["compares"]
     grid = yaml.safe_load(path.read_text())
     path.write_text(yaml.safe_dump({**grid, "verdicts": {"convergence": {"measure": "loss_gain_beyond",
                                                                          "margin": 0.2}}}))
@@ -128,8 +128,8 @@ def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):
     seeds), and no difference at all in the text loss beyond the allowed cost (power near 0)."""
     def acc(s):
         return (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
-    arm(tmp_path / "pilot", "rope", 4, token_acc=acc, beyond=lambda s: 0.01 * s, loss=lambda s: 2.0 + 0.01 * s)
-    arm(tmp_path / "pilot", "nope", 4, pos_full="nope", token_acc=acc, beyond=lambda s: 0.3 + 0.01 * s,
+    arm(tmp_path / "pilot", "rope", 4, score=acc, beyond=lambda s: 0.01 * s, loss=lambda s: 2.0 + 0.01 * s)
+    arm(tmp_path / "pilot", "nope", 4, pos_full="nope", score=acc, beyond=lambda s: 0.3 + 0.01 * s,
         loss=lambda s: 2.02 + 0.01 * s)
     archs = {"rope": {"model.window": 16}, "nope": {"model.window": 16, "model.pos.full": "nope"}}
     table, _, effects = check([grid_file(tmp_path, archs, 5), "--pilot", tmp_path / "pilot"], capsys)

@@ -31,7 +31,7 @@ def test_the_diagnostics_commands_write_their_records(tmp_path, capsys):
     restricted = json.loads((run / "eval" / "restricted_step_2.json").read_text())["restricted"]
     assert [(r["layers"], r["receptive_field"]) for r in restricted] == [("full", 16), (None, None), ("efficient", 16)]
     probes = json.loads((run / "eval" / "layer_probe_step_2.json").read_text())["layer_probe"]
-    assert [(r["layer"], r["kind"], r["feature"]) for r in probes][:3] == [
+    assert [(r["layer"], r["mixer"], r["feature"]) for r in probes][:3] == [
         (0, "lightning", "residual"), (0, "lightning", "delta"), (1, "full", "residual")]
     assert len(json.loads((tmp_path / "probes.json").read_text())) == 20
     gradient = json.loads((run / "eval" / "gradient_step_2.json").read_text())["gradient"]

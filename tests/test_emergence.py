@@ -41,10 +41,10 @@ def test_identical_hybrids_with_only_the_reference_slower(tmp_path, seeds):
     """Two SWA hybrids alike (the same seeds' curves) and full attention and a depth control (FEEE) that
     never rise: the omnibus over all arms would call that a difference; the family of hybrids that differ
     only in their efficient layers is W=16 against W=64, which do not differ."""
-    arm(tmp_path, "w16", seeds, window=16, token_acc=fast)
-    arm(tmp_path, "w64", seeds, window=64, token_acc=fast)
-    arm(tmp_path, "full", seeds, pattern="F", token_acc=never)
-    arm(tmp_path, "feee", seeds, pattern="FEEE", token_acc=never)
+    arm(tmp_path, "w16", seeds, window=16, score=fast)
+    arm(tmp_path, "w64", seeds, window=64, score=fast)
+    arm(tmp_path, "full", seeds, pattern="F", score=never)
+    arm(tmp_path, "feee", seeds, pattern="FEEE", score=never)
     speed = verdicts(tmp_path).loc["speed (probes)"]
     assert (speed["compared"] == "W=64 EEEF - W=16 EEEF: restricted mean tokens among the arms every run of which "
             "emerged" and speed["effect"] == 0)
@@ -58,8 +58,8 @@ def test_speed_of_two_windows_with_censoring(tmp_path, seeds):
     """Fast: at its level at 160 tokens; slow: at 480 (a difference of 320 tokens, every seed alike); a third
     arm that never rises is censored at 640, never dropped: with three arms the effect is the standard
     deviation of the three restricted means (160, 480, 640), with no pair singled out."""
-    arm(tmp_path, "fast", seeds, window=16, token_acc=fast)
-    arm(tmp_path, "slow", seeds, window=64, token_acc=slow)
+    arm(tmp_path, "fast", seeds, window=16, score=fast)
+    arm(tmp_path, "slow", seeds, window=64, score=slow)
     speed = verdicts(tmp_path).loc["speed (probes)"]
     assert (speed["effect"] == pytest.approx(2 * 10 * TOKENS_PER_STEP)
             and (speed["ci_low"], speed["ci_high"]) == (320, 320))
@@ -68,7 +68,7 @@ def test_speed_of_two_windows_with_censoring(tmp_path, seeds):
         assert speed["p"] == pytest.approx(2 / 252)
     else:
         assert_verdict(speed, "inconclusive", "no p can fall below 0.1")
-    arm(tmp_path, "flat", seeds, window=128, token_acc=never)
+    arm(tmp_path, "flat", seeds, window=128, score=never)
     v = verdicts(tmp_path)
     speed, share = v.loc["speed (probes)"], v.loc["emerges in more runs (probes)"]
     # faster among the arms that emerge: W=16 against W=64 alone, as before; W=128 is in the share claim
@@ -89,9 +89,9 @@ def test_a_share_that_emerges_alone_is_not_faster(tmp_path):
     """Three arms whose runs emerge at one speed (step 9) where they emerge at all; W=128 emerges in 1 of 5
     run only. The restricted means of all arms would call W=128 slower; among the arms that emerge nothing
     differs (not faster), and the difference is the share claim's, its own test. (Before: speed reproduced.)"""
-    arm(tmp_path, "a", 5, window=16, token_acc=fast)
-    arm(tmp_path, "b", 5, window=64, token_acc=fast)
-    arm(tmp_path, "c", 5, window=128, token_acc=lambda s: fast(s) if s < 1 else never(s))
+    arm(tmp_path, "a", 5, window=16, score=fast)
+    arm(tmp_path, "b", 5, window=64, score=fast)
+    arm(tmp_path, "c", 5, window=128, score=lambda s: fast(s) if s < 1 else never(s))
     v = verdicts(tmp_path)
     speed = v.loc["speed (probes)"]
     assert speed["verdict"] != "reproduced", speed.to_dict()
@@ -105,8 +105,8 @@ def test_convergence_gap_closes_and_arms_end_equivalent(tmp_path, seeds):
     """W=16 0.9 from step 19, W=64 0.6 at step 19 and 0.9 from 29: a gap of 0.3 at the declared mid step,
     none at the end and no movement from 29 to 39. 5 seeds: reproduced (equivalence within the margin by two
     one-sided tests); 3 seeds: the gap at mid cannot be significant (p >= 0.1)."""
-    arm(tmp_path, "a", seeds, window=16, token_acc=lambda s: (0.6, 0.9 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
-    arm(tmp_path, "b", seeds, window=64, token_acc=lambda s: (0.5, 0.6 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    arm(tmp_path, "a", seeds, window=16, score=lambda s: (0.6, 0.9 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    arm(tmp_path, "b", seeds, window=64, score=lambda s: (0.5, 0.6 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
     conv = verdicts(tmp_path).loc["convergence (probes)"]
     if seeds == 5:
         assert_reproduced(conv)
@@ -120,8 +120,8 @@ def test_convergence_gap_closes_and_arms_end_equivalent(tmp_path, seeds):
 def test_convergence_gap_halves_but_arms_stay_apart(tmp_path, seeds):
     """Gap 0.4 at step 19, 0.2 at 29 and 39: it halved, then stayed; the arms are apart at the end and no
     longer move: refuted at 5 seeds, inconclusive at 3 (no p below 0.1); never reproduced."""
-    arm(tmp_path, "a", seeds, window=16, token_acc=lambda s: (0.6, 0.9 + 0.01 * s, 0.8 + 0.01 * s, 0.8 + 0.01 * s))
-    arm(tmp_path, "b", seeds, window=64, token_acc=lambda s: (0.5, 0.5 + 0.01 * s, 0.6 + 0.01 * s, 0.6 + 0.01 * s))
+    arm(tmp_path, "a", seeds, window=16, score=lambda s: (0.6, 0.9 + 0.01 * s, 0.8 + 0.01 * s, 0.8 + 0.01 * s))
+    arm(tmp_path, "b", seeds, window=64, score=lambda s: (0.5, 0.5 + 0.01 * s, 0.6 + 0.01 * s, 0.6 + 0.01 * s))
     conv = verdicts(tmp_path).loc["convergence (probes)"]
     assert conv["verdict"] != "reproduced"
     if seeds == 5:
@@ -137,9 +137,9 @@ def test_convergence_arms_still_drifting_apart(tmp_path, seeds):
     the budget (0, 0.1, 0.2, 0.3). 5 seeds: still moving from step 29 to 39, not testable at this budget;
     3 seeds cannot show the movement (p >= 0.1): inconclusive; never refuted or reproduced."""
     arm(tmp_path, "a", seeds, window=16,
-        token_acc=lambda s: (0.5 + 0.01 * s, 0.6 + 0.01 * s, 0.7 + 0.01 * s, 0.8 + 0.01 * s))
+        score=lambda s: (0.5 + 0.01 * s, 0.6 + 0.01 * s, 0.7 + 0.01 * s, 0.8 + 0.01 * s))
     arm(tmp_path, "b", seeds, window=64,
-        token_acc=lambda s: (0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s))
+        score=lambda s: (0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s, 0.5 + 0.01 * s))
     conv = verdicts(tmp_path).loc["convergence (probes)"]
     assert conv["verdict"] not in ("refuted", "reproduced"), conv.to_dict()
     if seeds == 5:
@@ -149,8 +149,8 @@ def test_convergence_arms_still_drifting_apart(tmp_path, seeds):
 
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_an_arm_that_never_rises_leaves_convergence_not_testable(tmp_path, seeds):
-    arm(tmp_path, "fast", seeds, window=16, token_acc=fast)
-    arm(tmp_path, "flat", seeds, window=64, token_acc=never)
+    arm(tmp_path, "fast", seeds, window=16, score=fast)
+    arm(tmp_path, "flat", seeds, window=64, score=never)
     conv = verdicts(tmp_path).loc["convergence (probes)"]
     assert_verdict(conv, "not testable at this budget", f"W=64 (0/{seeds} seeds) not above 3 null standard errors in "
                    "most seeds by the declared step 29")
@@ -161,10 +161,10 @@ def test_late_rising_lightning_leaves_convergence_not_testable(tmp_path, seeds):
     """Two SWA hybrids that converge (a gap at step 19, equal from 29) and a Lightning hybrid of which only
     seed 0 has risen by the budget, to the same plateau: the arms are apart at the end because Lightning has
     not risen, which says nothing against convergence: not testable at this budget, naming Lightning."""
-    arm(tmp_path, "a", seeds, window=16, token_acc=lambda s: (0.6, 0.9 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
-    arm(tmp_path, "b", seeds, window=64, token_acc=lambda s: (0.5, 0.6 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    arm(tmp_path, "a", seeds, window=16, score=lambda s: (0.6, 0.9 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    arm(tmp_path, "b", seeds, window=64, score=lambda s: (0.5, 0.6 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
     arm(tmp_path, "l", seeds, mixer="lightning",
-        token_acc=lambda s: (0.6, 0.9, 0.9, 0.9) if s == 0 else (0.0, 0.01 * s, 0.01 * s, 0.02 + 0.01 * s))
+        score=lambda s: (0.6, 0.9, 0.9, 0.9) if s == 0 else (0.0, 0.01 * s, 0.01 * s, 0.02 + 0.01 * s))
     conv = verdicts(tmp_path).loc["convergence (probes)"]
     assert_verdict(conv, "not testable at this budget", f"lightning (1/{seeds} seeds) not above 3 null")
 
@@ -175,11 +175,11 @@ def test_level_follows_the_sampling_error_and_retrieval_acc_is_not_tested(tmp_pa
     not tested, rather than events read off the spread of three early validations."""
     from test_analysis import fabricate, run_config, tokens_scalars
 
-    arm(tmp_path, "a", 5, window=16, token_acc=lambda s: (0.1, 0.2, 0.3, 0.4))
-    arm(tmp_path, "b", 5, window=64, token_acc=lambda s: (0.0, 0.1, 0.2, 0.3))
+    arm(tmp_path, "a", 5, window=16, score=lambda s: (0.1, 0.2, 0.3, 0.4))
+    arm(tmp_path, "b", 5, window=64, score=lambda s: (0.0, 0.1, 0.2, 0.3))
     fabricate(tmp_path / "c-s0", run_config(0, window=32), "done", {"train/tokens": tokens_scalars(39),
                                                                      "val/retrieval_acc": [
-        (9, 0.300), (19, 0.301), (29, 0.299), (39, 0.330)]}, token_acc=(0.0, 0.0, 0.0, 0.0))
+        (9, 0.300), (19, 0.301), (29, 0.299), (39, 0.330)]}, score=(0.0, 0.0, 0.0, 0.0))
     v = verdicts(tmp_path)
     assert v.loc["speed (probes)", "verdict"] == v.loc["convergence (probes)", "verdict"] == "no signal"
     assert "level up to 0.450" in v.loc["speed (probes)", "evidence"]
@@ -189,8 +189,8 @@ def test_level_follows_the_sampling_error_and_retrieval_acc_is_not_tested(tmp_pa
 def test_no_family_no_speed_test(tmp_path):
     """Full attention against one hybrid: no two hybrids differ only in their efficient layers: the speed test
     is not tested (and no convergence test is listed)."""
-    arm(tmp_path, "w16", 3, window=16, token_acc=fast)
-    arm(tmp_path, "full", 3, pattern="F", token_acc=slow)
+    arm(tmp_path, "w16", 3, window=16, score=fast)
+    arm(tmp_path, "full", 3, pattern="F", score=slow)
     v = verdicts(tmp_path)
     assert_verdict(v.loc[SPEED.name], "not tested")
     assert CONVERGENCE.name not in v.index
@@ -199,10 +199,10 @@ def test_no_family_no_speed_test(tmp_path):
 def test_recurrent_and_windowed_hybrids_form_one_family(tmp_path):
     """A Mamba-2 hybrid beside SWA hybrids of the same pattern and full layers is in their family; two
     families (RoPE and NoPE full layers) give one speed test each, named by what the family shares."""
-    arm(tmp_path, "w16", 3, window=16, token_acc=fast)
-    arm(tmp_path, "m", 3, mixer="mamba2", token_acc=slow)
-    arm(tmp_path, "w16n", 3, window=16, pos_full="nope", token_acc=fast)
-    arm(tmp_path, "w64n", 3, window=64, pos_full="nope", token_acc=fast)
+    arm(tmp_path, "w16", 3, window=16, score=fast)
+    arm(tmp_path, "m", 3, mixer="mamba2", score=slow)
+    arm(tmp_path, "w16n", 3, window=16, pos_full="nope", score=fast)
+    arm(tmp_path, "w64n", 3, window=64, pos_full="nope", score=fast)
     tests = verdicts(tmp_path)
     speeds = sorted(t for t in tests.index if t.startswith("speed (probes)"))
     assert speeds == ["speed (probes): pos.full=rope", "speed (probes): swa pos.full=nope"], speeds
@@ -212,8 +212,8 @@ def test_recurrent_and_windowed_hybrids_form_one_family(tmp_path):
 def test_analyze_findings_states_effect_ci_p_and_seeds(tmp_path, capsys):
     """The command line prints the verdict table; report.md holds it with the details below; the CSVs
     hold every number."""
-    arm(tmp_path / "runs", "fast", 5, window=16, token_acc=fast)
-    arm(tmp_path / "runs", "slow", 5, window=64, token_acc=slow)
+    arm(tmp_path / "runs", "fast", 5, window=16, score=fast)
+    arm(tmp_path / "runs", "slow", 5, window=64, score=slow)
     assert main(["analyze", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--findings"]) == 0
     printed = capsys.readouterr().out
     assert ("| 1. emergence speed | speed (probes) | reproduced | 320 tokens [320, 320] | 0.00794 (0.0317) "
@@ -242,8 +242,8 @@ def test_the_grid_declares_the_convergence_measure_and_margin(tmp_path):
     from hybrid_lightning.analysis.report import analyze
     from hybrid_lightning.grid.schema import VerdictsSpec
 
-    arm(tmp_path, "a", 5, window=16, token_acc=lambda s: (0.6, 0.9 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
-    arm(tmp_path, "b", 5, window=64, token_acc=lambda s: (0.5, 0.6 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    arm(tmp_path, "a", 5, window=16, score=lambda s: (0.6, 0.9 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
+    arm(tmp_path, "b", 5, window=64, score=lambda s: (0.5, 0.6 + 0.01 * s, 0.9 + 0.01 * s, 0.9 + 0.01 * s))
     runs = load_runs(find_runs(tmp_path), root=tmp_path)
 
     def convergence(**spec):
@@ -251,7 +251,7 @@ def test_the_grid_declares_the_convergence_measure_and_margin(tmp_path):
         return findings(runs, declared).set_index("test").loc["convergence (probes)"]
 
     assert_reproduced(convergence())
-    assert "longctx/token_acc_beyond arm means" in convergence()["evidence"]
+    assert "longctx/score_beyond arm means" in convergence()["evidence"]
     assert_verdict(convergence(margin=0.001), "inconclusive", "not shown within ±0.001")
     declared = VerdictsSpec.model_validate({"convergence": {"margin": 0.001}}).declared()
     analyze(tmp_path, tmp_path / "report", findings=True, declared=declared)  # as analyze --grid passes them
@@ -268,7 +268,7 @@ def test_a_convergence_measure_without_a_margin_or_at_its_ceiling_is_refused(tmp
     import yaml
 
     for spec, said in (({"measure": "loss_gain"}, "verdicts.convergence: loss_gain has no default equivalence margin"),
-                       ({"measure": "token_acc"}, "verdicts.convergence.measure"),
+                       ({"measure": "score"}, "verdicts.convergence.measure"),
                        ({"margin": 0}, "verdicts.convergence.margin"),
                        ({"measur": "loss_gain"}, "unknown grid key 'verdicts.convergence.measur'")):
         path = tmp_path / "grid.yaml"

@@ -69,7 +69,8 @@ def _check_the_callback(run_dir, steps: list[int]) -> dict:
         assert [e.step for e in acc.Scalars(tag)] == [20, 35], tag  # generation at multiples of 20 steps and at the end
     for tag in ("val_longctx_tasks/passkey/len_512", "val_longctx_tasks/niah_single_2/len_512",
                 "val_longctx/score_beyond", "val_longctx/exact", "val_longctx_tasks/passkey/exact",
-                "val_longctx_tasks/passkey/token_acc_out_window", "val_longctx_tasks/passkey/answer_loss_out_window",
+                "val_longctx_tasks/passkey/token_accuracy_out_window",
+                "val_longctx_tasks/passkey/answer_loss_out_window",
                 "val_longctx_tasks/passkey/chance_loss", "val_longctx_tasks/position_loss/000256-000400",
                 "val_longctx/ppl_long"):
         assert [e.step for e in acc.Scalars(tag)] == steps, tag

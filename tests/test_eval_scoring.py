@@ -120,8 +120,8 @@ def test_copy_oracle_scores_everything_and_a_windowed_one_only_inside_its_window
         if r["task"] in ("passkey", "niah_single_1", "niah_single_3"):
             assert r["generated_exact"] == r["accuracy"], r
     tags = scalars(report)
-    assert (tags["val_longctx_tasks/passkey/token_acc_in_window"] == 1.0
-            and tags["val_longctx_tasks/passkey/token_acc_out_window"] < 0.3)
+    assert (tags["val_longctx_tasks/passkey/token_accuracy_in_window"] == 1.0
+            and tags["val_longctx_tasks/passkey/token_accuracy_out_window"] < 0.3)
     assert 0 < tags["val_longctx/match_all"] < 1 and tags["val_longctx/exact"] == report_headline(report)["exact"]
 
 

@@ -18,7 +18,7 @@ from hybrid_lightning.analysis.load import find_runs, load_runs
 from test_analysis import EVAL_STEPS, fabricate, run_config, tokens_scalars
 
 
-def arm(root, name, seeds, window=16, pos_full="rope", token_acc=lambda s: (0.1, 0.2, 0.3, 0.4), beyond=lambda s: 0.0,
+def arm(root, name, seeds, window=16, pos_full="rope", score=lambda s: (0.1, 0.2, 0.3, 0.4), beyond=lambda s: 0.0,
         loss=lambda s: 2.0, heads=lambda s: ((0, 0.0),) * 4, pattern="EEEF", mixer="swa", n_heads=2):
     """``seeds`` runs of one architecture under root/name-s<k>; each argument a function of the seed; ``loss``
     is logged as val/loss and val/text_loss. The probe score's null standard error is 0.15 (4 answer tokens at
@@ -27,7 +27,7 @@ def arm(root, name, seeds, window=16, pos_full="rope", token_acc=lambda s: (0.1,
         config = run_config(s, window=window, pos_full=pos_full, pattern=pattern, mixer=mixer, n_heads=n_heads)
         fabricate(root / f"{name}-s{s}", config, "done",
                   {"train/tokens": tokens_scalars(39), "val/loss": [(39, loss(s))], "val/text_loss": [(39, loss(s))]},
-                  token_acc=token_acc(s), beyond_extra=beyond(s), heads=heads(s))
+                  score=score(s), beyond_extra=beyond(s), heads=heads(s))
 
 
 def verdicts(root):
@@ -211,8 +211,8 @@ def test_nope(tmp_path, seeds, effect):
     shift, cost = {"strong": (0.3, 0.0), "none": (0.0, 0.02), "reversed": (-0.3, 0.1)}[effect]
     def acc(s):
         return (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
-    arm(tmp_path, "rope", seeds, token_acc=acc, loss=lambda s: 2.0 + 0.001 * s)
-    arm(tmp_path, "nope", seeds, pos_full="nope", token_acc=acc, beyond=lambda s: shift + 0.001 * s,
+    arm(tmp_path, "rope", seeds, score=acc, loss=lambda s: 2.0 + 0.001 * s)
+    arm(tmp_path, "nope", seeds, pos_full="nope", score=acc, beyond=lambda s: shift + 0.001 * s,
         loss=lambda s: 2.0 + cost + 0.001 * s)
     v = verdicts(tmp_path)
     beyond, loss = v.loc["beyond: pos.full=rope"], v.loc["cost: pos.full=rope"]
@@ -237,7 +237,7 @@ def test_nope_cost_needs_natural_text(tmp_path):
     for name, pos in (("rope", "rope"), ("nope", "nope")):
         for s in range(3):
             fabricate(tmp_path / f"{name}-s{s}", run_config(s, pos_full=pos), "done",
-                      {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.0)]}, token_acc=(0.1, 0.2, 0.3, 0.4))
+                      {"train/tokens": tokens_scalars(39), "val/loss": [(39, 2.0)]}, score=(0.1, 0.2, 0.3, 0.4))
     assert_verdict(verdicts(tmp_path).loc["cost: pos.full=rope"], "not tested")
 
 
@@ -246,8 +246,8 @@ def test_three_seeds_say_when_no_p_can_be_small_enough(tmp_path):
     the verdict is inconclusive and says that more seeds, not a larger effect, are missing."""
     def acc(s):
         return (0.1, 0.2, 0.3, 0.4 + 0.01 * s)
-    arm(tmp_path, "rope", 3, token_acc=acc)
-    arm(tmp_path, "nope", 3, pos_full="nope", token_acc=acc, beyond=lambda s: 0.3 + 0.001 * s)
+    arm(tmp_path, "rope", 3, score=acc)
+    arm(tmp_path, "nope", 3, pos_full="nope", score=acc, beyond=lambda s: 0.3 + 0.001 * s)
     beyond = verdicts(tmp_path).loc["beyond: pos.full=rope"]
     assert beyond["p"] == pytest.approx(0.1) and beyond["ci_low"] > 0
     assert_verdict(beyond, "inconclusive", "with 3/3 seeds no p can fall below 0.1")
@@ -262,8 +262,8 @@ def test_nope_beyond_is_conditioned_on_within(tmp_path, seeds):
 
     def nope(s):
         return (0.1, 0.2, 0.3, 0.7 + 0.01 * s)
-    arm(tmp_path, "rope", seeds, token_acc=rope, beyond=lambda s: -0.1)
-    arm(tmp_path, "nope", seeds, pos_full="nope", token_acc=nope, beyond=lambda s: -0.1)
+    arm(tmp_path, "rope", seeds, score=rope, beyond=lambda s: -0.1)
+    arm(tmp_path, "nope", seeds, pos_full="nope", score=nope, beyond=lambda s: -0.1)
     _, comparisons = both(load_runs(find_runs(tmp_path), root=tmp_path))
     beyond = verdicts(tmp_path).loc["beyond: pos.full=rope"]
     assert (beyond["compared"] == "NoPE - RoPE of (score beyond - score within)"

@@ -53,7 +53,7 @@ def test_an_swa_head_copying_from_inside_its_window_scores():
     swa, full = head(report, 1, COPY_HEAD), head(report, 2, COPY_HEAD)
     steps = len(echo.answer)
     # the SWA head reaches a source only in the echo probe, and there it copies every token
-    assert swa["kind"] == "swa" and swa["answer_steps"] == 2 * steps and swa["reach_steps"] == steps
+    assert swa["mixer"] == "swa" and swa["answer_steps"] == 2 * steps and swa["reach_steps"] == steps
     assert swa["reach_score"] == 1.0 and swa["reach_retrieval"] and swa["score"] == 0.5
     # the full head attending as far back reaches every source but copies only from the echo
     assert full["reach_steps"] == 2 * steps and full["reach_score"] == 0.5

@@ -33,7 +33,7 @@ def test_callback_logs_scores_and_the_command_gives_them_again(tmp_path, capsys)
     callback = read(run_dir / "eval" / "heads_step_15.json")
     # samples: 4 + 2 echoes
     assert callback["tokens"] == 15 * 8 * 128 and callback["samples"] == 6 and callback["ablation"] == []
-    assert [(h["layer"], h["head"], h["kind"]) for h in callback["heads"]] == [
+    assert [(h["layer"], h["head"], h["mixer"]) for h in callback["heads"]] == [
         (0, 0, "swa"), (0, 1, "swa"), (1, 0, "full"), (1, 1, "full")]
     assert callback["settings"]["value_tokens"] == 16 and callback["layers"][1]["window"] is None
 

@@ -203,7 +203,7 @@ def test_retrieval_heads_records_each_heads_window_and_reach():
                                     "heads": {**probe, "echo": False}}}).eval
     model = headwise("SFFS", d_model=32, vocab_size=257).eval()
     rows = [r for r in RetrievalHeads(cfg, tok, held_out).run(model, step=0, tokens=0)["heads"] if r["layer"] == 0]
-    assert [(r["kind"], r["window"]) for r in rows] == [("headwise", W), ("headwise", None), ("headwise", None),
+    assert [(r["mixer"], r["window"]) for r in rows] == [("headwise", W), ("headwise", None), ("headwise", None),
                                                         ("headwise", W)]
     assert [r["reach_steps"] > 0 for r in rows] == [False, True, True, False] and rows[0]["answer_steps"] > 0
 
@@ -253,7 +253,7 @@ def test_a_headwise_hybrid_trains_is_scored_per_head_analysed_and_exported(tmp_p
 
     run_dir = train(validate_config(toy_run_config()), tmp_path / "runs" / "hw")
     heads = json.loads((run_dir / "eval" / "heads_step_4.json").read_text())["heads"]
-    assert [(h["kind"], h["window"]) for h in heads if h["layer"] == 0] == [("headwise", None)] * 2 + [
+    assert [(h["mixer"], h["window"]) for h in heads if h["layer"] == 0] == [("headwise", None)] * 2 + [
         ("headwise", 16)] * 2
     assert {h["window"] for h in heads if h["layer"] == 1} == {None}
     analyze(tmp_path / "runs", tmp_path / "analysis")

@@ -85,7 +85,7 @@ def test_where_layer_level_ignores_layers_that_cannot_reach(tmp_path, seeds):
     window below the echo's distance) cannot be retrieval heads, so every retrieval head is in a full layer
     by geometry. Counted as share 0, the windowed layers at the full layers' depths would make full
     attention win; left out, no layer can stand beside a full one at the same depth: not testable."""
-    placed(tmp_path, seeds, {"EEEF": 3, "FEEE": 0}, window=8, reach=lambda row: 16 if row["kind"] == "full" else 0)
+    placed(tmp_path, seeds, {"EEEF": 3, "FEEE": 0}, window=8, reach=lambda row: 16 if row["mixer"] == "full" else 0)
     where = verdicts(tmp_path).loc["where"]
     assert_verdict(where, "not testable", "attention type confounded with depth")
     assert f"{2 * seeds} of these runs have reachable heads of one kind only" in where["evidence"]

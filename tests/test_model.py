@@ -46,7 +46,8 @@ def test_count_params_splits_embedding():
     assert c["embedding"] == 2 * 100 * 32
     assert c["total"] == sum(p.numel() for p in model.parameters())
     assert c["non_embedding"] == c["total"] - c["embedding"]
-    assert [layer["kind"] for layer in c["layers"]] == ["swa", "full"]
+    assert [layer["mixer"] for layer in c["layers"]] == ["swa", "full"]
+    assert sum(layer["params"]["total"] for layer in c["layers"]) + 32 == c["non_embedding"]  # + the final norm
     tied = build_model({"n_layers": 2, "d_model": 32, "n_heads": 2, "vocab_size": 100, "pattern": "EF",
                         "tie_embeddings": True})
     assert count_params(tied)["embedding"] == 100 * 32

@@ -23,7 +23,7 @@ HEADS = {16: lambda s: ((0, 0.0), (1, 0.3), (1, 0.4), (2, 0.5)),
 def grid(root, pattern: str, mixer: str, recorded: bool):
     """Two windows, RoPE and NoPE at the smaller one, 3 seeds each; the SWA layers written as ``pattern``."""
     for name, window, pos in (("w16", 16, "rope"), ("w64", 64, "rope"), ("w16-nope", 16, "nope")):
-        arm(root, name, 3, window=window, pos_full=pos, token_acc=RISE[window], heads=HEADS[window], pattern=pattern,
+        arm(root, name, 3, window=window, pos_full=pos, score=RISE[window], heads=HEADS[window], pattern=pattern,
             beyond=lambda s, pos=pos: 0.3 if pos == "nope" else 0.0)
     for run in find_runs(root):
         path = run / "config.yaml"

@@ -2,6 +2,7 @@
 tables and analysis's columns come from it, and the long-context pooling is one function."""
 
 import ast
+import json
 
 import pandas as pd
 import pytest
@@ -49,7 +50,7 @@ def test_the_evaluation_and_analysis_pool_alike():
     assert p["chance_loss"] == pytest.approx((23 + 30) / 25)
     # the chance accuracy pools as the token measures do (the format-only predictor's, probes/chance.py)
     assert p["chance_token_accuracy"] == pytest.approx((1 + 4.5) / 25)
-    assert frame["token_acc"] == pytest.approx(p["score"]) == pytest.approx((9 - 5.5) / 25)
+    assert frame["score"] == pytest.approx(p["score"]) == pytest.approx((9 - 5.5) / 25)
     assert frame["loss_gain"] == pytest.approx(p["chance_loss"] - p["answer_loss"])
     assert p["generated"] == 3 and p["match_all"] == 0.5  # generation measures over the decoded cell only
     assert pool(cells[:1])["match_all"] is None
@@ -77,3 +78,20 @@ def test_no_module_lists_a_records_fields_again():
                 if len(named) >= MIN_LISTED and named <= own:
                     found.append(f"{path.relative_to(REPO)}:{line} lists fields of {kind!r}: {names}")
     assert not found, "\n".join(found)
+
+
+def test_records_written_when_a_layers_mixer_was_named_kind_read_as_today(tmp_path):
+    """The fourth replica's records name a layer's mixer ``kind``: read through ``read_eval_record`` (every reader's
+    path) their rows carry ``mixer`` in its place, and today's records are left as they are."""
+    from hybrid_lightning.rundir.evals import read_eval_record
+
+    old = REPO / "analysis" / "results" / "cpu_replica" / "runs" / "seed=0,arch=swa8" / "eval" / "heads_step_4000.json"
+    assert '"kind"' in old.read_text()
+    record = read_eval_record(old)
+    assert list(record["heads"][0]) == list(records.columns("heads"))
+    assert [r["mixer"] for r in record["layers"]] == ["swa", "swa", "swa", "full"]
+    today = {"step": 1, "layers": [records.row("layers", step=1, tokens=2, layer=0, mixer="full", window=None,
+                                               pos="rope", applicable=True, **dict.fromkeys(
+                                                   records.columns("layers")[7:]))]}
+    (tmp_path / "r.json").write_text(json.dumps(today))
+    assert read_eval_record(tmp_path / "r.json") == today

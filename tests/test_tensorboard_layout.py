@@ -34,7 +34,7 @@ def long_context_report(tasks=TASKS, lengths=(4096, 8192, 16384, 32768), depths=
 
 
 def heads_report(n_layers=4, n_heads=2, scored=(3,)) -> dict:
-    layers = [{"layer": i, "kind": "full", "window": None, "pos": "rope", "applicable": True, "retrieval_heads": 0,
+    layers = [{"layer": i, "mixer": "full", "window": None, "pos": "rope", "applicable": True, "retrieval_heads": 0,
                "copy_heads": 0, "locator_heads": 0, "max_score": 0.5 if i in scored else 0.0, "mean_score": 0.0}
               for i in range(n_layers)]
     heads = [{"layer": i, "head": h, "score": 0.5 if i in scored else 0.0, "role": None} for i in range(n_layers)

@@ -126,7 +126,7 @@ def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name
     runs = pd.read_csv(out / "runs.csv")
     assert runs["label"].tolist() == ["cumulative_mean EF"]
     layers = json.loads((run_dir / "eval" / "heads_step_6.json").read_text())["layers"]
-    assert [(layer["kind"], layer["applicable"]) for layer in layers] == [("cumulative_mean", False), ("full", True)]
+    assert [(layer["mixer"], layer["applicable"]) for layer in layers] == [("cumulative_mean", False), ("full", True)]
 
     transformers = pytest.importorskip("transformers", reason="the export extra (transformers) is not installed")
     from hybrid_lightning.export.folder import export_run, load_native

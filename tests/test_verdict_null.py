@@ -32,7 +32,7 @@ def null_run(run_dir, config, rng, nope):
     first = rng.integers(0, 5)
     loss = float(rng.normal(2.0, 0.01) + 0.02 * nope)
     fabricate(run_dir, config, "done", {"train/tokens": tokens_scalars(39), "val/text_loss": [(39, loss)]},
-              token_acc=acc, beyond_extra=float(rng.normal(-0.2, 0.1)),
+              score=acc, beyond_extra=float(rng.normal(-0.2, 0.1)),
               heads=tuple((int(i >= first), 0.5 * (i >= first)) for i in range(4)), packed=True)
     path = run_dir / "eval" / f"heads_step_{EVAL_STEPS[-1]}.json"
     report = json.loads(path.read_text())

@@ -74,8 +74,8 @@ def add_parsers(sub) -> None:
     p.add_argument("dir",
                    help="folder searched recursively for run directories (folders with config.yaml; .grid/ skipped)")
     p.add_argument("--out", help="output folder (default: DIR/analysis)")
-    p.add_argument("--metric", choices=list(METRICS), default="token_acc",
-                   help="long-context score (default token_acc: answer-token accuracy minus chance)")
+    p.add_argument("--metric", choices=list(METRICS), default="score",
+                   help="long-context score (default score: answer-token accuracy minus chance)")
     p.add_argument("--grid", help="the grid file of DIR: the report lists its cells that have no run directory")
     p.add_argument("--findings", action="store_true",
                    help="open the report with rule-based verdicts on the paper's three findings (analysis/findings.py)")

@@ -71,7 +71,7 @@ MAX_SEED = 2**32 - 1  # seeds are numpy's and Lightning's seed_everything's: 0 t
 # The convergence verdict's measures (analysis/convergence.py), a grid's ``verdicts.convergence.measure``: none at
 # its ceiling where the arms have risen (the within-length token score ends near 1 - chance for every risen arm, so
 # equivalence there would be automatic). Each with its default equivalence margin, None where a grid must state one.
-CONVERGENCE_MEASURES = {"token_acc_beyond": 0.05, "loss_gain": None, "loss_gain_beyond": None}
+CONVERGENCE_MEASURES = {"score_beyond": 0.05, "loss_gain": None, "loss_gain_beyond": None}
 MAX_PROBE_TOKENS = 2**21  # probe and evaluation lengths: 2M tokens, beyond any evaluated context
 
 

@@ -136,17 +136,17 @@ def accuracy(X: np.ndarray, y: np.ndarray) -> tuple[float, int, int]:
     return float(clf.score(scaler.transform(X_test), y_test)), len(y_train), len(y_test)
 
 
-def probe_rows(states: np.ndarray, labels: np.ndarray, kinds: list[str], part: str | None, tokens: int | None,
+def probe_rows(states: np.ndarray, labels: np.ndarray, mixers: list[str], part: str | None, tokens: int | None,
                step: int, seen: int) -> list[dict]:
     """The ``layer_probe`` rows: each layer's accuracy on its ``residual`` and ``delta`` features; ``states``
-    (samples, L + 1, D) from ``features``, ``kinds`` the layers' mixers."""
+    (samples, L + 1, D) from ``features``, ``mixers`` the layers' mixers."""
     rows = []
-    for i, kind in enumerate(kinds):
+    for i, mixer in enumerate(mixers):
         for feature in FEATURES:
             X = states[:, i + 1] if feature == "residual" else states[:, i + 1] - states[:, i]
             acc, n_train, n_test = accuracy(X, labels)
             rows.append(row("layer_probe", layers=part, receptive_field=tokens, step=step, tokens=seen, layer=i,
-                            kind=kind, feature=feature, accuracy=acc, n_train=n_train, n_test=n_test,
+                            mixer=mixer, feature=feature, accuracy=acc, n_train=n_train, n_test=n_test,
                             classes=len(np.unique(labels))))
     return rows
 
@@ -170,12 +170,12 @@ def probe_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (), ck
     if write_data:
         Path(write_data).write_text(json.dumps(probes, indent=1))
     texts, labels = [tok.encode(r["text"]) for r in probes], np.array([int(r["label"]) for r in probes])
-    kinds = [block.spec.mixer for block in run.model.layers]
+    mixers = [block.spec.mixer for block in run.model.layers]
     rows = []
     for part, tokens in [(None, None), *limits]:
         with receptive_field(run.model, part, tokens):
             states = features(run.model, texts, run.cfg.eval.chunk_tokens)
-        rows += probe_rows(states, labels, kinds, part, tokens, run.step, run.tokens)
+        rows += probe_rows(states, labels, mixers, part, tokens, run.step, run.tokens)
     record = {"step": run.step, "tokens": run.tokens, "samples": len(probes), "data": str(data or write_data or ""),
               "prompt_tokens": int(max(map(len, texts))), "layer_probe": rows}
     write_eval_record(Path(run_dir), "layer_probe", record,
@@ -191,6 +191,6 @@ def probe_table(record: dict) -> str:
     names = [f"{f}" + (f" {p}:{t}" if p else "") for p, t, f in setups]
     lines = [f"step {record['step']}  {record['samples']} probes of up to {record['prompt_tokens']} tokens, "
              f"chance {1 / rows[0]['classes']:.3f}", f"{'layer':<16}" + "".join(f"{n:>20}" for n in names)]
-    for layer, kind in dict.fromkeys((r["layer"], r["kind"]) for r in rows):
-        lines.append(f"{f'{layer} {kind}':<16}" + "".join(f"{acc[(*s, layer)]:>20.3f}" for s in setups))
+    for layer, mixer in dict.fromkeys((r["layer"], r["mixer"]) for r in rows):
+        lines.append(f"{f'{layer} {mixer}':<16}" + "".join(f"{acc[(*s, layer)]:>20.3f}" for s in setups))
     return "\n".join(lines)

@@ -40,14 +40,14 @@ def scalars(report: dict) -> dict[str, float]:
         p = pool(records, task=task)
         out[f"{TASKS_TAGS}/{task}/exact"] = p["accuracy"]
         out.update({f"{TASKS_TAGS}/{task}/{k}": p[k] for k in ("match_all", "match_part") if p[k] is not None})
-        out[f"{TASKS_TAGS}/{task}/chance_token_acc"], out[f"{TASKS_TAGS}/{task}/chance_loss"] = (
+        out[f"{TASKS_TAGS}/{task}/chance_token_accuracy"], out[f"{TASKS_TAGS}/{task}/chance_loss"] = (
             p["chance_token_accuracy"], p["chance_loss"])
         splits = ({"": {}} if report["window"] is None
                   else {"_in_window": {"in_window": True}, "_out_window": {"in_window": False}})
         for suffix, where in splits.items():
             p = pool(records, task=task, **where)
             if p is not None:
-                out[f"{TASKS_TAGS}/{task}/token_acc{suffix}"], out[f"{TASKS_TAGS}/{task}/answer_loss{suffix}"] = (
+                out[f"{TASKS_TAGS}/{task}/token_accuracy{suffix}"], out[f"{TASKS_TAGS}/{task}/answer_loss{suffix}"] = (
                     p["token_accuracy"], p["answer_loss"])
     out.update({f"{LONGCTX_TAGS}/{k}": v for k, v in headline(report).items() if v is not None})  # Tag.SCORE, ...
     for row in report["position_loss"]:

@@ -14,11 +14,11 @@ class ConvergenceSpec(_Frozen):
     """The convergence verdict's measure and equivalence margin, declared before the results are seen."""
 
     measure: Literal[tuple(CONVERGENCE_MEASURES)] = Field(
-        "token_acc_beyond", description="the probe score judged: `token_acc_beyond` (answer-token accuracy minus "
+        "score_beyond", description="the probe score judged: `score_beyond` (answer-token accuracy minus "
         "chance beyond the training length), `loss_gain` or `loss_gain_beyond` (chance loss minus answer loss, nats "
         "per answer token, within or beyond the training length)")
     margin: Number | None = Field(None, gt=0, description="arms whose means differ by less are equivalent, in the "
-                                  "measure's units; null = 0.05 for token_acc_beyond (required for the others)")
+                                  "measure's units; null = 0.05 for score_beyond (required for the others)")
 
     @model_validator(mode="after")
     def _check(self) -> ConvergenceSpec:

@@ -25,8 +25,8 @@ def head_name(layer: int, head: int) -> str:
 
 
 def layer_label(row: dict) -> str:
-    kind = f"{row['kind']}/{row['window']}" if row["window"] is not None else row["kind"]
-    return f"{row['layer']} {kind}" + ("" if row["applicable"] else " (n/a)")
+    mixer = f"{row['mixer']}/{row['window']}" if row["window"] is not None else row["mixer"]
+    return f"{row['layer']} {mixer}" + ("" if row["applicable"] else " (n/a)")
 
 
 def scored_layers(report: dict) -> set[int]:

@@ -255,7 +255,7 @@ class RetrievalHeads:
         for layer, head in itertools.product(sorted(scored), range(H)):
             t = dict(zip(HEAD_STATS, heads[layer * H + head].tolist()))
             spec = model.plan[layer]
-            row = {"step": step, "tokens": tokens, "layer": layer, "head": head, "kind": spec.mixer,
+            row = {"step": step, "tokens": tokens, "layer": layer, "head": head, "mixer": spec.mixer,
                    "window": model.layers[layer].mixer.head_windows[head], "pos": spec.pos}  # records.HeadScores
             if n["kept"]:
                 row |= {k: t[k] / n["kept"] for k in ("score", "token_score", "in_span", "span_mass", "source_mass")}
@@ -274,7 +274,7 @@ class RetrievalHeads:
         layers = []
         for spec in model.plan:
             mine = [r for r in rows if r["layer"] == spec.index]
-            layers.append(records.row("layers", step=step, tokens=tokens, layer=spec.index, kind=spec.mixer,
+            layers.append(records.row("layers", step=step, tokens=tokens, layer=spec.index, mixer=spec.mixer,
                                       window=spec.window, pos=spec.pos, applicable=spec.index in scored,
                                       **counts(mine, scored=spec.index in scored)))
         return {

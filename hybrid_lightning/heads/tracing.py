@@ -116,7 +116,7 @@ def trace_checkpoint(model, reference, samples, heads: list[tuple[int, int]], sc
     scores, used = scored or mass_scores(model, samples)
     spec = {i: model.plan[i] for i, _ in attention_layers(model)}
     step, tokens = where["step"], where["tokens"]
-    mass = [records.row("mass", step=step, tokens=tokens, layer=i, head=h, kind=spec[i].mixer,
+    mass = [records.row("mass", step=step, tokens=tokens, layer=i, head=h, mixer=spec[i].mixer,
                         window=model.layers[i].mixer.head_window(h),
                         mass=float(scores[i, h]), target=(i, h) in heads)
             for i in spec for h in range(model.layers[i].mixer.n_heads)]

@@ -81,8 +81,9 @@ def count(opts: ModelOptions, specs: tuple[LayerSpec, ...], lengths: tuple[int, 
 
 def count_params(model: HybridLM) -> dict:
     """The counts of a built model (``count`` of its options and layers): ``embedding``, ``non_embedding``,
-    ``total`` and per layer its index, mixer, window, positional encoding and parameters."""
+    ``total`` and per layer its index, mixer, window, positional encoding and ``params`` (its mixer, MLP, norms and
+    total, as ``plan.json``'s layers hold them)."""
     counts = count(model.opts, model.plan)
-    layers = [{"layer": s.index, "kind": s.mixer, "letter": s.letter, "window": s.window, "pos": s.pos, **p}
+    layers = [{"layer": s.index, "mixer": s.mixer, "letter": s.letter, "window": s.window, "pos": s.pos, "params": p}
               for s, p in zip(model.plan, counts.layers)]
     return {**counts.totals(), "layers": layers}

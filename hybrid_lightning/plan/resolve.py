@@ -171,7 +171,7 @@ def provenance() -> dict:
 def param_table(plan: RunPlan) -> str:
     """``hybrid-lightning params``: the plan's parameters per layer, the totals, its memory estimate and, last (what
     scripts read), the comparison with its reference (``matching.param_report``)."""
-    rows = [["layer", "kind", "window", "pos", "mixer", "mlp", "mlp width", "norm", "total"]]
+    rows = [["layer", "mixer", "window", "pos", "mixer params", "mlp params", "mlp width", "norm params", "total"]]
     rows += [[str(layer.index), layer.mixer, str(layer.window or "-"), layer.pos or "-", f"{layer.params['mixer']:,}",
               f"{layer.params['mlp']:,}", str(layer.mlp_hidden), f"{layer.params['norm']:,}",
               f"{layer.params['total']:,}"]

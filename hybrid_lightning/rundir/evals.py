@@ -9,12 +9,14 @@ from pathlib import Path
 
 from hybrid_lightning.fileio import write_atomic
 from hybrid_lightning.rundir import eval_path
+from hybrid_lightning.rundir.legacy import upgraded_record
 
 
 def read_eval_record(path: Path) -> dict | None:
-    """An evaluation record, or None where it does not read (records are written whole or not at all, so damaged)."""
+    """An evaluation record, or None where it does not read (records are written whole or not at all, so damaged);
+    one an older version wrote reads as today's (``legacy.upgraded_record``)."""
     try:
-        return json.loads(Path(path).read_text())
+        return upgraded_record(json.loads(Path(path).read_text()))
     except (OSError, ValueError):
         return None
 

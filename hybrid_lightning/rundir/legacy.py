@@ -5,7 +5,9 @@
 - a ``plan.json`` of version 1, whose records number a step by the index of its last batch (``plan_of_record``);
 - such a run is not resumed (``check_resumable``): its records would mix two numberings;
 - a run whose config.yaml says a version that writes plan.json wrote it, without one: not rebuilt, named missing
-  (``check_planless``).
+  (``check_planless``);
+- evaluation records whose rows name a layer's mixer ``kind`` (before issue 48's one name per concept), read with
+  it as ``mixer`` (``upgraded_record``).
 
 Every reader of a run directory goes through ``files.read_plan``, which sends these cases here.
 """
@@ -24,6 +26,18 @@ from hybrid_lightning.runplan import STEPS_INDEXED, Budget, LayerPlan, RunPlan, 
 # layer: layer, kind, letter, window, pos) and the parameter counts.
 LAYERS_KEY, PARAMS_KEY = "layers", "params"
 _DEFAULTS = flatten(config_to_dict(validate_config({})))  # every key's default, for configs written without it
+
+
+def upgraded_record(record):
+    """An evaluation record as read (a dict, or anything else, returned as is) with the rows of its lists that name the
+    layer's mixer ``kind`` (records written before the field was ``mixer``) renamed, the field kept in its place."""
+    if not isinstance(record, dict):
+        return record
+    for name, rows in record.items():
+        if isinstance(rows, list) and any(isinstance(r, dict) and "kind" in r and "mixer" not in r for r in rows):
+            record[name] = [{("mixer" if k == "kind" else k): v for k, v in r.items()} if isinstance(r, dict) else r
+                            for r in rows]
+    return record
 
 
 def plan_of_record(data: Mapping, source: str) -> RunPlan:
