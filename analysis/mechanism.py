@@ -22,7 +22,9 @@ checkpoints as strata, each run weighing as one (``stats.stratified_p``, exact u
 interval: one-sample t over its runs. A checkpoint whose top-K fills a layer (K >= heads per layer there)
 has no such control: that architecture is not testable; where its distinct controls are so few that the
 exact p cannot fall below ``ALPHA`` (4 heads, K = 2: one set per run, 2 / 2^3 = 0.25 at 3 seeds), its claim
-is not testable by design and leaves the Holm family.
+is not testable by design and leaves the Holm family. A grid that declares ``verdicts: {ablation: {pooled: true}}``
+before training makes it one claim over every architecture's checkpoints instead (the same strata, each run weighing
+as one): the retrieval heads carry retrieval in hybrids as a class, at the floor of all their runs together.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ def _experiment(top: set, draws: pd.DataFrame, per_layer: Counter, retrieval: se
             "" if valid else "no control draw of non-retrieval heads of the top-K's layers")
 
 
-def ablation(runs: Runs) -> Test:
+def ablation(runs: Runs, pooled: bool = False) -> Test:
+    """The ablation test: one claim per architecture, or (``pooled``) one over all of them."""
     a = tables.ablation(runs.ablations, runs.configs)
     if a.empty or "top" not in set(a["selection"]):
         return Test(F, ABLATION.name, verdict="not tested", evidence="no run has a top-K head ablation")
@@ -199,13 +202,17 @@ def ablation(runs: Runs) -> Test:
             strata.setdefault(label, {})[(run, step, k)] = (float(top["token_drop"].iloc[0]), valid, len(others))
         else:
             reasons.setdefault(label, []).append(why)
-    return _ablation_test(strata, reasons, used)
+    return _ablation_test(strata, reasons, used, pooled)
 
 
-def _ablation_test(strata: dict, reasons: dict, used: str) -> Test:
+def _ablation_test(strata: dict, reasons: dict, used: str, pooled: bool) -> Test:
     comparisons, lines = [], []
+    if pooled and strata:
+        every = {key: e for experiments in strata.values() for key, e in experiments.items()}
+        comparisons.append(_per_architecture(f"{len(strata)} architectures pooled", every))
     for label, experiments in sorted(strata.items()):
-        comparisons.append(_per_architecture(label, experiments))
+        if not pooled:
+            comparisons.append(_per_architecture(label, experiments))
         lines.append(f"{label}: " + ", ".join(
             f"{run} step {step}: {top:.3f} vs {np.mean(list(sets.values())):.3f} ({len(sets)} distinct control "
             f"set{'s' * (len(sets) > 1)} in {draws} draws)"
@@ -278,6 +285,26 @@ def _plan_where(d: Design, _: Models) -> list[Planned]:
                     "window)", labels, d.seeds(labels), floor, complete(floor), "complete separation", why=why)]
 
 
+def _control_sets(d: Design, label: str) -> int:
+    """Distinct same-layer control head sets of the top-K of one layer of ``label``: at most C(heads - K, K)."""
+    heads = int(d.value(label, "model.n_heads"))
+    return min(d.controls, math.comb(heads - d.top_k, d.top_k)) if d.top_k < heads else 0
+
+
+def _plan_pooled_ablation(d: Design, _: Models) -> list[Planned]:
+    """The ablation as one claim over every architecture with full-attention heads and same-layer controls."""
+    labels = [label for label in d.arms if d.plan(label).full_layers and _control_sets(d, label)]
+    sets = [_control_sets(d, label) for label in labels]
+
+    def floor(s: list[int]) -> list[float]:
+        return at_least(s, [stratified_floor([n + 1 for n, seeds in zip(sets, s) for _ in range(seeds)])])
+
+    why = "" if labels else "no architecture with full-attention heads has a same-layer control head set"
+    return [Planned(F, ABLATION.named("pooled"), f"top-{d.top_k} heads vs their distinct same-layer non-retrieval "
+                    f"head sets, one claim over {len(labels)} architectures", labels, d.seeds(labels), floor,
+                    complete(floor), "complete separation", why=why)]
+
+
 def _plan_ablation(d: Design, _: Models) -> list[Planned]:
     """Ablation per architecture with full-attention heads: the top-K, in one layer, against the distinct
     same-layer head sets of ``d.controls`` draws (at most C(heads - K, K), each counted once)."""
@@ -286,7 +313,7 @@ def _plan_ablation(d: Design, _: Models) -> list[Planned]:
         if not d.plan(label).full_layers:
             continue
         heads = int(d.value(label, "model.n_heads"))
-        sets = min(d.controls, math.comb(heads - k, k)) if k < heads else 0
+        sets = _control_sets(d, label)
 
         def floor(s: list[int], sets: int = sets) -> list[float]:
             return at_least(s, [stratified_floor([sets + 1] * s[0]) if sets else math.nan])
@@ -305,4 +332,12 @@ def _plan_ablation(d: Design, _: Models) -> list[Planned]:
 
 
 WHERE = Verdict(F, "where", lambda runs: [where(runs)], _plan_where)
-ABLATION = Verdict(F, "ablation", lambda runs: [ablation(runs)], _plan_ablation)
+def _declared_ablation(declared: dict) -> Verdict:
+    """The ablation under a grid's declarations (``ablation: {pooled}``): one claim per architecture by default."""
+    if not (declared.get("ablation") or {}).get("pooled"):
+        return ABLATION
+    return Verdict(F, ABLATION.name, lambda runs: [ablation(runs, pooled=True)], _plan_pooled_ablation,
+                   declare=_declared_ablation)
+
+
+ABLATION = Verdict(F, "ablation", lambda runs: [ablation(runs)], _plan_ablation, declare=_declared_ablation)

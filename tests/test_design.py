@@ -109,6 +109,21 @@ def test_three_seeds_cannot_reach_two_arm_verdicts(tmp_path, capsys, quick):
             in ablation["why"])
 
 
+def test_a_pooled_ablation_is_planned_as_one_claim_when_the_grid_declares_it(tmp_path, capsys, quick):
+    """4 seeds of two arms with 4 heads a layer: apart, each arm's ablation cannot fall below 2 / 2^4; declared
+    pooled, one claim over the 8 runs with the floor 2 / 2^8, reachable after Holm."""
+    archs = {"w16": {"model.window": 16}, "w64": {"model.window": 64}}
+    path = grid_file(tmp_path, archs, 4, n_heads=4)
+    table = check([path], capsys)[0]
+    assert table["ablation: W=16"]["reachable"] == "no" and "ablation: pooled" not in table
+    grid = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**grid, "verdicts": {"ablation": {"pooled": True}}}))
+    table = check([path], capsys)[0]
+    row = table["ablation: pooled"]
+    assert row["reachable"] == "yes" and row["floor"] == pytest.approx(2 / 2**8) and row["seeds"] == "4/4"
+    assert "one claim over 2 architectures" in row["compares"] and not any(t.startswith("ablation: W") for t in table)
+
+
 def test_the_convergence_test_is_planned_under_the_grids_declarations(tmp_path, capsys, quick):
     """A grid declaring the convergence measure and margin: the check plans that test on them, and its default
     effect model spreads the seeds by half the declared margin."""

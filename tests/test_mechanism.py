@@ -9,6 +9,8 @@ import math
 import pytest
 from scipy import stats as st
 
+from hybrid_lightning.analysis.findings import findings
+from hybrid_lightning.analysis.load import find_runs, load_runs
 from test_analysis import EVAL_STEPS, ablation_row
 from test_findings import arm, assert_reproduced, assert_verdict, verdicts
 
@@ -174,3 +176,18 @@ def test_ablation_counts_each_distinct_control_set_once(tmp_path, seeds):
     assert_verdict(row, "not testable", "1/" + "/".join(["1"] * (seeds - 1)) + " distinct same-layer control")
     assert row["p"] == pytest.approx(2 / 2 ** seeds) and row["p"] >= 0.05 and math.isnan(row["p_holm"])
     assert "1 distinct control set in 20 draws" in row["evidence"]
+
+
+def test_a_declared_pooled_ablation_is_one_claim_over_the_architectures(tmp_path):
+    """Two architectures of 4 seeds, 4 heads per layer: one distinct control pair per run, so each claim apart
+    cannot fall below 2 / 2^4 = 0.125 (not testable). Declared pooled (``verdicts: {ablation: {pooled: true}}``),
+    the 8 runs are one stratified claim: p 2 / 2^8, reproduced; the per-architecture default is unchanged."""
+    ablate(tmp_path, "a", 4, lambda s: 0.9, (0.05,) * 20, n_heads=4)
+    ablate(tmp_path, "b", 4, lambda s: 0.8, (0.1,) * 20, n_heads=4, window=64)
+    runs = load_runs(find_runs(tmp_path), root=tmp_path)
+    apart = findings(runs).set_index("test").loc["ablation"]
+    assert_verdict(apart, "not testable", "1/1/1/1 distinct same-layer control")
+    pooled = findings(runs, {"ablation": {"pooled": True}}).set_index("test").loc["ablation"]
+    assert pooled["compared"].startswith("2 architectures pooled: ") and pooled["seeds"] == "8"
+    assert pooled["effect"] == pytest.approx((0.85 + 0.7) / 2) and pooled["p"] == pytest.approx(2 / 2 ** 8)
+    assert_reproduced(pooled, 8)

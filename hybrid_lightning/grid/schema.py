@@ -32,14 +32,24 @@ class ConvergenceSpec(_Frozen):
         return self.margin if self.margin is not None else CONVERGENCE_MEASURES[self.measure]
 
 
+class AblationSpec(_Frozen):
+    """How the head-ablation claims of finding 2 are counted, declared before the results are seen."""
+
+    pooled: StrictBool = Field(False, description="one claim over every architecture's runs (checkpoints as strata, "
+                               "each run weighing as one) instead of one claim per architecture: for heads too few a "
+                               "layer to give each architecture's few seeds a p below 0.05 (analysis/mechanism.py)")
+
+
 class VerdictsSpec(_Frozen):
     """What a grid declares for its verdicts before looking (docs/grids.md, Declared verdict settings)."""
 
     convergence: ConvergenceSpec = Field(default_factory=ConvergenceSpec)
+    ablation: AblationSpec = Field(default_factory=AblationSpec)
 
     def declared(self) -> dict:
         """As plain data, every default filled in, for ``analysis.registry.verdicts``."""
-        return {"convergence": {"measure": self.convergence.measure, "margin": self.convergence.equivalence_margin}}
+        return {"convergence": {"measure": self.convergence.measure, "margin": self.convergence.equivalence_margin},
+                "ablation": {"pooled": self.ablation.pooled}}
 
 
 class GridConfig(_Frozen):
