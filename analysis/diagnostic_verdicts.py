@@ -14,7 +14,9 @@ full-attention layers.
 Each is one claim with the run as the unit, pooled over the hybrids (each architecture's means in the evidence):
 p from the runs' differences under random signs (``stats.sign_flip_p``: exact, 2 / 2^n at best, so 6 runs or more
 can pass), interval one-sample t. No test where no hybrid run has the records; ``not tested`` where none has what
-the difference needs. Not in the design check: the records come from commands run after training.
+the difference needs. The design check plans each on every hybrid run of the grid (the records come from commands
+run after training, on each of them, as the CPU replica's script does): floor 2 / 2^runs, power at complete
+separation.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from hybrid_lightning.analysis.diagnostics import diagnostic_rows
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.mechanism import F
 from hybrid_lightning.analysis.stats import Comparison, Test, sign_flip_p
-from hybrid_lightning.analysis.verdict import Verdict
+from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, complete, stratified_floor
 from hybrid_lightning.kinds import FULL
 
 
@@ -102,5 +104,21 @@ def layer_probe_tests(runs: Runs) -> list[Test]:
                    "accuracy gained by a layer's residual stream over the layer before")
 
 
-RESTRICTION = Verdict(F, "restriction (full vs efficient layers)", restriction_tests)
-LAYER_PROBES = Verdict(F, "layer probes (full vs efficient layers)", layer_probe_tests)
+def _plan(name: str, command: str) -> Callable[[Design, Models], list[Planned]]:
+    """The design check of a pooled claim on the records ``command`` makes on every hybrid run after training."""
+    def plan(d: Design, _: Models) -> list[Planned]:
+        labels = sorted(set(d.configs.loc[hybrid(d.configs), "label"]))
+
+        def floor(s: list[int]) -> list[float]:
+            return [stratified_floor([2] * sum(s))]  # each run's difference under its two signs
+
+        return [Planned(F, name, f"full vs efficient layers, one claim over the runs of {len(labels)} hybrid "
+                        f"architectures (`{command}` on each after training)", labels, d.seeds(labels), floor,
+                        complete(floor), "complete separation", why="" if labels else "no hybrid architecture")]
+    return plan
+
+
+RESTRICTION = Verdict(F, "restriction (full vs efficient layers)", restriction_tests,
+                      _plan("restriction (full vs efficient layers)", "hybrid-lightning restrict"))
+LAYER_PROBES = Verdict(F, "layer probes (full vs efficient layers)", layer_probe_tests,
+                       _plan("layer probes (full vs efficient layers)", "hybrid-lightning probe-layers"))

@@ -124,6 +124,21 @@ def test_a_pooled_ablation_is_planned_as_one_claim_when_the_grid_declares_it(tmp
     assert "one claim over 2 architectures" in row["compares"] and not any(t.startswith("ablation: W") for t in table)
 
 
+def test_the_diagnostic_claims_are_planned_on_every_hybrid_run(tmp_path, capsys, quick):
+    """Restriction and layer probes are one claim each over the runs of every hybrid arm (sign flips: 2 / 2^runs):
+    3 + 3 runs cannot pass Holm in a family of several claims, 5 + 5 can; a grid without hybrids has neither."""
+    archs = {"w16": {"model.window": 16}, "w64": {"model.window": 64}}
+    for seeds, floor in ((3, 2 / 2**6), (5, 2 / 2**10)):
+        table = check([grid_file(tmp_path, archs, seeds)], capsys)[0]
+        for test in ("restriction (full vs efficient layers)", "layer probes (full vs efficient layers)"):
+            row = table[test]
+            assert row["floor"] == pytest.approx(floor) and row["seeds"] == f"{seeds}/{seeds}", row
+            assert "one claim over the runs of 2 hybrid architectures" in row["compares"]
+            assert row["reachable"] == ("yes" if seeds == 5 else "no (floor)")
+    table = check([grid_file(tmp_path, {"full": {"model.pattern": "F"}}, 5)], capsys)[0]
+    assert table["restriction (full vs efficient layers)"]["reachable"] == "no"
+
+
 def test_the_convergence_test_is_planned_under_the_grids_declarations(tmp_path, capsys, quick):
     """A grid declaring the convergence measure and margin: the check plans that test on them, and its default
     effect model spreads the seeds by half the declared margin."""
