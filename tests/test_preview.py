@@ -44,7 +44,7 @@ def test_dry_run_prints_the_cost_and_writes_nothing(tmp_path, capsys, monkeypatc
     monkeypatch.chdir(work)
     assert main(["train", *TINY, "--set", "train.max_steps=50", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "non-embedding" in out and "    1  full" in out  # the per-layer table (pattern EF)
+    assert "non-embedding" in out and "    1   full" in out  # the per-layer table (pattern EF)
     assert "50 steps, 51,200 tokens; measured" in out and "tokens/s on cpu (batch 8, " in out
     assert "median of 7 steps)" in out
     assert "run directory runs/run (new); nothing written" in out
