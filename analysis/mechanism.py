@@ -331,7 +331,6 @@ def _plan_ablation(d: Design, _: Models) -> list[Planned]:
     return out
 
 
-WHERE = Verdict(F, "where", lambda runs: [where(runs)], _plan_where)
 def _declared_ablation(declared: dict) -> Verdict:
     """The ablation under a grid's declarations (``ablation: {pooled}``): one claim per architecture by default."""
     if not (declared.get("ablation") or {}).get("pooled"):
@@ -340,4 +339,5 @@ def _declared_ablation(declared: dict) -> Verdict:
                    declare=_declared_ablation)
 
 
+WHERE = Verdict(F, "where", lambda runs: [where(runs)], _plan_where)
 ABLATION = Verdict(F, "ablation", lambda runs: [ablation(runs)], _plan_ablation, declare=_declared_ablation)

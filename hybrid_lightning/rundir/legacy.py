@@ -6,10 +6,11 @@
 - such a run is not resumed (``check_resumable``): its records would mix two numberings;
 - a run whose config.yaml says a version that writes plan.json wrote it, without one: not rebuilt, named missing
   (``check_planless``);
-- evaluation records whose rows name a layer's mixer ``kind`` (before issue 48's one name per concept), read with
-  it as ``mixer`` (``upgraded_record``).
+- evaluation records whose rows name a layer's mixer ``kind`` (written before December 2026), read with it as
+  ``mixer`` (``upgraded_record``).
 
-Every reader of a run directory goes through ``files.read_plan``, which sends these cases here.
+Every reader of a run directory goes through ``files.read_plan`` and ``evals.read_eval_record``, which send these
+cases here.
 """
 
 from __future__ import annotations
