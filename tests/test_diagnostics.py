@@ -11,6 +11,7 @@ from hybrid_lightning.data.tokenizer import ByteTokenizer
 from hybrid_lightning.eval.gradient import TARGET_LAST, influence_curve, read_texts
 from hybrid_lightning.eval.layer_probe import HARD_VALUES, accuracy, features, last_token_states, make_probe_set
 from hybrid_lightning.model.restrict import receptive_field
+from hybrid_lightning.probes.haystack import NOISE
 from test_model import tiny
 
 
@@ -96,3 +97,18 @@ def test_probe_prompts_fit_their_length_and_carry_their_label():
     assert rows == make_probe_set(tok, 20, 1000, classes=4, seed=3)
     with pytest.raises(ValueError, match="--classes"):
         make_probe_set(tok, 1, 1000, classes=9)
+
+
+def test_a_brief_probe_is_their_needle_and_haystack_within_a_short_context():
+    """At 512 byte tokens their prompt cannot hold 4 noise blocks (refused, naming --brief); the brief prompt holds
+    4 or more, with their needle, values and labels in the same places, and ends on the needle restated up to the
+    digit that tells the 8 values apart."""
+    tok = ByteTokenizer()
+    with pytest.raises(ValueError, match="--brief"):
+        make_probe_set(tok, 1, 512)
+    theirs, brief = make_probe_set(tok, 20, 1000, seed=3), make_probe_set(tok, 20, 512, seed=3, brief=True)
+    for t, b in zip(theirs, brief):
+        assert len(tok.encode(b["text"])) <= 512 and b["text"].count(NOISE) >= 4
+        assert (b["label"], b["value"], b["key"]) == (t["label"], t["value"], t["key"])
+        assert f"for {b['key']} is: {b['value']}." in b["text"]
+        assert b["text"].endswith(f"\nThe magic number for {b['key']} is: 3141592") and "quiz" not in b["text"]

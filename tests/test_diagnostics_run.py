@@ -38,4 +38,8 @@ def test_the_diagnostics_commands_write_their_records(tmp_path, capsys):
     assert len(gradient) == 2 * 64 and gradient[0]["sample_count"] == 2
     assert damaged_records(run) == [] and read_evals(run)[0] == []
     assert main(["gradient", str(run), "--limit", "middle:8"]) == 2
+    assert json.loads((run / "eval" / "layer_probe_step_2.json").read_text())["template"] == "authors"
+    assert main(["probe-layers", str(run), "--samples", "20", "--length", "512", "--brief"]) == 0
+    record = json.loads((run / "eval" / "layer_probe_step_2.json").read_text())
+    assert record["template"] == "brief" and record["prompt_tokens"] <= 512
     assert "--limit 'middle:8'" in capsys.readouterr().err

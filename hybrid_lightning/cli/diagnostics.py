@@ -30,7 +30,7 @@ def cmd_probe_layers(args: argparse.Namespace) -> int:
     from hybrid_lightning.rundir import eval_path
 
     record = probe_checkpoint(args.run_dir, _limits(args), args.ckpt, args.data, args.samples, args.length,
-                              args.classes, args.seed, args.write_data)
+                              args.classes, args.seed, args.write_data, args.brief)
     print(probe_table(record))
     print(f"written to {eval_path(args.run_dir, 'layer_probe', record['step'])}")
     return 0
@@ -60,7 +60,9 @@ COMMANDS = {
         ("--length", {"type": int, "metavar": "N", "help": "their length in tokens (default: train.seq_len)"}),
         ("--classes", {"type": int, "default": 8, "help": "needle values, 2 to 8 (default 8)"}),
         ("--seed", {"type": int, "default": 42, "help": "seed of the probes made here (default 42)"}),
-        ("--write-data", {"metavar": "JSON", "help": "write the probe set used, in the authors' format"}))),
+        ("--write-data", {"metavar": "JSON", "help": "write the probe set used, in the authors' format"}),
+        ("--brief", {"action": "store_true", "help": "their needle and haystack without their instruction and long "
+                     "question, for a model trained on contexts shorter than their prompt (docs/evaluation.md)"}))),
     "gradient": ("gradient influence: the norm of d(logits of the last 20 positions)/d(input embedding) by distance "
                  "to the last token (writes eval/gradient_step_<k>.json)", "measure", (
         ("--texts", {"metavar": "FILE", "help": "a .jsonl (fields input, prompt, text or context) or .txt file of "

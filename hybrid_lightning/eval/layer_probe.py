@@ -12,11 +12,19 @@ the output of block i (``residual``), or that minus block i's input (``delta``).
 (``03_train_probing.py``): an 80/20 split stratified by class (``train_test_split``, random_state 42), standardised
 on the training part, a one-vs-rest L2 logistic regression (liblinear, C = 0.1, max_iter 1000, random_state 42)
 per layer; its held-out accuracy per layer. The sample sets are written in their JSON format, so their scripts and
-this module can read the same file."""
+this module can read the same file.
+
+Their instruction, needle and question take 325-390 byte-level tokens (by the key), so their prompt with 4 noise
+blocks is 710-775 tokens, beyond what a 512-token model was trained on: ``brief`` keeps their needle, noise blocks
+and values and replaces the instruction and question with one short line that restates the needle up to the digit
+that tells the values apart ("The magic number for {key} is: 3141592"), so that the probe stays within such a
+model's training length and its last token is where a model that copies the value one token at a time predicts the
+class (a deviation from their prompt, recorded in the record's ``template``)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -30,19 +38,22 @@ HARD_VALUES = tuple(f"3141592{i}" for i in range(8))  # their "hard" candidates:
 TEMPLATE = ("A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
             "about the number afterwards.\n{context}\nWhat is the special magic number for {query} mentioned in the "
             "provided text? The special magic number for {query} mentioned in the provided text is")
+# ``brief``: the same needle and haystack, no instruction, the question the needle restated up to the class digit
+BRIEF = "{context}\nThe magic number for {query} is: " + os.path.commonprefix(HARD_VALUES)
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 FEATURES = ("residual", "delta")
 SPLIT_SEED, TEST_SHARE = 42, 0.2  # their split and classifier seed
 
 
-def prompt(key: str, value: str, blocks: int, at: int) -> str:
-    """Their prompt: ``blocks`` noise blocks, one per line, with the needle inserted before block ``at``."""
+def prompt(key: str, value: str, blocks: int, at: int, brief: bool = False) -> str:
+    """Their prompt (``brief``: without the instruction, one short question): ``blocks`` noise blocks, one per line,
+    with the needle inserted before block ``at``."""
     lines = [NOISE] * blocks
     lines.insert(at, NEEDLE.format(key=key, value=value))
-    return TEMPLATE.format(context="\n".join(lines), query=key)
+    return (BRIEF if brief else TEMPLATE).format(context="\n".join(lines), query=key)
 
 
-def blocks_for(tok, length: int) -> int:
+def blocks_for(tok, length: int, brief: bool = False) -> int:
     """The most noise blocks whose prompt (with the longest key) fits ``length`` tokens; a ``ValueError`` if none."""
     from hybrid_lightning.probes.tasks import word_lists
 
@@ -51,27 +62,28 @@ def blocks_for(tok, length: int) -> int:
     lo, hi = 0, max(1, length)  # a block is at least one token
     while lo < hi:  # the largest n with len(prompt(n)) <= length
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if len(tok.encode(prompt(key, HARD_VALUES[0], mid, 0))) <= length else (lo, mid - 1)
+        lo, hi = (mid, hi) if len(tok.encode(prompt(key, HARD_VALUES[0], mid, 0, brief))) <= length else (lo, mid - 1)
     if lo < 4:
-        raise ValueError(f"--length {length}: too short for a probe of at least 4 noise blocks")
+        raise ValueError(f"--length {length}: too short for a probe of at least 4 noise blocks"
+                         + ("" if brief else " (--brief drops the instruction and the long question)"))
     return lo
 
 
-def make_probe_set(tok, samples: int, length: int, classes: int = 8, seed: int = 42) -> list[dict]:
+def make_probe_set(tok, samples: int, length: int, classes: int = 8, seed: int = 42, brief: bool = False) -> list[dict]:
     """``samples`` prompts of at most ``length`` tokens, rows in their JSON format (``id``, ``text``, ``label``,
-    ``value``, ``key``, ...); labels uniform over the first ``classes`` values."""
+    ``value``, ``key``, ...); labels uniform over the first ``classes`` values; ``brief``: see the module."""
     from hybrid_lightning.probes.tasks import word_lists
 
     if not 2 <= classes <= len(HARD_VALUES):
         raise ValueError(f"--classes {classes}: between 2 and {len(HARD_VALUES)}")
     adjs, nouns = word_lists()
-    rng, blocks = np.random.default_rng(seed), blocks_for(tok, length)
+    rng, blocks = np.random.default_rng(seed), blocks_for(tok, length, brief)
     rows = []
     for i in range(samples):
         key = f"{adjs[rng.integers(len(adjs))]}-{nouns[rng.integers(len(nouns))]}"
         label = int(rng.integers(classes))
         at = int(rng.integers(blocks // 4, blocks * 3 // 4 + 1))
-        rows.append({"id": i, "text": prompt(key, HARD_VALUES[label], blocks, at), "label": label,
+        rows.append({"id": i, "text": prompt(key, HARD_VALUES[label], blocks, at, brief), "label": label,
                      "value": HARD_VALUES[label], "key": key, "haystack_type": "repeat", "num_classes": classes,
                      "difficulty": "hard", "depth": None, "depth_candidates": None})
     return rows
@@ -153,10 +165,11 @@ def probe_rows(states: np.ndarray, labels: np.ndarray, mixers: list[str], part: 
 
 def probe_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (), ckpt: str | Path | None = None,
                      data: str | Path | None = None, samples: int = 400, length: int | None = None, classes: int = 8,
-                     seed: int = 42, write_data: str | Path | None = None) -> dict:
+                     seed: int = 42, write_data: str | Path | None = None, brief: bool = False) -> dict:
     """Layer-wise probes of a checkpoint of ``run_dir`` (``eval.offline.load_checkpoint``), unrestricted and under
     each of ``limits`` ((layers, R) pairs), on the probe set ``data`` (their JSON format) or one made here
-    (``make_probe_set``: ``samples`` prompts of at most ``length`` tokens, default the run's ``train.seq_len``),
+    (``make_probe_set``: ``samples`` prompts of at most ``length`` tokens, default the run's ``train.seq_len``, their
+    prompt or ``brief``),
     written to ``write_data`` when given; features in fp32, fed in pieces of ``eval.chunk_tokens``. Writes
     ``eval/layer_probe_step_<k>.json`` and returns it."""
     from hybrid_lightning.eval.offline import load_checkpoint
@@ -166,7 +179,7 @@ def probe_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (), ck
     run = load_checkpoint(run_dir, ckpt)
     tok = run.data.tokenizer
     probes = read_probe_set(data) if data else make_probe_set(tok, samples, length or run.cfg.train.seq_len,
-                                                               classes, seed)
+                                                               classes, seed, brief)
     if write_data:
         Path(write_data).write_text(json.dumps(probes, indent=1))
     texts, labels = [tok.encode(r["text"]) for r in probes], np.array([int(r["label"]) for r in probes])
@@ -177,7 +190,8 @@ def probe_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (), ck
             states = features(run.model, texts, run.cfg.eval.chunk_tokens)
         rows += probe_rows(states, labels, mixers, part, tokens, run.step, run.tokens)
     record = {"step": run.step, "tokens": run.tokens, "samples": len(probes), "data": str(data or write_data or ""),
-              "prompt_tokens": int(max(map(len, texts))), "layer_probe": rows}
+              "prompt_tokens": int(max(map(len, texts))),
+              "template": "file" if data else "brief" if brief else "authors", "layer_probe": rows}
     write_eval_record(Path(run_dir), "layer_probe", record,
                       {"layer_probe": ("layers", "receptive_field", "layer", "feature")})
     return record
