@@ -12,7 +12,10 @@
 # a time; ablate the retrieval heads of every run trained in this sitting at the training length (the
 # 2 best heads against 20 random pairs of non-retrieval heads from their own layers, none where the pair
 # fills its layer, and 20 from any layer, and every head alone; only the latter where the top 2 is
-# tied); pack the finished runs; analyse the packed runs into analysis/results/<grid name>/.
+# tied); run the paper's diagnostics on them (docs/evaluation.md: the probes within the training length
+# with the full or the efficient layers restricted to 64 tokens, an eighth of it as the paper's 2K of 16K;
+# layer probes, brief, within the training length; gradient influence); pack the finished runs; analyse
+# the packed runs into analysis/results/<grid name>/.
 # Before training more: `hybrid-lightning grid plan GRID --verdicts` says which
 # verdicts these arms and seeds can reach (docs/analysis.md, "The design check").
 set -euo pipefail
@@ -61,16 +64,26 @@ ablate() {  # run directory
         $hl heads "$1" --mask-each --set 'eval.lengths=[512]'
     fi
 }
+diagnose() {  # run directory; a restriction that does not apply to its layers is left out, with the reason
+    for limit in full:64 efficient:64; do
+        $hl restrict "$1" --limit "$limit" --set 'eval.lengths=[512]' || echo "no restriction $limit for $1 (above)"
+    done
+    $hl probe-layers "$1" --samples 400 --length 512 --brief && $hl gradient "$1" --samples 16
+}
+step() {  # run directory, log name, function: its output kept in <run>/<name>.log once it succeeded; done once
+    [ -f "$1/$2.log" ] || { OMP_NUM_THREADS=1 "$3" "$1" > "$1/$2.log.tmp" 2>&1 && mv "$1/$2.log.tmp" "$1/$2.log"; }
+}
 todo=()
-for run in "$root"/seed=*/; do  # trained here (a checkpoint), done, not ablated yet
-    if [ -f "$run/checkpoints/last.ckpt" ] && grep -q '"state": "done"' "$run/status.json" && [ ! -f "$run/heads_ablation.log" ]; then
+for run in "$root"/seed=*/; do  # trained here (a checkpoint), done, not yet ablated or diagnosed
+    if [ -f "$run/checkpoints/last.ckpt" ] && grep -q '"state": "done"' "$run/status.json" \
+        && { [ ! -f "$run/heads_ablation.log" ] || [ ! -f "$run/diagnostics.log" ]; }; then
         todo+=("$run")
     fi
 done
 for ((i = 0; i < ${#todo[@]}; i += 2)); do  # one run per core
     pids=()
     for run in "${todo[@]:i:2}"; do
-        OMP_NUM_THREADS=1 ablate "$run" > "$run/heads_ablation.log.tmp" 2>&1 && mv "$run/heads_ablation.log.tmp" "$run/heads_ablation.log" &
+        (ok=0; step "$run" heads_ablation ablate || ok=1; step "$run" diagnostics diagnose || ok=1; exit "$ok") &
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || code=1; done
