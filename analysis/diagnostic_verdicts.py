@@ -31,7 +31,7 @@ from hybrid_lightning.analysis.diagnostics import diagnostic_rows
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.mechanism import F
 from hybrid_lightning.analysis.stats import Comparison, Test, sign_flip_p
-from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, complete, stratified_floor
+from hybrid_lightning.analysis.verdict import Design, Planned, Verdict, complete, stratified_floor
 from hybrid_lightning.kinds import FULL
 
 
@@ -104,21 +104,20 @@ def layer_probe_tests(runs: Runs) -> list[Test]:
                    "accuracy gained by a layer's residual stream over the layer before")
 
 
-def _plan(name: str, command: str) -> Callable[[Design, Models], list[Planned]]:
-    """The design check of a pooled claim on the records ``command`` makes on every hybrid run after training."""
-    def plan(d: Design, _: Models) -> list[Planned]:
-        labels = sorted(set(d.configs.loc[hybrid(d.configs), "label"]))
+def _planned(d: Design, name: str, command: str) -> list[Planned]:
+    """The design check of the pooled claim ``name`` on the records ``command`` makes on every hybrid run after
+    training."""
+    labels = sorted(set(d.configs.loc[hybrid(d.configs), "label"]))
 
-        def floor(s: list[int]) -> list[float]:
-            return [stratified_floor([2] * sum(s))]  # each run's difference under its two signs
+    def floor(s: list[int]) -> list[float]:
+        return [stratified_floor([2] * sum(s))]  # each run's difference under its two signs
 
-        return [Planned(F, name, f"full vs efficient layers, one claim over the runs of {len(labels)} hybrid "
-                        f"architectures (`{command}` on each after training)", labels, d.seeds(labels), floor,
-                        complete(floor), "complete separation", why="" if labels else "no hybrid architecture")]
-    return plan
+    return [Planned(F, name, f"full vs efficient layers, one claim over the runs of {len(labels)} hybrid "
+                    f"architectures (`{command}` on each after training)", labels, d.seeds(labels), floor,
+                    complete(floor), "complete separation", why="" if labels else "no hybrid architecture")]
 
 
 RESTRICTION = Verdict(F, "restriction (full vs efficient layers)", restriction_tests,
-                      _plan("restriction (full vs efficient layers)", "hybrid-lightning restrict"))
+                      lambda d, _: _planned(d, RESTRICTION.name, "hybrid-lightning restrict"))
 LAYER_PROBES = Verdict(F, "layer probes (full vs efficient layers)", layer_probe_tests,
-                       _plan("layer probes (full vs efficient layers)", "hybrid-lightning probe-layers"))
+                       lambda d, _: _planned(d, LAYER_PROBES.name, "hybrid-lightning probe-layers"))
