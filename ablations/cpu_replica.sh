@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The CPU replica end to end (docs/grids.md, "A CPU replica"): `ablations/cpu_replica.sh [GRID]`, GRID
-# ablations/cpu_replica.yaml by default.
+# The CPU replica end to end (docs/grids.md, "A CPU replica"): `ablations/cpu_replica.sh [GRID] [--train-only]`,
+# GRID ablations/cpu_replica.yaml by default; --train-only leaves out the head ablation and the diagnostics (a
+# scaling grid, measured at its runs' ends).
 # It spans sittings whose runs/ do not survive: the finished runs are kept as packed records in
 # analysis/results/<grid name>/runs/ (hybrid-lightning pack, docs/run-directory.md), which this script
 # copies back into the grid's root first, so the grid trains only the cells not packed yet. Run it
@@ -23,6 +24,12 @@ cd "$(dirname "$0")/.."
 hl=${HYBRID_LIGHTNING:-$( [ -x .venv/bin/hybrid-lightning ] && echo .venv/bin/hybrid-lightning || echo hybrid-lightning )}
 py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}
 grid=${1:-ablations/cpu_replica.yaml}
+train_only=0
+case "${2:-}" in
+    "") ;;
+    --train-only) train_only=1 ;;
+    *) echo "usage: ablations/cpu_replica.sh [GRID] [--train-only], not '$2'" >&2; exit 2 ;;
+esac
 name=$(basename "$grid" .yaml)
 data=runs/cpu_replica  # the training data of every edition (the grids name these files)
 root=runs/$name
@@ -64,17 +71,15 @@ ablate() {  # run directory
         $hl heads "$1" --mask-each --set 'eval.lengths=[512]'
     fi
 }
-diagnose() {  # run directory; a restriction that does not apply to its layers is left out, with the reason
-    for limit in full:64 efficient:64; do
-        $hl restrict "$1" --limit "$limit" --set 'eval.lengths=[512]' || echo "no restriction $limit for $1 (above)"
-    done
+diagnose() {  # run directory; a restriction with nothing to limit (efficient layers of full attention) is left out
+    $hl restrict "$1" --limit full:64 efficient:64 --set 'eval.lengths=[512]'
     $hl probe-layers "$1" --samples 400 --length 512 --brief && $hl gradient "$1" --samples 16
 }
 step() {  # run directory, log name, function: its output kept in <run>/<name>.log once it succeeded; done once
     [ -f "$1/$2.log" ] || { OMP_NUM_THREADS=1 "$3" "$1" > "$1/$2.log.tmp" 2>&1 && mv "$1/$2.log.tmp" "$1/$2.log"; }
 }
 todo=()
-for run in "$root"/seed=*/; do  # trained here (a checkpoint), done, not yet ablated or diagnosed
+[ "$train_only" = 1 ] || for run in "$root"/seed=*/; do  # trained here (a checkpoint), done, not yet ablated or diagnosed
     if [ -f "$run/checkpoints/last.ckpt" ] && grep -q '"state": "done"' "$run/status.json" \
         && { [ ! -f "$run/heads_ablation.log" ] || [ ! -f "$run/diagnostics.log" ]; }; then
         todo+=("$run")

@@ -5,7 +5,7 @@ from scratch over its last R inputs, written here from the definition."""
 import pytest
 import torch
 
-from hybrid_lightning.model.restrict import receptive_field, restricted_layers
+from hybrid_lightning.model.restrict import applicable, receptive_field, restricted_layers
 from test_model import tiny
 
 T = 24
@@ -47,7 +47,8 @@ def test_a_restricted_layer_equals_recomputing_each_position_over_its_last_r_tok
     """fp32, outputs within 1e-5; whole and in pieces through the state (Lightning by its decayed state, the others
     by recomputation)."""
     torch.manual_seed(1)
-    model = tiny("EF", mixer=mixer, window=12).float()
+    extra = {"headwise": {"heads": "SS"}} if mixer == "headwise" else {}  # every head windowed: all limited
+    model = tiny("EF", mixer=mixer, window=12, **extra).float()
     layer = model.layers[0].mixer
     x = torch.randn(2, T, 32)
     for R in (1, 7):
@@ -75,12 +76,44 @@ def test_a_restricted_model_does_not_see_beyond_its_reach():
     assert (a[:, reach] - b[:, reach]).abs().max() > 1e-6
 
 
-def test_which_layers_and_refusals():
+def test_which_layers_and_refusals(capsys):
     model = tiny("EEEF", mixer="mamba2")
-    assert restricted_layers(model, "full") == [3] and restricted_layers(model, "efficient") == [0, 1, 2]
+    assert restricted_layers(model, "full") == {3: None}
+    assert restricted_layers(model, "efficient") == {0: None, 1: None, 2: None}
     with pytest.raises(ValueError, match="layers 'middle'"):
         restricted_layers(model, "middle")
     with pytest.raises(ValueError, match="positive number of tokens"), receptive_field(model, "full", 0):
         pass
     with receptive_field(model, None, None) as same:
         assert same is model
+    full = tiny("F")
+    with pytest.raises(ValueError, match="no efficient layers or heads"), receptive_field(full, "efficient", 4):
+        pass
+    assert applicable(full, [("efficient", 4), ("full", 4)]) == [("full", 4)]
+    assert "--limit efficient:4 left out: the model has no efficient layers or heads" in capsys.readouterr().err
+
+
+def test_a_headwise_layer_is_restricted_head_by_head():
+    """Its full heads are full layers' and its windowed heads efficient ones': a restriction limits only its own."""
+    W = 6
+    model = tiny("H", window=W, headwise={"heads": "FS"})
+    assert restricted_layers(model, "full") == {0: frozenset({0}), 1: frozenset({0})}
+
+    def like(heads: str, window: int):  # the same weights, other heads
+        other = tiny("H", window=window, headwise={"heads": heads})
+        other.load_state_dict(model.state_dict())
+        return other
+
+    x = ids()
+    with torch.no_grad():
+        plain = model(x)
+        with receptive_field(model, "efficient", W):
+            assert torch.equal(model(x), plain)  # the full head untouched
+        with receptive_field(model, "efficient", 3):
+            assert torch.equal(model(x), like("FS", 3)(x))
+            states = model.new_states()  # in pieces: the cache keeps every key for the full head
+            pieces = torch.cat([model(x[:, a : a + 5], states) for a in range(0, T, 5)], dim=1)
+            torch.testing.assert_close(pieces, like("FS", 3)(x), rtol=0, atol=1e-12)
+        with receptive_field(model, "full", W):
+            assert torch.equal(model(x), like("SS", W)(x))
+        assert all(m.mixer.receptive_field is None and m.mixer.restricted_heads is None for m in model.layers)

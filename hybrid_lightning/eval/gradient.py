@@ -119,7 +119,7 @@ def gradient_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (),
     ``context`` tokens each (default: the run's ``train.seq_len``). Writes ``eval/gradient_step_<k>.json``; returns
     it and the curves by restriction."""
     from hybrid_lightning.eval.offline import load_checkpoint
-    from hybrid_lightning.model.restrict import receptive_field
+    from hybrid_lightning.model.restrict import applicable, receptive_field
     from hybrid_lightning.rundir.evals import write_eval_record
 
     run = load_checkpoint(run_dir, ckpt)
@@ -129,7 +129,7 @@ def gradient_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (),
     else:
         ids, source = [run.data.tokenizer.encode(t) for t in read_texts(texts, samples)], str(texts)
     curves, rows = {}, []
-    for part, tokens in [(None, None), *limits]:
+    for part, tokens in [(None, None), *applicable(run.model, limits)]:
         with receptive_field(run.model, part, tokens):
             curves[part, tokens] = influence_curve(run.model, ids, context, last)
         rows += curve_rows(curves[part, tokens], part, tokens, run.step, run.tokens)

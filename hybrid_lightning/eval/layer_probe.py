@@ -173,7 +173,7 @@ def probe_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (), ck
     written to ``write_data`` when given; features in fp32, fed in pieces of ``eval.chunk_tokens``. Writes
     ``eval/layer_probe_step_<k>.json`` and returns it."""
     from hybrid_lightning.eval.offline import load_checkpoint
-    from hybrid_lightning.model.restrict import receptive_field
+    from hybrid_lightning.model.restrict import applicable, receptive_field
     from hybrid_lightning.rundir.evals import write_eval_record
 
     run = load_checkpoint(run_dir, ckpt)
@@ -185,7 +185,7 @@ def probe_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]] = (), ck
     texts, labels = [tok.encode(r["text"]) for r in probes], np.array([int(r["label"]) for r in probes])
     mixers = [block.spec.mixer for block in run.model.layers]
     rows = []
-    for part, tokens in [(None, None), *limits]:
+    for part, tokens in [(None, None), *applicable(run.model, limits)]:
         with receptive_field(run.model, part, tokens):
             states = features(run.model, texts, run.cfg.eval.chunk_tokens)
         rows += probe_rows(states, labels, mixers, part, tokens, run.step, run.tokens)

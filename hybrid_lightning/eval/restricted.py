@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybrid_lightning.eval.offline import load_checkpoint, long_context_eval
-from hybrid_lightning.model.restrict import PARTS, receptive_field
+from hybrid_lightning.model.restrict import PARTS, applicable, receptive_field
 from hybrid_lightning.records import headline, row
 from hybrid_lightning.rundir.evals import write_eval_record
 
@@ -45,7 +45,7 @@ def restricted_checkpoint(run_dir: str | Path, limits: list[tuple[str, int]], ck
     run = load_checkpoint(run_dir, ckpt, overrides)
     ev = long_context_eval(run)
     rows = []
-    for part, tokens in [(None, None), *limits]:
+    for part, tokens in [(None, None), *applicable(run.model, limits)]:
         with receptive_field(run.model, part, tokens):
             report = ev.run(run.model, step=run.step, tokens=run.tokens, dtype=run.dtype, generate=False)
         rows.append(scores_row(report, part, tokens))

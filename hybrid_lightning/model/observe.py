@@ -58,7 +58,7 @@ def query_probs(mixer: Attention, h: torch.Tensor, rows: int) -> torch.Tensor:
     if mixer.uniform_heads is not None:  # a head ablation in force (heads/ablation.py): as the mixer's forward
         q = q.masked_fill(mixer.uniform_heads.to(q.device).view(1, -1, 1, 1), 0.0)
     q = q[:, :, q.shape[2] - rows:]
-    windows = [mixer.restricted(mixer.head_window(h)) for h in range(mixer.n_heads)]
+    windows = mixer.reaches()
     if len(set(windows)) == 1:
         return attention_probs(q, k, windows[0])
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, T, Dh): each query head's key head

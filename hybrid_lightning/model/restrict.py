@@ -3,6 +3,8 @@ the full-attention layers, or the efficient ones, limited to the last R tokens, 
 output at position t depends on its inputs at t-R+1 ... t only.
 
 - Attention (full and sliding-window): a window of min(W, R) keys (R for full attention); exact, no extra cost.
+  A head-wise layer's full heads count as full layers and its windowed heads as efficient ones: a restriction
+  limits only its own heads.
 - Lightning Attention: through its decayed state, exactly (``lightning.py``): o_t = q_t (S_t - γ^R S_{t-R}),
   the second term a second pass of the operator over the keys and values delayed by R tokens; 2x the operator.
 - Mamba-2 and Gated DeltaNet (and any other recurrent mixer): each position recomputed from scratch over its last
@@ -16,46 +18,76 @@ A restricted model feeds in pieces with its states as an unrestricted one does (
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
-from hybrid_lightning.kinds.attention import FULL
-
 PARTS = ("full", "efficient")  # which layers a restriction limits: the full-attention ones, or all others
 WINDOW_TOKENS = 1 << 16  # tokens of the windows ``windows`` recomputes in one call (bounds its memory)
 
 
-def restricted_layers(model: nn.Module, part: str) -> list[int]:
-    """The indices of ``model``'s layers that restricting ``part`` (``PARTS``) limits."""
+def restricted_layers(model: nn.Module, part: str) -> dict[int, frozenset[int] | None]:
+    """The layers of ``model`` that restricting ``part`` (``PARTS``) limits, each with the heads it limits (None: the
+    whole layer). An attention head is ``full`` where it sees every earlier key and ``efficient`` where it has a
+    window, so a head-wise layer's heads split between the two; every other mixer is ``efficient``."""
     if part not in PARTS:
         raise ValueError(f"restriction: layers {part!r} is not one of {list(PARTS)}")
-    return [i for i, block in enumerate(model.layers) if (block.spec.mixer == FULL) == (part == "full")]
+    limited = {}
+    for i, block in enumerate(model.layers):
+        mixer = block.mixer
+        if not hasattr(mixer, "head_window"):
+            if part == "efficient":
+                limited[i] = None
+            continue
+        heads = frozenset(h for h in range(mixer.n_heads) if (mixer.head_window(h) is None) == (part == "full"))
+        if heads:
+            limited[i] = None if len(heads) == mixer.n_heads else heads
+    return limited
+
+
+def applicable(model: nn.Module, limits: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The restrictions of ``limits`` ((layers, R) pairs) that limit some layer or head of ``model``; each left out is
+    said on stderr, with why (a full-attention model has no efficient layers, an SWA-only one no full layers)."""
+    kept = [(part, tokens) for part, tokens in limits if restricted_layers(model, part)]
+    for part, tokens in limits:
+        if (part, tokens) not in kept:
+            print(f"--limit {part}:{tokens} left out: the model has no {part} layers or heads "
+                  f"(its mixers: {', '.join(dict.fromkeys(b.spec.mixer for b in model.layers))})", file=sys.stderr)
+    return kept
 
 
 @contextlib.contextmanager
 def receptive_field(model: nn.Module, part: str | None, tokens: int | None) -> Iterator[nn.Module]:
-    """``model`` (a ``HybridLM``) with the layers of ``part`` limited to the last ``tokens`` tokens for the block
-    (None: unrestricted); their settings restored after it, an exception included. Every limited mixer must take
-    a ``receptive_field`` (attention and the recurrent mixers do); a ``ValueError`` names a layer that does not."""
+    """``model`` (a ``HybridLM``) with the layers (or heads) of ``part`` limited to the last ``tokens`` tokens for the
+    block (None: unrestricted); their settings restored after it, an exception included. Every limited mixer must
+    take a ``receptive_field`` (attention and the recurrent mixers do); a ``ValueError`` names a layer that does not,
+    or says that the model has nothing to limit."""
     if part is None:
         yield model
         return
     if tokens is None or tokens < 1:
         raise ValueError(f"restriction: the receptive field must be a positive number of tokens, not {tokens!r}")
-    mixers = [model.layers[i].mixer for i in restricted_layers(model, part)]
-    for i, m in zip(restricted_layers(model, part), mixers):
-        if not hasattr(m, "receptive_field"):
+    limited = restricted_layers(model, part)
+    if not limited:
+        raise ValueError(f"restriction: the model has no {part} layers or heads to limit")
+    for i in limited:
+        if not hasattr(model.layers[i].mixer, "receptive_field"):
             raise ValueError(f"restriction: layer {i} ({model.layers[i].spec.mixer}) cannot be restricted")
-    old = [m.receptive_field for m in mixers]
+    mixers = {i: model.layers[i].mixer for i in limited}
+    old = {i: (m.receptive_field, getattr(m, "restricted_heads", None)) for i, m in mixers.items()}
     try:
-        for m in mixers:
+        for i, m in mixers.items():
             m.receptive_field = tokens
+            if limited[i] is not None:
+                m.restricted_heads = limited[i]
         yield model
     finally:
-        for m, r in zip(mixers, old):
-            m.receptive_field = r
+        for i, m in mixers.items():
+            m.receptive_field = old[i][0]
+            if hasattr(m, "restricted_heads"):
+                m.restricted_heads = old[i][1]
 
 
 def windows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, R: int, state: dict | None) -> torch.Tensor:

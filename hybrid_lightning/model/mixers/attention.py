@@ -41,6 +41,7 @@ class Attention(nn.Module):
         self.head_mask: torch.Tensor | None = None
         self.uniform_heads: torch.Tensor | None = None
         self.receptive_field: int | None = None  # at most this many keys, the current one included (model/restrict.py)
+        self.restricted_heads: frozenset[int] | None = None  # the heads receptive_field limits; None: every head
 
     def project(
         self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None
@@ -62,7 +63,8 @@ class Attention(nn.Module):
         all past keys for full attention, the last W-1 for a window of W. ``doc_ids`` (B, T), with no state:
         no query sees another document's keys, positions count from each document's start."""
         B, T, _ = x.shape
-        window = self.restricted(self.window)
+        reach = self.reaches()
+        window = None if None in reach else max(reach)  # the keys the cache keeps serve the widest head
         start = state.get("pos", 0) if state is not None else 0
         q, k, v = self.project(x, start, None if doc_ids is None else document_positions(doc_ids))
         if self.uniform_heads is not None:
@@ -79,14 +81,22 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:
-        """q: (B, H, Tq, Dh), k and v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh): every head within the layer's window."""
-        return attend(q, k, v, window=self.restricted(self.window), backend=self.backend, doc_ids=doc_ids)
+        """q: (B, H, Tq, Dh), k and v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh): every head within the layer's window (its
+        heads share one: a restriction limits all of them, ``restrict.restricted_layers``)."""
+        return attend(q, k, v, window=self.reach(0), backend=self.backend, doc_ids=doc_ids)
 
     def head_window(self, head: int) -> int | None:
         """The window head ``head`` attends within: the layer's (a head-wise layer's own per head)."""
         return self.window
 
-    def restricted(self, window: int | None) -> int | None:
-        """A head's window under the layer's ``receptive_field`` R (model/restrict.py): at most R keys."""
-        R = self.receptive_field
-        return window if R is None else min(window or R, R)
+    def reach(self, head: int) -> int | None:
+        """Head ``head``'s window under a receptive-field restriction R (model/restrict.py): at most R keys where it
+        limits the head, else the head's own window."""
+        window, R = self.head_window(head), self.receptive_field
+        if R is None or (self.restricted_heads is not None and head not in self.restricted_heads):
+            return window
+        return min(window or R, R)
+
+    def reaches(self) -> tuple[int | None, ...]:
+        """(H,): each head's ``reach``."""
+        return tuple(self.reach(h) for h in range(self.n_heads))

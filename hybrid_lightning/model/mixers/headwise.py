@@ -70,5 +70,4 @@ class HeadwiseAttention(Attention):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:
         """q: (B, H, Tq, Dh), k and v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh): each head within its own window (narrowed
         by a receptive-field restriction)."""
-        windows = tuple(self.restricted(w) for w in self.head_windows)
-        return attend_heads(q, k, v, windows, backend=self.backend, doc_ids=doc_ids)
+        return attend_heads(q, k, v, self.reaches(), backend=self.backend, doc_ids=doc_ids)
