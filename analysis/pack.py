@@ -2,7 +2,8 @@
 ``analyze`` reads, small enough to commit (docs/run-directory.md, "Packed runs").
 
 A packed run is a run directory without checkpoints or TensorBoard events: ``config.yaml``,
-``status.json`` and ``eval/*.json`` as training wrote them, and the TensorBoard scalars that
+``status.json`` and ``eval/*.json`` as training wrote them, ``tracing/step_<k>.json`` as ``hybrid-lightning
+trace`` wrote them, and the TensorBoard scalars that
 analysis reads (``scalars.TAGS``) as ``scalars.csv`` (``SCALARS_FILE``: step, metric, value, each
 value the float TensorBoard stored, written exactly). A packed run packs again into itself. ``analyze`` reads a
 packed run as it reads the run; a grid counts a packed ``done`` run copied into its root as done and trains only
@@ -25,13 +26,21 @@ from hybrid_lightning.rundir import (
     PLAN_FILE,
     SCALARS_FILE,
     STATUS_FILE,
+    TRACING_DIR,
     eval_files,
     find_runs,
     runs_under,
 )
 from hybrid_lightning.rundir.status import read_status
 
-PACKED = (CONFIG_FILE, PLAN_FILE, STATUS_FILE, SCALARS_FILE)  # with eval/<record>.json: every file a packed run holds
+PACKED = (CONFIG_FILE, PLAN_FILE, STATUS_FILE, SCALARS_FILE)  # with RECORDS: every file a packed run holds
+RECORDS = (EVAL_DIR, TRACING_DIR)  # the folders of a packed run's JSON records
+
+
+def _is_record(name: str) -> bool:
+    """Whether ``name`` (a path relative to a packed run) is one of its records."""
+    folder, _, file = name.partition("/")
+    return folder in RECORDS and "/" not in file and file.endswith(".json")
 
 
 def pack_runs(root: str | Path, out: str | Path, tags: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
@@ -67,6 +76,8 @@ def packed_files(run: Path, tags: tuple[str, ...]) -> dict[str, bytes]:
     files = {name: (run / name).read_bytes() for name in (CONFIG_FILE, PLAN_FILE, STATUS_FILE)
              if (run / name).is_file()}
     files |= {f"{EVAL_DIR}/{path.name}": path.read_bytes() for _, _, path in eval_files(run)}
+    traced = sorted((run / TRACING_DIR).glob("step_*.json"))  # hybrid-lightning trace's records
+    files |= {f"{TRACING_DIR}/{path.name}": path.read_bytes() for path in traced}
     # repr of each stored float: read back, it is the same number
     files[SCALARS_FILE] = read_scalars(run, tags).to_csv(index=False, float_format=lambda v: repr(float(v))).encode()
     return files
@@ -94,8 +105,7 @@ def _check_target(run: Path, target: Path) -> None:
     if target.exists() and not target.is_dir():
         raise ValueError(f"--out: {target} is a file; pack writes the packed run {run} there as a folder")
     existing = _existing(target)
-    foreign = sorted(n for n in existing
-                     if n not in PACKED and not (n.startswith(f"{EVAL_DIR}/") and n.endswith(".json")))
+    foreign = sorted(n for n in existing if n not in PACKED and not _is_record(n))
     if foreign:
         raise ValueError(f"--out: {target} holds {foreign[0]}, which pack did not write; pack {run} elsewhere")
     if CONFIG_FILE in existing and existing[CONFIG_FILE] != (run / CONFIG_FILE).read_bytes():

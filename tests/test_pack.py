@@ -50,6 +50,25 @@ def test_packed_runs_load_as_the_runs_did(fabricated, tmp_path):  # noqa: F811
         analyze(copy, tmp_path / "out3", workers=1).parent / "metrics.csv").read_bytes()
 
 
+def test_the_records_of_trace_are_packed_and_its_events_are_not(fabricated, tmp_path):  # noqa: F811
+    """``hybrid-lightning trace`` writes tracing/step_<k>.json beside TensorBoard events: the records travel."""
+    root, _ = fabricated
+    tracing = root / "rope-s0" / "tracing"
+    tracing.mkdir()
+    (tracing / "step_40.json").write_text('{"step": 40}')
+    (tracing / "events.out.tfevents.1.host.0").write_bytes(b"events")
+    packed = tmp_path / "packed"
+    pack_runs(root, packed)
+    assert sorted(p.name for p in (packed / "rope-s0" / "tracing").iterdir()) == ["step_40.json"]
+    assert (packed / "rope-s0" / "tracing" / "step_40.json").read_text() == '{"step": 40}'
+    (tracing / "step_40.json").unlink()  # gone from the run: gone from its packed run
+    assert dict(pack_runs(root, packed))["rope-s0"] == "packed" and not list((packed / "rope-s0").rglob("step_40*"))
+    (packed / "rope-s0" / "tracing" / "deeper").mkdir(parents=True)
+    (packed / "rope-s0" / "tracing" / "deeper" / "step_1.json").write_text("{}")
+    with pytest.raises(ValueError, match="deeper/step_1.json, which pack did not write"):
+        pack_runs(root, packed)
+
+
 def test_unpack_fills_a_grid_root_and_keeps_what_is_there(fabricated, tmp_path):  # noqa: F811
     root, _ = fabricated
     packed = tmp_path / "packed"
