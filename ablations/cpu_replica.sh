@@ -15,7 +15,9 @@
 # fills its layer, and 20 from any layer, and every head alone; only the latter where the top 2 is
 # tied); run the paper's diagnostics on them (docs/evaluation.md: the probes within the training length
 # with the full or the efficient layers restricted to 64 tokens, an eighth of it as the paper's 2K of 16K;
-# layer probes, brief, within the training length; gradient influence); pack the finished runs; analyse
+# layer probes, brief, within the training length; gradient influence; the top 4 heads by attention mass of the
+# final checkpoint traced back over the kept checkpoints, on 100 needle prompts within the training length); pack
+# the finished runs; analyse
 # the packed runs into analysis/results/<grid name>/.
 # Before training more: `hybrid-lightning grid plan GRID --verdicts` says which
 # verdicts these arms and seeds can reach (docs/analysis.md, "The design check").
@@ -38,6 +40,14 @@ mkdir -p "$data" "$root"
 
 [ -f "$data/probes.jsonl" ] || $hl probes passkey niah_single_1 --lengths 511 --samples 5000 --value-tokens 16 --seed 1 \
     --out "$data/probes.jsonl"
+[ -f "$data/trace_niah.jsonl" ] || {  # the tracing's prompts, in RULER's rows: probe seed 5, apart from training's 1
+    $hl probes niah_single_1 --lengths 511 --samples 100 --value-tokens 16 --seed 5 --out "$data/trace_probes.jsonl"
+    "$py" -c 'import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+out = "".join(json.dumps({"input": r["text"][: -len(r["answer"])], "outputs": [r["answer"].strip()]}) + "\n" for r in rows)
+open(sys.argv[2] + ".tmp", "w").write(out)' "$data/trace_probes.jsonl" "$data/trace_niah.jsonl"
+    mv "$data/trace_niah.jsonl.tmp" "$data/trace_niah.jsonl"
+}
 [ -f "$data/text_val.jsonl" ] || "$py" - "$data" <<'PY'
 # Natural text: the standard library's source files (the embedded corpus) in their fixed order, one
 # document each; a file whose path hashes to 0 mod 20 is held out. 2.5M bytes (= tokens) for training.
@@ -73,7 +83,8 @@ ablate() {  # run directory
 }
 diagnose() {  # run directory; a restriction with nothing to limit (efficient layers of full attention) is left out
     $hl restrict "$1" --limit full:64 efficient:64 --set 'eval.lengths=[512]'
-    $hl probe-layers "$1" --samples 400 --length 512 --brief && $hl gradient "$1" --samples 16
+    $hl probe-layers "$1" --samples 400 --length 512 --brief && $hl gradient "$1" --samples 16 \
+        && $hl trace "$1" --niah "$data/trace_niah.jsonl" --max-samples 100
 }
 step() {  # run directory, log name, function: its output kept in <run>/<name>.log once it succeeded; done once
     [ -f "$1/$2.log" ] || { OMP_NUM_THREADS=1 "$3" "$1" > "$1/$2.log.tmp" 2>&1 && mv "$1/$2.log.tmp" "$1/$2.log"; }
