@@ -154,7 +154,7 @@ def _plan_speed(d: Design, models: Models) -> list[Planned]:
         effect, simulate = models(SPEED, labels, d.steps(labels[0], "eval"))
         out.append(Planned(F, SPEED.named(fam.name if len(fams) > 1 else ""), f"{len(labels)} arms: "
                            + ", ".join(labels), labels, d.seeds(labels), lambda s: at_least(s, [arms_floor(s)]),
-                           simulate, effect))
+                           simulate, effect, why=d.untimed(labels[0], "eval")))
     return out
 
 

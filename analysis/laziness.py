@@ -149,7 +149,7 @@ def _plan(d: Design, models: Models) -> list[Planned]:
         out.append(Planned(F, LAZINESS.named(g["label"].iloc[0] if len(fams) > 1 else ""), "log-rank of adjacent "
                            "windows " + ", ".join(f"W={b} vs W={a}" for a, b in zip(windows, windows[1:])), labels,
                            d.seeds(labels), lambda s: at_least(s, [two_arms(a, b) for a, b in zip(s, s[1:])]), simulate,
-                           effect, needs="any"))
+                           effect, needs="any", why=d.untimed(labels[0], "eval.heads")))
     return out
 
 

@@ -119,10 +119,12 @@ def equivalent(a: np.ndarray, b: np.ndarray, margin: float, alpha: float) -> np.
 
 
 def seeds_for(power: Callable[[int], float], target: float = TARGET) -> int | None:
-    """The fewest seeds per arm (2 to ``MAX_SEEDS``) whose ``power`` reaches ``target`` (power taken as rising
+    """The fewest seeds per arm (1 to ``MAX_SEEDS``) whose ``power`` reaches ``target`` (power taken as rising
     with the seeds: bisection); None where even ``MAX_SEEDS`` falls short."""
     if power(MAX_SEEDS) < target:
         return None
+    if power(1) >= target:  # a test that one seed per arm can pass (a scaling law's, over sizes and budgets)
+        return 1
     low, high = 1, MAX_SEEDS  # power(low) < target <= power(high)
     while high - low > 1:
         mid = (low + high) // 2

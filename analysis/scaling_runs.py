@@ -32,7 +32,7 @@ from hybrid_lightning.analysis.arms import _shared
 from hybrid_lightning.analysis.load import Runs
 from hybrid_lightning.analysis.stats import Comparison, Test
 from hybrid_lightning.analysis.tables import final_values
-from hybrid_lightning.analysis.verdict import Verdict
+from hybrid_lightning.analysis.verdict import Design, Models, Planned, Verdict, complete
 from hybrid_lightning.records import Tag
 
 SIZE_KEYS = ("model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads", "model.mlp_hidden",
@@ -46,22 +46,28 @@ F = "1. emergence speed"
 NOT_APPLICABLE = "not applicable"
 
 
+def arm_cells(configs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of ``configs`` (``Runs.configs``, or a grid's planned ones) with a recorded non-embedding
+    parameter count: arm (its architecture without ``SCALE_KEYS``), run, seed, size, n, tokens."""
+    c = configs[pd.to_numeric(configs["non_embedding_params"], errors="coerce").notna()]
+    if c.empty:
+        return pd.DataFrame(columns=["arm", "run", "seed", "size", "n", "tokens"])
+    rest = c["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k not in SCALE_KEYS},
+                                              sort_keys=True))
+    names = {r: _shared(tuple(g)) for r, g in c.groupby(rest)["label"]}
+    n = c["non_embedding_params"].astype(float)
+    return pd.DataFrame({"arm": rest.map(names), "run": c["run"], "seed": c.get("seed"),
+                         "size": n.map(lambda x: f"{x:.4g}"), "n": n,
+                         "tokens": c["train.max_steps"].astype(float) * c["tokens_per_step"].astype(float)
+                         }).reset_index(drop=True)
+
+
 def cells(runs: Runs, tag: str) -> pd.DataFrame:
     """One row per finished run that logged ``tag``: arm, run, seed, size, n, tokens, value (its last value)."""
     c = runs.configs
-    done = c[(c["state"] == "done") & pd.to_numeric(c["non_embedding_params"], errors="coerce").notna()]
     last = final_values(runs.metrics, tag).set_index("run")["value"]
-    done = done[done["run"].isin(last.index)]
-    if done.empty:
-        return pd.DataFrame(columns=["arm", "run", "seed", "size", "n", "tokens", "value"])
-    rest = done["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k not in SCALE_KEYS},
-                                                 sort_keys=True))
-    names = {r: _shared(tuple(g)) for r, g in done.groupby(rest)["label"]}
-    n = done["non_embedding_params"].astype(float)
-    return pd.DataFrame({"arm": rest.map(names), "run": done["run"], "seed": done.get("seed"),
-                         "size": n.map(lambda x: f"{x:.4g}"), "n": n,
-                         "tokens": done["train.max_steps"].astype(float) * done["tokens_per_step"].astype(float),
-                         "value": done["run"].map(last).astype(float)}).reset_index(drop=True)
+    table = arm_cells(c[(c["state"] == "done") & c["run"].isin(last.index)])
+    return table.assign(value=table["run"].map(last).astype(float))
 
 
 def scalable(table: pd.DataFrame) -> bool:
@@ -128,7 +134,21 @@ def _decide(early: Comparison, c: dict) -> tuple[str, str]:
     return "reproduced", ""
 
 
-SCALING = Verdict(F, "scaling (LongPPL laws)", scaling_tests)
+def _plan(d: Design, _: Models) -> list[Planned]:
+    """Per pair of arms with a size and a budget axis: the bootstrap p's floor (every draw on one side: 1 /
+    ``scaling.RESAMPLES``), power at complete separation; none where no two arms have the axes."""
+    table = arm_cells(d.configs)
+    arms = sorted(arm for arm, t in table.groupby("arm") if scalable(t))
+    floor = [1 / scaling.RESAMPLES]
+    seeds = {arm: int(t["seed"].nunique()) for arm, t in table.groupby("arm")}
+    return [Planned(F, SCALING.named(f"{a} vs {b}"), "fitted log LongPPL at the largest size and the smallest budget "
+                    f"({scaling.RESAMPLES} bootstrap refits), and the budget from which the laws stay within "
+                    f"{MARGIN:g}", [a, b], [seeds[a], seeds[b]], lambda _: floor, complete(lambda _: floor),
+                    "complete separation (every bootstrap draw on one side)")
+            for a, b in itertools.combinations(arms, 2)]
+
+
+SCALING = Verdict(F, "scaling (LongPPL laws)", scaling_tests, _plan)
 
 
 def write_fits(runs: Runs, out: Path, form: str = "no_constant", resamples: int | None = None,

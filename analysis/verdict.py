@@ -109,6 +109,14 @@ class Design:
         steps += [total] if at_end and total not in steps else []
         return np.array(sorted(steps), float) / total
 
+    def untimed(self, label: str, section: str) -> str:
+        """Why an arm's evaluations (``eval`` or ``eval.heads``) cannot time an event, or "" where they can: a test
+        of when something happens needs one before the end."""
+        if len(self.steps(label, section)) >= 2:
+            return ""
+        return (f"{label} is evaluated ({section}) at its end only, if at all ({section}.every_n_steps 0): no time of "
+                "emergence to observe")
+
     def nearest(self, label: str) -> int | None:
         """Tokens back to the nearest copy source of the head probes (the plan's), None where not recorded."""
         return ((self.plan(label).probes or {}).get("heads") or {}).get("nearest_source")

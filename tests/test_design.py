@@ -59,6 +59,7 @@ def test_floors_of_the_exact_null_distributions():
 def test_seeds_for_finds_the_fewest_by_bisection():
     assert power.seeds_for(lambda n: float(n >= 7)) == 7
     assert power.seeds_for(lambda n: 0.5) is None
+    assert power.seeds_for(lambda n: 1.0) == 1  # a test one seed per arm can pass
 
 
 def test_power_of_two_normal_arms_matches_the_t_test(quick):
@@ -151,6 +152,28 @@ def test_the_convergence_test_is_planned_under_the_grids_declarations(tmp_path, 
                                                                          "margin": 0.2}}}))
     row = check([path], capsys)[0]["convergence (probes)"]
     assert "equivalence of longctx/loss_gain_beyond within ±0.2" in row["compares"] and "seeds SD 0.1" in row["effect"]
+
+
+def test_a_scaling_grid_plans_its_laws_and_no_timing_without_evaluations_before_the_end(tmp_path, capsys, quick):
+    """Three architectures at 3 sizes and 2 budgets, one seed, evaluated at their ends only: each pair's scaling
+    claim at the bootstrap's floor (1 / 200), Holm over the 3 pairs reachable; no time of emergence to test."""
+    base = {**BASE, "eval": {**BASE["eval"], "every_n_steps": 0, "heads": {"every_n_steps": 0, "at_end": False}}}
+    axes = {"arch": {"full": {"model.pattern": "F"}, "w16": {"model.window": 16}, "w64": {"model.window": 64}},
+            "size": {"s": {"model.d_model": 32}, "m": {"model.d_model": 48}, "l": {"model.d_model": 64}},
+            "train.max_steps": [50, 100], "seed": [0]}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "g", "base": {**base, "model": {**base["model"], "n_heads": 4}},
+                                    "axes": axes}))
+    table, _, _ = check([path], capsys)
+    laws = {t: r for t, r in table.items() if t.startswith("scaling (LongPPL laws): ")}
+    assert len(laws) == 3 and {r["seeds"] for r in laws.values()} == {"1/1"}
+    for r in laws.values():
+        assert r["floor"] == pytest.approx(1 / 200) and r["holm_floor"] == pytest.approx(3 / 200), r
+        assert r["reachable"] == "yes" and r["power"] == 1 and r["seeds_for_80"] == 1
+    speed = [r for t, r in table.items() if t.startswith("speed (probes)")]
+    assert speed and all(r["reachable"] == "no" and "at its end only" in r["why"] for r in speed)
+    laziness = [r for t, r in table.items() if t.startswith("laziness")]
+    assert laziness and all("eval.heads.every_n_steps 0" in r["why"] for r in laziness)
 
 
 def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):
