@@ -15,12 +15,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from hybrid_lightning.analysis.figures import arm_colors, legend, save, wrap
+from hybrid_lightning.analysis.stats import mean_ci
 from hybrid_lightning.kinds import FULL
 from hybrid_lightning.records import columns
 from hybrid_lightning.rundir import TRACING_DIR, eval_files
 from hybrid_lightning.rundir.evals import read_eval_record, traced_heads
 
 TRACED = ("mass", "entropy_norm", "qk_rel_l2")  # what the tracing figure draws, a panel each
+INTERVAL = "95% t interval of the mean over seeds"  # the bands and whiskers of every figure here
 
 
 def diagnostic_rows(configs: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -42,13 +44,18 @@ def diagnostic_rows(configs: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def seed_summary(rows: pd.DataFrame, keys: list[str], measure: str) -> pd.DataFrame:
-    """``measure`` per ``keys`` over seeds: mean, min, max and the number of seeds."""
-    return (rows.groupby(keys, dropna=False)[measure].agg(["mean", "min", "max", "count"])
-            .rename(columns={"count": "seeds"}).reset_index())
+    """``measure`` per ``keys`` over seeds: mean, min, max, the number of seeds and the 95% t interval of the mean
+    (``ci_low``, ``ci_high``; NaN with one seed)."""
+    groups = rows.groupby(keys, dropna=False)[measure]
+    out = groups.agg(["mean", "min", "max", "count"]).rename(columns={"count": "seeds"})
+    ci = groups.apply(lambda v: mean_ci(v.to_numpy()))
+    out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
+    return out.reset_index()
 
 
 def restriction_figure(rows: pd.DataFrame, measures: tuple[str, ...] = ("score", "longppl")) -> Figure:
-    """Per measure, one group of bars per architecture, one bar per restriction: seed mean, whiskers min-max."""
+    """Per measure, one group of bars per architecture, one bar per restriction: seed mean, whiskers its 95% t
+    interval."""
     fig = Figure(figsize=(4 + 1.2 * rows["label"].nunique(), 3.6 * len(measures)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(measures), 1))
     setups = list(dict.fromkeys(rows["restriction"]))
@@ -62,18 +69,19 @@ def restriction_figure(rows: pd.DataFrame, measures: tuple[str, ...] = ("score",
             x = np.arange(len(labels)) + j * width
             ax.bar(x, c["mean"], width, color=colors[setup], label="unrestricted" if setup == "none"
                    else f"{setup.replace(':', ' layers, last ')} tokens")
-            ax.errorbar(x, c["mean"], yerr=[c["mean"] - c["min"], c["max"] - c["mean"]], fmt="none", color="black",
-                        lw=0.8)
+            ax.errorbar(x, c["mean"], yerr=[c["mean"] - c["ci_low"], c["ci_high"] - c["mean"]], fmt="none",
+                        color="black", lw=0.8)
         ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels, rotation=20, ha="right", fontsize=7)
         ax.set_ylabel(measure)
         legend(ax)
-    fig.suptitle(wrap("Receptive-field restriction (bar: seed mean, whiskers: min-max over seeds)"), fontsize=9)
+    fig.suptitle(wrap(f"Receptive-field restriction (bar: seed mean, whiskers: {INTERVAL}; seeds per bar: "
+                      "diagnostics_restricted.csv)"), fontsize=9)
     return fig
 
 
 def layer_probe_figure(rows: pd.DataFrame, feature: str = "residual") -> Figure:
-    """Held-out probe accuracy by layer, one line per architecture (seed mean, band min-max), the full-attention
-    layers' points filled and the others hollow; chance dotted."""
+    """Held-out probe accuracy by layer, one line per architecture (seed mean, band its 95% t interval), the
+    full-attention layers' points filled and the others hollow; chance dotted."""
     rows = rows[(rows["feature"] == feature) & (rows["restriction"] == "none")]
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -83,7 +91,7 @@ def layer_probe_figure(rows: pd.DataFrame, feature: str = "residual") -> Figure:
         part = rows[rows["label"] == label]
         s = seed_summary(part, ["layer", "mixer"], "accuracy").sort_values("layer")
         ax.plot(s["layer"], s["mean"], color=colors[label], label=f"{label} ({int(s['seeds'].max())} seeds)")
-        ax.fill_between(s["layer"], s["min"], s["max"], color=colors[label], alpha=0.2, lw=0)
+        ax.fill_between(s["layer"], s["ci_low"], s["ci_high"], color=colors[label], alpha=0.2, lw=0)
         full = s["mixer"] == FULL
         ax.scatter(s["layer"][full], s["mean"][full], color=colors[label], s=28, zorder=3)
         ax.scatter(s["layer"][~full], s["mean"][~full], facecolors="white", edgecolors=colors[label], s=28, zorder=3)
@@ -93,14 +101,14 @@ def layer_probe_figure(rows: pd.DataFrame, feature: str = "residual") -> Figure:
     ax.set_xlabel("layer (filled: full attention, hollow: efficient)")
     ax.set_ylabel(f"probe accuracy ({feature})")
     legend(ax)
-    fig.suptitle(wrap("Layer-wise probes of the needle's value at the last token (line: seed mean, band: min-max)"),
+    fig.suptitle(wrap(f"Layer-wise probes of the needle's value at the last token (line: seed mean, band: {INTERVAL})"),
                  fontsize=9)
     return fig
 
 
 def gradient_figure(rows: pd.DataFrame) -> Figure:
     """Mean gradient norm against distance + 1 on log axes, one line per architecture and restriction (seed mean,
-    band min-max)."""
+    band its 95% t interval)."""
     rows = rows.dropna(subset=["mean_grad_norm"])
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -112,13 +120,13 @@ def gradient_figure(rows: pd.DataFrame) -> Figure:
         name = label if setup == "none" else f"{label}, {setup.replace(':', ' layers last ')}"
         ax.plot(s["distance"] + 1, s["mean"], color=colors[label], ls="-" if setup == "none" else "--",
                 label=f"{name} ({int(s['seeds'].max())} seeds)")
-        ax.fill_between(s["distance"] + 1, s["min"], s["max"], color=colors[label], alpha=0.15, lw=0)
+        ax.fill_between(s["distance"] + 1, s["ci_low"], s["ci_high"], color=colors[label], alpha=0.15, lw=0)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("distance to the last token + 1")
     ax.set_ylabel("gradient norm")
     legend(ax)
-    fig.suptitle(wrap("Gradient influence by distance (line: seed mean, band: min-max over seeds)"), fontsize=9)
+    fig.suptitle(wrap(f"Gradient influence by distance (line: seed mean, band: {INTERVAL})"), fontsize=9)
     return fig
 
 
@@ -141,7 +149,7 @@ def trace_rows(configs: pd.DataFrame, _: str = "trace") -> pd.DataFrame:
 
 def tracing_figure(rows: pd.DataFrame) -> Figure:
     """Per measure of ``TRACED``, one line per architecture against training tokens: each run's mean over its target
-    heads, then the seed mean, band min-max."""
+    heads, then the seed mean, band its 95% t interval."""
     fig = Figure(figsize=(7.5, 3.0 * len(TRACED)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(TRACED), 1, sharex=True))
     per_run = rows.groupby(["label", "run", "tokens", "source"], as_index=False)[list(TRACED)].mean()
@@ -154,12 +162,12 @@ def tracing_figure(rows: pd.DataFrame) -> Figure:
             heads = "final heads" if (part["source"] == "final").all() else "each step's heads"
             ax.plot(s["tokens"], s["mean"], color=colors[label], marker=".",
                     label=f"{label} ({int(s['seeds'].max())} seeds, {heads})")
-            ax.fill_between(s["tokens"], s["min"], s["max"], color=colors[label], alpha=0.2, lw=0)
+            ax.fill_between(s["tokens"], s["ci_low"], s["ci_high"], color=colors[label], alpha=0.2, lw=0)
         ax.set_ylabel(measure)
     axes[-1].set_xlabel("training tokens")
     legend(axes[0])
     fig.suptitle(wrap("Target retrieval heads over training: attention mass on the needle, normalised entropy, Q/K "
-                      "distance to the reference (line: seed mean of each run's heads' mean, band: min-max)"),
+                      f"distance to the reference (line: seed mean of each run's heads' mean, band: {INTERVAL})"),
                  fontsize=9)
     return fig
 
@@ -177,7 +185,8 @@ def report_section(configs: pd.DataFrame, out: Path, heading: str) -> str:
     """``report.md``'s section on the diagnostics: per kind that any run recorded, its figure and
     ``diagnostics_<kind>.csv`` (``diagnostic_rows``) written into ``out``; one line where none did."""
     text = [f"{heading}\n", "The newest record of each kind per run (`eval/<kind>_step_<k>.json`), every traced step "
-            "for the tracing; seed means with their min-max over seeds (docs/evaluation.md defines each measure).\n"]
+            f"for the tracing; seed means with the {INTERVAL} (none with one seed; docs/evaluation.md defines each "
+            "measure).\n"]
     drawn = []
     for kind, (png, draw, what, read) in FIGURES.items():
         rows = read(configs, kind)

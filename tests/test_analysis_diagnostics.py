@@ -43,6 +43,12 @@ def test_rows_summaries_and_figures(tmp_path):
     s = seed_summary(restricted[restricted["restriction"] == "none"], ["label"], "score")
     assert s["mean"].tolist() == pytest.approx([0.55, 0.55]) and s["min"].tolist() == pytest.approx([0.5, 0.5])
     assert s["seeds"].tolist() == [2, 2]
+    from scipy import stats as st  # the one-sample t interval of two seeds' mean
+    values = restricted[(restricted["restriction"] == "none") & (restricted["label"] == "swa")]["score"]
+    half = st.t.ppf(0.975, 1) * values.std(ddof=1) / 2 ** 0.5
+    assert s["ci_low"].iloc[1] == pytest.approx(values.mean() - half)
+    assert s["ci_high"].iloc[1] == pytest.approx(values.mean() + half)
+    assert seed_summary(restricted.iloc[:1], ["label"], "score")[["ci_low", "ci_high"]].isna().all(axis=None)
     fig = restriction_figure(restricted)
     assert [ax.get_ylabel() for ax in fig.axes] == ["score", "longppl"]
     probes = diagnostic_rows(configs, "layer_probe")
