@@ -111,6 +111,40 @@ def test_the_shipped_grid_and_profiles_are_valid(tmp_path):
     assert {c.config.data.text_val_files for c in replica.cells} == {(str((data / "text_val.jsonl").resolve()),)}
 
 
+def test_the_fifth_replica_grids(tmp_path):
+    """The 1 : 1 hybrids with their seeds as declared, LongPPL on the committed pilot's key tokens, every checkpoint
+    kept; the scaling grid's 4 architectures x 4 sizes x 4 budgets as branches of one stable phase each."""
+    from hybrid_lightning.training.preflight import check_evaluator
+
+    (tmp_path / "ablations").mkdir()
+    for name in ("cpu_replica5.yaml", "cpu_replica5_scaling.yaml"):
+        shutil.copy(REPO / "ablations" / name, tmp_path / "ablations")
+    evaluator = tmp_path / "analysis" / "results" / "cpu_replica_pilot5" / "evaluator"
+    shutil.copytree(REPO / "analysis" / "results" / "cpu_replica_pilot5" / "evaluator", evaluator)
+    data = tmp_path / "runs" / "cpu_replica"
+    data.mkdir(parents=True)
+    for name in ("probes", "text", "text_val"):
+        (data / f"{name}.jsonl").write_text(json.dumps({"text": "a document"}) + "\n")
+    main = load_grid(tmp_path / "ablations" / "cpu_replica5.yaml", root=tmp_path / "grid")
+    seeds = {}
+    for c in main.cells:
+        seeds.setdefault(c.name.split("arch=")[1], set()).add(c.config.seed)
+    assert seeds.pop("swa8") == seeds.pop("swa32") == set(range(5)) and len(main.cells) == 39
+    assert seeds.pop("swa128") == seeds.pop("swa8-nope") == set(range(4))
+    assert all(s == {0, 1, 2} for s in seeds.values()) and len(seeds) == 7
+    patterns = {c.name.split("arch=")[1]: c.config.model.pattern for c in main.cells}
+    assert patterns["swa8-1to3"] == "EEEF" and patterns["headwise8"] == "H" and patterns["fe32"] == "FE"
+    assert {p for a, p in patterns.items() if a not in ("swa8-1to3", "headwise8", "fe32", "full")} == {"EF"}
+    ev = main.cells[0].config.eval
+    assert ev.longppl_evaluator == str(evaluator.resolve()) and (ev.position_sequences, ev.position_len) == (64, 512)
+    check_evaluator(ev.longppl_evaluator, tmp_path / "grid" / main.cells[0].name)  # a finished run's directory
+    assert main.cells[0].config.train.keep_checkpoints == -1 and main.verdicts.declared()["ablation"]["pooled"]
+    scaling = load_grid(tmp_path / "ablations" / "cpu_replica5_scaling.yaml", root=tmp_path / "scaling")
+    assert len(scaling.cells) == 64 and {c.config.model.d_model for c in scaling.cells} == {24, 32, 48, 64}
+    assert {c.config.train.max_steps for c in scaling.cells} == {1000, 2000, 3000, 4000}
+    assert {c.config.train.stable_phase is not None for c in scaling.cells} == {True}
+
+
 def test_presets_zip_and_long_names(tmp_path):
     path = write_grid(
         tmp_path,
