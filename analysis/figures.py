@@ -133,6 +133,24 @@ def emergence(curve: pd.DataFrame, ylabel: str, noise: pd.Series | None = None, 
     return fig
 
 
+def longppl(curve: pd.DataFrame) -> Figure:
+    """LongPPL vs training tokens on a log axis, one curve per architecture: seed mean, band = min-max over seeds
+    (``curves`` of ``Tag.LONGPPL``)."""
+    labels = sorted(curve["label"].unique())
+    fig = Figure(figsize=(7.5, _height(labels)), layout="constrained")
+    ax = fig.subplots()
+    styles = arm_styles(labels)
+    for label in labels:
+        _band(ax, curve[curve["label"] == label], label, styles[label])
+    ax.set_yscale("log")
+    _token_axis(ax)
+    ax.set_ylabel("LongPPL (on the evaluator's key tokens)")
+    fig.suptitle(wrap("LongPPL over training (line: seed mean, band: min-max over seeds)"), fontsize=9)
+    legend(ax)
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
 def laziness(head_curves: dict[str, pd.DataFrame], threshold_line: float | None) -> Figure:
     """Retrieval-head count and the highest head score vs training tokens, one curve per architecture
     (the label names the SWA window); ``head_curves`` maps ``heads/retrieval_heads`` and ``heads/max_score``

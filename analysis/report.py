@@ -16,6 +16,7 @@ from hybrid_lightning.analysis.emergence import SIGNAL_Z
 from hybrid_lightning.analysis.load import Runs, load_runs
 from hybrid_lightning.analysis.metrics import METRIC_AXIS, METRIC_TEXT, SCORE, metric_tag, record_metric
 from hybrid_lightning.fileio import publish
+from hybrid_lightning.records import Tag
 from hybrid_lightning.rundir import runs_under
 from hybrid_lightning.units import si
 
@@ -179,8 +180,16 @@ def _emergence(runs: Runs, out: Path, metric: str, tag: str) -> str:
         return "\n".join(text + [f"No run has logged `{tag}` yet.\n"])
     noise = tables.noise_levels(runs.metrics, SIGNAL_Z) if tag == SCORE else None
     figures.save(figures.emergence(curve, METRIC_AXIS[metric], noise, SIGNAL_Z), out / "emergence.png")
-    return "\n".join(text + ["![emergence](emergence.png)\n", _md(thresholds), "\nCSV: `emergence_curves.csv`, "
-                             "`emergence_thresholds.csv`.\n"])
+    text += ["![emergence](emergence.png)\n", _md(thresholds), "\nCSV: `emergence_curves.csv`, "
+             "`emergence_thresholds.csv`.\n"]
+    longppl = tables.curves(runs.metrics, Tag.LONGPPL)
+    if not longppl.empty:  # the paper's measure of finding 1 (runs with a LongPPL evaluator)
+        _write(longppl, out, "longppl_curves.csv")
+        figures.save(figures.longppl(longppl), out / "longppl.png")
+        text += ["LongPPL (Fang et al. 2024: perplexity on the key tokens that one evaluator model chose; "
+                 "docs/evaluation.md) against training tokens, the paper's measure of how fast long-context ability "
+                 "emerges.\n", "![longppl](longppl.png)\n", "CSV: `longppl_curves.csv`.\n"]
+    return "\n".join(text)
 
 
 def _laziness(runs: Runs, out: Path) -> str:

@@ -227,3 +227,25 @@ def test_report_lists_cells_that_failed_before_a_run_directory(fabricated, tmp_p
                ("b", tmp_path / "b", None)]
     assert ("Grid: 3 planned cells, 1 with a run directory; failed before it: `a` (exit code 2: error: data.store: "
             "refused); not started: `b`.") in _missing(runs, planned, "val_longctx/score")
+
+
+def test_the_emergence_section_draws_longppl_where_runs_log_it(tmp_path):
+    """Runs with a LongPPL evaluator: its curve over training beside the score's (log axis), and its table."""
+    from hybrid_lightning.analysis import report
+    from hybrid_lightning.analysis.load import Runs
+    from hybrid_lightning.analysis.metrics import SCORE
+    from hybrid_lightning.records import Tag
+
+    rows = [{"run": f"s{seed}", "step": step, "tokens": step * 100, "metric": metric, "value": value,
+             "label": "swa W=8"}
+            for seed in (0, 1) for step in (100, 200, 300)
+            for metric, value in ((SCORE, step / 400), (Tag.LONGPPL, 60 / step + seed))]
+    empty = pd.DataFrame()
+    runs = Runs(empty, pd.DataFrame(rows), empty, empty, empty, empty, empty)
+    text = report._emergence(runs, tmp_path, "score", SCORE)
+    assert "![longppl](longppl.png)" in text and (tmp_path / "longppl.png").is_file()
+    curve = pd.read_csv(tmp_path / "longppl_curves.csv")
+    assert curve["mean"].tolist() == pytest.approx([1.1, 0.8, 0.7]) and set(curve["seeds"]) == {2}
+    without = Runs(empty, pd.DataFrame([r for r in rows if r["metric"] == SCORE]), empty, empty, empty, empty, empty)
+    (tmp_path / "none").mkdir()
+    assert "longppl" not in report._emergence(without, tmp_path / "none", "score", SCORE)
