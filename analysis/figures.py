@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import matplotlib.ticker
@@ -111,15 +112,22 @@ def _none(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="grey")
 
 
-def emergence(curve: pd.DataFrame, ylabel: str, noise: pd.Series | None = None, z: float = 3.0) -> Figure:
-    """Score vs training tokens, one curve per architecture: seed mean, band = min-max over seeds; with ``noise``
-    (architecture -> level), the level above which the verdicts count a signal (``z`` null SE)."""
+def _bands(curve: pd.DataFrame) -> tuple[Figure, Any, list[str], dict[str, dict]]:
+    """A figure with one ``_band`` per architecture of ``curve`` (``curves`` rows): (figure, axes, the
+    architectures, their ``arm_styles``)."""
     labels = sorted(curve["label"].unique())
     fig = Figure(figsize=(7.5, _height(labels)), layout="constrained")
     ax = fig.subplots()
     styles = arm_styles(labels)
     for label in labels:
         _band(ax, curve[curve["label"] == label], label, styles[label])
+    return fig, ax, labels, styles
+
+
+def emergence(curve: pd.DataFrame, ylabel: str, noise: pd.Series | None = None, z: float = 3.0) -> Figure:
+    """Score vs training tokens, one curve per architecture: seed mean, band = min-max over seeds; with ``noise``
+    (architecture -> level), the level above which the verdicts count a signal (``z`` null SE)."""
+    fig, ax, labels, styles = _bands(curve)
     ax.axhline(0, color="grey", lw=0.6, ls=":")
     if noise is not None:
         _noise_lines(ax, noise.reindex(labels), styles, z)
@@ -136,12 +144,7 @@ def emergence(curve: pd.DataFrame, ylabel: str, noise: pd.Series | None = None, 
 def longppl(curve: pd.DataFrame) -> Figure:
     """LongPPL vs training tokens on a log axis, one curve per architecture: seed mean, band = min-max over seeds
     (``curves`` of ``Tag.LONGPPL``)."""
-    labels = sorted(curve["label"].unique())
-    fig = Figure(figsize=(7.5, _height(labels)), layout="constrained")
-    ax = fig.subplots()
-    styles = arm_styles(labels)
-    for label in labels:
-        _band(ax, curve[curve["label"] == label], label, styles[label])
+    fig, ax, _, _ = _bands(curve)
     ax.set_yscale("log")
     _token_axis(ax)
     ax.set_ylabel("LongPPL (on the evaluator's key tokens)")
