@@ -354,6 +354,11 @@ class RunLock:
         return not holder or (holder.get("host") == me["host"]
                               and not pid_alive(int(holder.get("pid") or 0), holder.get("started")))
 
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock (acquired, not yet released)."""
+        return self._fd is not None
+
     def release(self) -> None:
         if self._fd is None:
             return

@@ -18,10 +18,13 @@ import pytest
 import torch
 
 from conftest import REPO
+from hybrid_lightning.fileio import RunLock
 from hybrid_lightning.grid import cell_states, load_grid
 from hybrid_lightning.grid.report import status_table
 from hybrid_lightning.rundir.checkpoints import resume_step
 from hybrid_lightning.rundir.status import read_status, write_status
+from hybrid_lightning.training.checkpoints import StopOnSignals
+from hybrid_lightning.training.stop import EndAtOnce
 from test_grid import write_grid
 from test_kill_loops import run_args, state, worst
 
@@ -82,6 +85,62 @@ def test_end_at_once_names_the_checkpoint_on_disk_and_exits_by_the_signal(tmp_pa
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]  # the temporary went
     assert not (run / ".lock").exists()
 
+
+LATE_SECOND = """
+import os, signal, sys, time
+from pathlib import Path
+from hybrid_lightning.fileio import RunLock
+from hybrid_lightning.rundir.status import write_status
+from hybrid_lightning.training.checkpoints import StopOnSignals
+from hybrid_lightning.training.stop import EndAtOnce
+
+run = Path(sys.argv[1])
+signals = StopOnSignals(ends_process=True)  # as the command line trains
+signals.install()
+with RunLock(run) as lock:
+    signals.at_once = EndAtOnce(run, 10, lock)
+    signals.signum = signal.SIGTERM  # the first signal's stop, recorded with the lock held
+    write_status(run, state="interrupted", step=5, max_steps=10, error="SIGTERM")
+signals.restore()  # train's end: the lock is released, Stopped on its way to the command's exit
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(5)
+print("outlived the second signal")
+"""
+
+
+def test_a_second_signal_after_the_stop_is_recorded_still_ends_with_the_exit_code_and_message(tmp_path):
+    """CI: a second SIGTERM between ``train``'s end and the process's exit killed it by the default action (-15,
+    nothing said). It ends at once with 143 and the stop's message; the status, no longer this process's, is kept."""
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoints" / "last.ckpt", 5)
+    r = subprocess.run([sys.executable, "-c", LATE_SECOND, str(run)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 143, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert r.stderr.strip().splitlines()[-1] == ("hybrid-lightning train: stopped by SIGTERM at step 5; "
+                                                "run the same command again to resume")
+    status = read_status(run)
+    assert (status["state"], status["step"], status["error"]) == ("interrupted", 5, "SIGTERM")
+    assert "pid" not in status  # written by the stop, not rewritten after the lock went
+
+
+
+def test_a_library_caller_gets_its_signal_handlers_back_after_a_stop(tmp_path):
+    """Without ``ends_process`` (``train`` called from Python: a notebook goes on after ``Stopped``) the handlers go
+    back even after a stop, so a later Ctrl-C interrupts as Python's own handler does instead of ending the process."""
+    before = {sig: signal.getsignal(sig) for sig in StopOnSignals.SIGNALS}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        signals = StopOnSignals()
+        signals.install()
+        assert signal.getsignal(signal.SIGTERM) == signals._handle
+        with RunLock(tmp_path / "run") as lock:
+            signals.at_once = EndAtOnce(tmp_path / "run", 10, lock)
+            signals.signum = signal.SIGINT
+        signals.restore()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) == before[signal.SIGINT]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 def test_grid_status_reports_the_resume_point_not_the_last_logged_step(tmp_path):
     """A rank killed at step 15, its checkpoint of step 12 on disk: the cell resumes from 12."""

@@ -43,7 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hybrid_lightning.training.stop import Stopped, stop_message
 
     try:
-        run_dir = train(cfg, args.run_dir, planned=_planned(args.planned))
+        run_dir = train(cfg, args.run_dir, planned=_planned(args.planned), ends_process=True)
     except Stopped as e:  # SIGTERM / SIGINT: the step reached is saved (a second signal ends the process at once)
         print(stop_message(e.signum, e.step), file=sys.stderr)
         return 128 + e.signum

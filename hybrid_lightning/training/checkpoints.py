@@ -129,13 +129,16 @@ class StopOnSignals(StopOnRequest):
     With several ranks, every rank learns the signal that one of them received (``signum``), so each
     exits by it.
 
-    ``install`` before anything else, ``restore`` at the end; ``signum`` is the signal received.
+    ``install`` before anything else, ``restore`` at the end; ``signum`` is the signal received. A run stopped by a
+    signal keeps the handlers through ``restore``: its process is ending (``Stopped``), and a second signal, however
+    late, ends it at once with its exit code and message rather than by the signal's default action.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, ends_process: bool = False) -> None:
         super().__init__(threading.Event())
+        self.ends_process = ends_process
         self.signum: int | None = None
         self._training = False
         self._previous: dict[int, Any] = {}
@@ -149,6 +152,8 @@ class StopOnSignals(StopOnRequest):
                 self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
+        if self.ends_process and self.signum is not None and self.at_once is not None:
+            return  # stopping: a second signal before the process exits still ends it at once
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence[L.Callback] = (),
-          planned: Mapping | None = None) -> Path:
+          planned: Mapping | None = None, *, ends_process: bool = False) -> Path:
     """Trains (or resumes) the run in ``run_dir``; returns the run directory.
 
     Everything that can be wrong with the config is checked before the directory is created. Rank 0
@@ -40,12 +40,13 @@ def train(cfg: RunConfig, run_dir: str | Path | None = None, callbacks: Sequence
     leaves the run ``interrupted``, to be resumed. SIGTERM and SIGINT, where no one else handles
     them, save a checkpoint at the end of the current step and raise ``Stopped`` (state ``interrupted``).
     ``planned``: the plan made where the run was submitted (a grid's cell, as plain data); a plan made here that
-    differs is refused, naming the keys (``plan.resolve.check_planned``).
+    differs is refused, naming the keys (``plan.resolve.check_planned``). ``ends_process``: the caller ends the
+    process on ``Stopped`` (the command line), so the signal handlers stay for a second signal until it does.
     """
     cfg, plan, run_dir = preflight(cfg, run_dir, planned)  # every refusal a preview makes too (training/preflight.py)
     from hybrid_lightning.training.checkpoints import StopOnSignals
 
-    signals = StopOnSignals()
+    signals = StopOnSignals(ends_process)
     signals.install()
     try:
         with RunLock(run_dir) if is_rank_zero() else contextlib.nullcontext() as lock:

@@ -69,8 +69,10 @@ class EndAtOnce:
                         f"{signal.Signals(signum).name}")
             else:
                 step = resume_step(self.run_dir)
-                # a run that wrote nothing yet gets no status, a finished one keeps its own
-                if (self.run_dir / STATUS_FILE).exists() and (read_status(self.run_dir) or {}).get("state") != "done":
+                # a run that wrote nothing yet gets no status, a finished one keeps its own; once the lock is
+                # released (the stop already recorded, the process ending) the status is no longer this process's
+                if (self.lock.held and (self.run_dir / STATUS_FILE).exists()
+                        and (read_status(self.run_dir) or {}).get("state") != "done"):
                     status = process_status("interrupted", step, self.max_steps, error=signal.Signals(signum).name)
                     write_status(self.run_dir, **status)
                 said = stop_message(signum, step)
