@@ -4,9 +4,10 @@
 # scaling grid, measured at its runs' ends).
 # It spans sittings whose runs/ do not survive: the finished runs are kept as packed records in
 # analysis/results/<grid name>/runs/ (hybrid-lightning pack, docs/run-directory.md), which this script
-# copies back into the grid's root first, so the grid trains only the cells not packed yet. Run it
-# again in the next sitting (after committing the packed runs); stopped with SIGTERM to its `grid submit`,
-# it keeps what finished.
+# copies back into the grid's root first, so the grid trains only the cells not packed yet. Each run is
+# ablated, diagnosed and packed as soon as it is done, beside the training, so a sitting cut short keeps every
+# run that finished. Run it again in the next sitting (after committing the packed runs); stopped with SIGTERM
+# (or Ctrl-C) to it or to its `grid submit`, it keeps what finished and analyses it.
 #
 # Steps: write the training data (probe-format documents with probe seed 1; natural text from the
 # standard library's source, some files held out for val/text_loss); train the remaining cells two at
@@ -72,8 +73,6 @@ for name, docs in out.items():
 PY
 
 [ -d "$results/runs" ] && $hl unpack "$results/runs" --into "$root"
-code=0
-$hl grid submit "$grid" --executor local --parallel 2 || code=$?  # stopped or failed cells: pack what finished
 
 ablate() {  # run directory
     if ! $hl heads "$1" --mask-top 2 --controls 20 --mask-each --set 'eval.lengths=[512]'; then
@@ -86,25 +85,59 @@ diagnose() {  # run directory; a restriction with nothing to limit (efficient la
     $hl probe-layers "$1" --samples 400 --length 512 --brief && $hl gradient "$1" --samples 16 \
         && $hl trace "$1" --niah "$data/trace_niah.jsonl" --max-samples 100
 }
+pack_one() {  # run directory: its packed record, at its path under the grid's root
+    $hl pack "$1" --out "$results/runs/${1#"$root"/}"
+}
 step() {  # run directory, log name, function: its output kept in <run>/<name>.log once it succeeded; done once
     [ -f "$1/$2.log" ] || { OMP_NUM_THREADS=1 "$3" "$1" > "$1/$2.log.tmp" 2>&1 && mv "$1/$2.log.tmp" "$1/$2.log"; }
 }
-todo=()
-[ "$train_only" = 1 ] || for run in "$root"/seed=*/; do  # trained here (a checkpoint), done, not yet ablated or diagnosed
-    if [ -f "$run/checkpoints/last.ckpt" ] && grep -q '"state": "done"' "$run/status.json" \
-        && { [ ! -f "$run/heads_ablation.log" ] || [ ! -f "$run/diagnostics.log" ]; }; then
-        todo+=("$run")
+finish() {  # run directory: ablated and diagnosed (not with --train-only), then packed
+    local ok=0
+    if [ "$train_only" = 0 ]; then
+        step "$1" heads_ablation ablate || ok=1
+        step "$1" diagnostics diagnose || ok=1
     fi
+    [ "$ok" = 1 ] || step "$1" packed pack_one || ok=1
+    [ "$ok" = 0 ] || echo "$1: not finished (see its *.log.tmp); packed as it is at the end" >&2
+    return "$ok"
+}
+finished() {  # runs trained here (a checkpoint) and done, not yet finished
+    local status
+    find "$root" -name status.json -not -path '*/.grid/*' | sort | while IFS= read -r status; do
+        local run=${status%/status.json}
+        if [ -f "$run/checkpoints/last.ckpt" ] && grep -q '"state": "done"' "$status" && [ ! -f "$run/packed.log" ]; then
+            echo "$run"
+        fi
+    done
+}
+
+code=0
+# Each run is finished as soon as it is done, one at a time beside the training (a sitting cut short keeps every
+# finished run in $results/runs); stopped or failed cells: what finished is kept.
+$hl grid submit "$grid" --executor local --parallel 2 &
+grid_pid=$!
+trap 'kill -TERM "$grid_pid" 2> /dev/null || true' TERM INT  # this script stopped: its grid stopped, the rest kept
+tried=" "
+while kill -0 "$grid_pid" 2>/dev/null; do
+    mapfile -t runs < <(finished)
+    for run in "${runs[@]}"; do
+        [[ "$tried" == *" $run "* ]] && continue  # one that did not finish is tried again at the end
+        tried+="$run "
+        finish "$run" || true
+    done
+    sleep 10 & wait $! || true  # a signal's trap runs at once
 done
+wait "$grid_pid" || code=$?
+mapfile -t todo < <(finished)
 for ((i = 0; i < ${#todo[@]}; i += 2)); do  # one run per core
     pids=()
     for run in "${todo[@]:i:2}"; do
-        (ok=0; step "$run" heads_ablation ablate || ok=1; step "$run" diagnostics diagnose || ok=1; exit "$ok") &
+        finish "$run" &
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || code=1; done
 done
-$hl pack "$root" --out "$results/runs"
+$hl pack "$root" --out "$results/runs"  # what did not finish too, as it is
 if [ -d "$results/runs" ]; then  # at least one run finished
     $hl analyze "$results/runs" --grid "$grid" --findings --out "$results"
 fi
