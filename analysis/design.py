@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_lightning.analysis import mechanism, registry
 from hybrid_lightning.analysis import power as pw
-from hybrid_lightning.analysis import registry
 from hybrid_lightning.analysis.load import find_runs, load_runs, planned_configs
 from hybrid_lightning.analysis.pilot import default_models, pilot_models
 from hybrid_lightning.analysis.stats import ALPHA, holm
@@ -119,7 +119,7 @@ def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | Non
     """The design check's report for a grid's cells (name, config as plain data, plan), with effects from the
     pilot run directories under ``pilot`` where given; ``as_json``: the tests (``row``) and warnings as JSON.
     The tests are those of the registered verdicts that have a design check (analysis/registry.py), under what
-    the grid ``declared`` for them (``registry.verdicts``)."""
+    the grid ``declared`` for them (``registry.verdicts``); the warnings, where it decides a test of finding 2."""
     configs = planned_configs(cells)
     models, k, source = default_models, TOP_K, (f"default ({pw.DEFAULT_EFFECT:g} seed SDs and the models above); "
                                                   f"ablation K={TOP_K} with {CONTROLS} control draws")
@@ -133,9 +133,10 @@ def design_check(cells: list[tuple[str, dict, RunPlan]], pilot: str | Path | Non
         models = pilot_models(runs, configs)
         source = f"from the {len(runs.configs)} pilot runs in {pilot}; ablation K={k}"
     d = Design(configs, {name: plan for name, _, plan in cells}, k, CONTROLS)
-    tests = [t for verdict in registry.verdicts(declared) if verdict.plan is not None
-             for t in verdict.plan(d, models)]
-    rows, warned = [row(t) for t in plan_tests(tests)], warnings(d)
+    chosen = registry.verdicts(declared)
+    tests = [t for verdict in chosen if verdict.plan is not None for t in verdict.plan(d, models)]
+    heads = any(v.finding == mechanism.WHERE.finding for v in chosen)  # the warnings are of finding 2's controls
+    rows, warned = [row(t) for t in plan_tests(tests)], warnings(d) if heads else []
     if as_json:
         return json.dumps({"tests": rows, "warnings": warned, "effects": source}, indent=1)
     return report(rows, warned, source)

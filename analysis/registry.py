@@ -30,8 +30,16 @@ def register(verdict: Verdict) -> Verdict:
 
 def verdicts(declared: dict | None = None) -> list[Verdict]:
     """The registered verdicts, each that reads a grid's declarations (``Verdict.declare``) under ``declared``
-    (``grid.schema.VerdictsSpec.declared``; None: the defaults)."""
-    return [v.declare(declared) if declared is not None and v.declare else v for v in VERDICTS]
+    (``grid.schema.VerdictsSpec.declared``; None: the defaults); only those it names where it declares ``tests``
+    (a ``ValueError`` for a name no verdict has)."""
+    chosen = VERDICTS
+    if (names := (declared or {}).get("tests")) is not None:
+        known = [v.name for v in VERDICTS]
+        for name in names:
+            if name not in known:
+                raise ValueError(f"verdicts.tests: {name!r} is no test's name; the tests: {', '.join(known)}")
+        chosen = [v for v in VERDICTS if v.name in names]
+    return [v.declare(declared) if declared is not None and v.declare else v for v in chosen]
 
 
 register(emergence.SPEED)

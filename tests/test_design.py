@@ -154,17 +154,22 @@ def test_the_convergence_test_is_planned_under_the_grids_declarations(tmp_path, 
     assert "equivalence of longctx/loss_gain_beyond within ±0.2" in row["compares"] and "seeds SD 0.1" in row["effect"]
 
 
-def test_a_scaling_grid_plans_its_laws_and_no_timing_without_evaluations_before_the_end(tmp_path, capsys, quick):
-    """Three architectures at 3 sizes and 2 budgets, one seed, evaluated at their ends only: each pair's scaling
-    claim at the bootstrap's floor (1 / 200), Holm over the 3 pairs reachable; no time of emergence to test."""
+def scaling_grid(tmp_path, **extra):
+    """Three architectures at 3 sizes and 2 budgets, one seed, evaluated at their ends only."""
     base = {**BASE, "eval": {**BASE["eval"], "every_n_steps": 0, "heads": {"every_n_steps": 0, "at_end": False}}}
     axes = {"arch": {"full": {"model.pattern": "F"}, "w16": {"model.window": 16}, "w64": {"model.window": 64}},
             "size": {"s": {"model.d_model": 32}, "m": {"model.d_model": 48}, "l": {"model.d_model": 64}},
             "train.max_steps": [50, 100], "seed": [0]}
     path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump({"name": "g", "base": {**base, "model": {**base["model"], "n_heads": 4}},
-                                    "axes": axes}))
-    table, _, _ = check([path], capsys)
+    path.write_text(yaml.safe_dump({"name": "g", "base": {**base, "model": {**base["model"], "n_heads": 2}},
+                                    "axes": axes, **extra}))
+    return path
+
+
+def test_a_scaling_grid_plans_its_laws_and_no_timing_without_evaluations_before_the_end(tmp_path, capsys, quick):
+    """Each pair's scaling claim at the bootstrap's floor (1 / 200), Holm over the 3 pairs reachable; no time of
+    emergence to test."""
+    table, _, _ = check([scaling_grid(tmp_path)], capsys)
     laws = {t: r for t, r in table.items() if t.startswith("scaling (LongPPL laws): ")}
     assert len(laws) == 3 and {r["seeds"] for r in laws.values()} == {"1/1"}
     for r in laws.values():
@@ -174,6 +179,24 @@ def test_a_scaling_grid_plans_its_laws_and_no_timing_without_evaluations_before_
     assert speed and all(r["reachable"] == "no" and "at its end only" in r["why"] for r in speed)
     laziness = [r for t, r in table.items() if t.startswith("laziness")]
     assert laziness and all("eval.heads.every_n_steps 0" in r["why"] for r in laziness)
+
+
+def test_a_grid_that_declares_its_tests_is_planned_on_those_alone(tmp_path, capsys, quick):
+    """``verdicts: {tests: [...]}``: the scaling grid's check lists its laws alone, at the same floors, without the
+    warnings about finding 2's controls (2 heads a layer: a top-2 fills one); a name no test has is refused in one
+    line naming the key and the tests' names."""
+    table, warned, _ = check([scaling_grid(tmp_path)], capsys)
+    assert "top-K 2 >= 2 heads per layer" in warned and len(table) > 3
+    table, warned, _ = check([scaling_grid(tmp_path, verdicts={"tests": ["scaling (LongPPL laws)"]})], capsys)
+    assert all(t.startswith("scaling (LongPPL laws): ") for t in table) and len(table) == 3 and not warned
+    assert [r["holm_floor"] for r in table.values()] == pytest.approx([3 / 200] * 3)
+    for tests, said in ((["scaling"], "verdicts.tests: 'scaling' is no test's name; the tests: speed (probes), "),
+                        (["where", "where"], "verdicts.tests: 'where' is named twice"),
+                        ([], "verdicts.tests")):
+        path = scaling_grid(tmp_path, verdicts={"tests": tests})
+        assert main(["grid", "plan", str(path), "--verdicts"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_pilot_sets_the_effect(tmp_path, capsys, quick):

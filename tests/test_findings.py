@@ -232,6 +232,20 @@ def test_nope(tmp_path, seeds, effect):
             assert_verdict(row, "inconclusive")
 
 
+
+def test_a_grid_that_declares_its_tests_is_judged_on_those_alone(tmp_path):
+    """The strong NoPE pair at 5 seeds, the grid declaring ``tests: [beyond]``: one row, its claim alone in finding
+    3's Holm family (p 2/252 unadjusted, against twice that beside the cost claim)."""
+    from hybrid_lightning.grid.schema import VerdictsSpec
+
+    arm(tmp_path, "rope", 5, score=lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s), loss=lambda s: 2.0 + 0.001 * s)
+    arm(tmp_path, "nope", 5, pos_full="nope", score=lambda s: (0.1, 0.2, 0.3, 0.4 + 0.01 * s),
+        beyond=lambda s: 0.3 + 0.001 * s, loss=lambda s: 2.0 + 0.001 * s)
+    runs = load_runs(find_runs(tmp_path), root=tmp_path)
+    rows = findings(runs, VerdictsSpec.model_validate({"tests": ["beyond"]}).declared())
+    assert rows["test"].tolist() == ["beyond: pos.full=rope"] and rows["verdict"].tolist() == ["reproduced"]
+    assert rows["p_holm"].tolist() == pytest.approx([2 / 252])
+
 def test_nope_cost_needs_natural_text(tmp_path):
     """Runs that log val/loss (on data.files, possibly probe documents) but no val/text_loss: not tested."""
     for name, pos in (("rope", "rope"), ("nope", "nope")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from hybrid_lightning.config.fields import CONVERGENCE_MEASURES, Number, _Frozen
 from hybrid_lightning.config.loading import validate
@@ -45,11 +45,23 @@ class VerdictsSpec(_Frozen):
 
     convergence: ConvergenceSpec = Field(default_factory=ConvergenceSpec)
     ablation: AblationSpec = Field(default_factory=AblationSpec)
+    tests: tuple[str, ...] | None = Field(
+        None, min_length=1, description="the tests the grid is built to decide, by their names in findings.csv "
+        "(e.g. `scaling (LongPPL laws)`); null: every registered test. The others are left out of its verdicts, their "
+        "Holm families and its design check")
+
+    @field_validator("tests")
+    @classmethod
+    def _once_each(cls, tests: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        twice = sorted({t for t in tests or () if tests.count(t) > 1})
+        if twice:
+            raise ValueError(f"{twice[0]!r} is named twice")
+        return tests
 
     def declared(self) -> dict:
         """As plain data, every default filled in, for ``analysis.registry.verdicts``."""
         return {"convergence": {"measure": self.convergence.measure, "margin": self.convergence.equivalence_margin},
-                "ablation": {"pooled": self.ablation.pooled}}
+                "ablation": {"pooled": self.ablation.pooled}, "tests": None if self.tests is None else list(self.tests)}
 
 
 class GridConfig(_Frozen):
@@ -84,7 +96,8 @@ class GridConfig(_Frozen):
     )
     verdicts: VerdictsSpec = Field(
         default_factory=VerdictsSpec,
-        description="settings of the verdicts declared before the results are seen: `convergence: {measure, margin}` "
+        description="settings of the verdicts declared before the results are seen: `convergence: {measure, margin}`, "
+                    "`ablation: {pooled}`, `tests` "
                     "(docs/grids.md)",
     )
     share_stable_phase: StrictBool = Field(
