@@ -129,9 +129,10 @@ class StopOnSignals(StopOnRequest):
     With several ranks, every rank learns the signal that one of them received (``signum``), so each
     exits by it.
 
-    ``install`` before anything else, ``restore`` at the end; ``signum`` is the signal received. A run stopped by a
-    signal keeps the handlers through ``restore``: its process is ending (``Stopped``), and a second signal, however
-    late, ends it at once with its exit code and message rather than by the signal's default action.
+    ``install`` before anything else, ``restore`` at the end; ``signum`` is the signal received. With
+    ``ends_process`` (the caller ends the process on ``Stopped``: the command line), a run stopped by a signal keeps
+    the handlers through ``restore``, so a second signal, however late, still ends it at once with its exit code and
+    message, not by the signal's default action.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
