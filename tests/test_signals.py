@@ -122,7 +122,6 @@ def test_a_second_signal_after_the_stop_is_recorded_still_ends_with_the_exit_cod
     assert "pid" not in status  # written by the stop, not rewritten after the lock went
 
 
-
 def test_a_library_caller_gets_its_signal_handlers_back_after_a_stop(tmp_path):
     """Without ``ends_process`` (``train`` called from Python: a notebook goes on after ``Stopped``) the handlers go
     back even after a stop, so a later Ctrl-C interrupts as Python's own handler does instead of ending the process."""
