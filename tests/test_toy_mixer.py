@@ -97,7 +97,12 @@ def test_the_registry_refuses_a_taken_name_or_letter(toy):
         register(MixerKind("lower", "q", "x.Y"))
 
 
-def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name(toy, tmp_path, capsys):
+def test_a_registered_toy_mixer_trains_plans_exports_and_is_analysed_by_its_name(toy, tmp_path, capsys, monkeypatch):
+    from hybrid_lightning.plan import precision
+
+    # A CPU without bf16 instructions, whatever this one has: on one with them the toy mixer (no bf16 measurement)
+    # adds the "unmeasured" note to the plan (tests/test_perf.py covers that note).
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda: False)
     cfg = validate_config(toy_config(toy.KIND.name))
     model = build_model(cfg.model)
     assert [type(b.mixer).__name__ for b in model.layers] == ["CumulativeMean", "Attention"]
