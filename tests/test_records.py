@@ -81,11 +81,12 @@ def test_no_module_lists_a_records_fields_again():
 
 
 def test_records_written_when_a_layers_mixer_was_named_kind_read_as_today(tmp_path):
-    """The fourth replica's records name a layer's mixer ``kind``: read through ``read_eval_record`` (every reader's
-    path) their rows carry ``mixer`` in its place, and today's records are left as they are."""
+    """The fourth replica's records name a layer's mixer ``kind`` (tests/data/legacy/heads_kind.json: its seed 0 of
+    SWA-8 at step 4,000): read through ``read_eval_record`` (every reader's path) their rows carry ``mixer`` in its
+    place, and today's records are left as they are."""
     from hybrid_lightning.rundir.evals import read_eval_record
 
-    old = REPO / "analysis" / "results" / "cpu_replica" / "runs" / "seed=0,arch=swa8" / "eval" / "heads_step_4000.json"
+    old = REPO / "tests" / "data" / "legacy" / "heads_kind.json"
     assert '"kind"' in old.read_text()
     record = read_eval_record(old)
     assert list(record["heads"][0]) == list(records.columns("heads"))

@@ -98,7 +98,8 @@ def test_false_reproduced_under_the_global_null(tmp_path, seeds):
     assert all(rate <= 0.05 for rate in rates.values()), rates
 
 
-# The committed replica's design (ablations/cpu_replica.yaml): 11 arms, 3-5 seeds, 4 layers x 4 heads; name:
+# The fourth replica's design (ablations/cpu_replica.yaml as of commit a7a90d2): 11 arms of 3 : 1 hybrids, 3-5
+# seeds, 4 layers x 4 heads; name:
 # (run_config arguments, seeds, a longer budget for the arms added after results)
 REPLICA = {"full": ({"pattern": "F"}, 3, False), "swa8": ({"window": 8}, 4, False),
            "swa8n": ({"window": 8, "pos_full": "nope"}, 3, False), "swa32": ({"window": 32}, 5, False),
