@@ -172,6 +172,9 @@ def test_the_scaling_verdict_backs_convergence_and_is_not_applicable_without_a_s
     assert row["effect"] < 0 < row["ci_high"] - row["ci_low"] and "tokens per parameter" in row["evidence"]
     two_sizes = findings(scaling_runs({"swa": base, "lightning": slower}, sizes=(2e7, 5e7)))
     assert list(two_sizes["verdict"]) == ["not applicable"]
+    one_budget = scaling_runs({"swa": base, "lightning": slower}, budgets=(100,))  # a partial grid of step budgets:
+    one_budget.configs["tokens_per_step"] = 1e6  # the same tokens at every size, so tokens per parameter differ
+    assert list(findings(one_budget)["verdict"]) == ["not applicable"]
     # the fits per architecture as files: the largest size held out, every parameter with its interval
     assert scaling_runs_module.write_fits(runs, tmp_path, resamples=10) == [
         "scaling_longppl_parameters.csv", "scaling_longppl_held_out.csv", "scaling_longppl.png"]
