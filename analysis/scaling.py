@@ -173,6 +173,11 @@ def quantity(table: pd.DataFrame, longppl: bool) -> pd.Series:
     return np.log(values) if longppl else values
 
 
+def largest(table: pd.DataFrame) -> pd.Series:
+    """The cells of the largest N: those a fit with ``hold_out`` ``largest`` predicts instead of fitting."""
+    return table["n"] == table["n"].max()
+
+
 def fit_table(table: pd.DataFrame, form: str = "no_constant", longppl: bool = False, hold_out: str | None = "largest",
               bounds: dict | None = None, starts: dict | None = None, delta: float = HUBER_DELTA,
               ftol: float = FTOL) -> ScalingFit:
@@ -181,7 +186,7 @@ def fit_table(table: pd.DataFrame, form: str = "no_constant", longppl: bool = Fa
     if hold_out not in ("largest", None):
         raise ValueError(f"hold_out must be 'largest' or None, got {hold_out!r}")
     table = table.assign(quantity=quantity(table, longppl))
-    held = table["n"] == table["n"].max() if hold_out else pd.Series(False, index=table.index)
+    held = largest(table) if hold_out else pd.Series(False, index=table.index)
     fitted = table[~held]
     if fitted["n"].nunique() < 2 or fitted["tokens"].nunique() < 2:
         raise ValueError(f"a scaling fit needs two sizes and two budgets or more among the cells it fits, got "

@@ -74,7 +74,7 @@ def scalable(table: pd.DataFrame) -> bool:
     """Whether an arm's cells have a size and a budget axis: ``MIN_SIZES`` sizes, and two budgets or more among the
     cells fitted (the largest size held out), in tokens and in tokens per parameter alike: one step budget over
     several sizes, or one tokens-per-parameter budget, is no budget axis."""
-    fitted = table[table["n"] < table["n"].max()]
+    fitted = table[~scaling.largest(table)]
     return (table["n"].nunique() >= MIN_SIZES and fitted["tokens"].nunique() >= 2
             and (fitted["tokens"] / fitted["n"]).round(6).nunique() >= 2)
 
