@@ -293,7 +293,7 @@ def _control_sets(d: Design, label: str) -> int:
 
 def _plan_pooled_ablation(d: Design, _: Models) -> list[Planned]:
     """The ablation as one claim over every architecture with full-attention heads and same-layer controls."""
-    labels = [label for label in d.arms if d.plan(label).full_layers and _control_sets(d, label)]
+    labels = [label for label in d.arms if d.plan(label).full_head_layers and _control_sets(d, label)]
     sets = [_control_sets(d, label) for label in labels]
 
     def floor(s: list[int]) -> list[float]:
@@ -310,7 +310,7 @@ def _plan_ablation(d: Design, _: Models) -> list[Planned]:
     same-layer head sets of ``d.controls`` draws (at most C(heads - K, K), each counted once)."""
     out, k = [], d.top_k
     for label in d.arms:
-        if not d.plan(label).full_layers:
+        if not d.plan(label).full_head_layers:
             continue
         heads = int(d.value(label, "model.n_heads"))
         sets = _control_sets(d, label)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hybrid_lightning.kinds import FULL, KINDS, LayerSpec, canonical_pattern, spec_from_dict
+from hybrid_lightning.kinds.headwise import FULL_HEAD
 
 PLAN_VERSION = 2  # plan.json's layout; a newer file is refused with a message, an older one read as it was written
 # How a run numbers its steps (TensorBoard, eval/step_<k>.json, heads_step_<k>.json, the console, checkpoints): from
@@ -226,6 +227,12 @@ class RunPlan:
     @property
     def full_layers(self) -> tuple[int, ...]:
         return tuple(layer.index for layer in self.layers if layer.mixer == FULL)
+
+    @property
+    def full_head_layers(self) -> tuple[int, ...]:
+        """The layers with a head that attends fully: the full layers and the head-wise layers with a full head."""
+        return tuple(layer.index for layer in self.layers
+                     if layer.mixer == FULL or FULL_HEAD in (layer.options or {}).get("heads", ""))
 
     @property
     def windowed_hybrid(self) -> bool:

@@ -125,6 +125,19 @@ def test_a_pooled_ablation_is_planned_as_one_claim_when_the_grid_declares_it(tmp
     assert "one claim over 2 architectures" in row["compares"] and not any(t.startswith("ablation: W") for t in table)
 
 
+def test_a_head_wise_arm_joins_the_pooled_ablation(tmp_path, capsys, quick):
+    """A head-wise arm (``H``) has no full layer but has full-attention heads, so the pooled ablation plans it
+    beside the layer-wise arm, as the verdict pools it: 8 runs, the floor 2 / 2^8; apart, it is one claim of its
+    own."""
+    archs = {"w16": {"model.window": 16}, "headwise": {"model.pattern": "H", "model.window": 16}}
+    path = grid_file(tmp_path, archs, 4, n_heads=4)
+    assert any(test.startswith("ablation: headwise") for test in check([path], capsys)[0])
+    grid = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**grid, "verdicts": {"ablation": {"pooled": True}}}))
+    row = check([path], capsys)[0]["ablation: pooled"]
+    assert "one claim over 2 architectures" in row["compares"] and row["floor"] == pytest.approx(2 / 2**8)
+
+
 def test_the_diagnostic_claims_are_planned_on_every_hybrid_run(tmp_path, capsys, quick):
     """Restriction and layer probes are one claim each over the runs of every hybrid arm (sign flips: 2 / 2^runs):
     3 + 3 runs cannot pass Holm in a family of several claims, 5 + 5 can; a grid without hybrids has neither."""
