@@ -188,8 +188,23 @@ def report_section(runs: Runs, out: Path, heading: str) -> str:
     text = [f"{heading}\n", "Per architecture, the paper's law (no constant) fitted to the last value of each finished "
             "run, the largest size held out and predicted; 95% bootstrap intervals of every parameter "
             f"({scaling.RESAMPLES} resamples).\n"]
-    for metric in METRICS:
+    for metric, (_, longppl) in METRICS.items():
         if f"scaling_{metric}.png" in written:
-            text += [f"![scaling {metric}](scaling_{metric}.png)\n",
+            text += [f"![scaling {metric}](scaling_{metric}.png)\n", _held_out_table(
+                pd.read_csv(out / f"scaling_{metric}_held_out.csv"), "log LongPPL" if longppl else "text loss in nats"),
                      f"CSV: `scaling_{metric}_parameters.csv`, `scaling_{metric}_held_out.csv`.\n"]
+    if any(name.startswith("scaling_longppl") for name in written):
+        text.append("The budget from which each pair's LongPPL laws stay within "
+                    f"{MARGIN:g} nats, with its bootstrap interval, is in each scaling test's details above.\n")
     return "\n".join(text)
+
+
+def _held_out_table(held: pd.DataFrame, quantity: str) -> str:
+    """The held-out cells of one metric: measured and predicted ``quantity`` and the relative error of the
+    prediction."""
+    lines = [f"Held out and predicted, {quantity}:\n",
+             "| arm | N | tokens | measured | predicted | relative error (predicted - measured) / measured |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r.arm} | {r.n:.3g} | {r.tokens:.3g} | {r.actual:.3f} | {r.predicted:.3f} | {r.relative_error:+.1%} |"
+              for r in held.itertuples(index=False)]
+    return "\n".join(lines) + "\n"

@@ -185,5 +185,8 @@ def test_the_scaling_verdict_backs_convergence_and_is_not_applicable_without_a_s
     monkeypatch.setattr(scaling, "RESAMPLES", 5)
     section = scaling_runs_module.report_section(runs, tmp_path, "## 8. Scaling laws")
     assert "![scaling longppl](scaling_longppl.png)" in section and "(5 resamples)" in section
+    held = pd.read_csv(tmp_path / "scaling_longppl_held_out.csv").iloc[0]
+    assert (f"| {held['arm']} | 1e+08 | {held['tokens']:.3g} | {held['actual']:.3f} | {held['predicted']:.3f} | "
+            f"{held['relative_error']:+.1%} |") in section and "Held out and predicted, log LongPPL:" in section
     two = scaling_runs({"swa": base}, sizes=(2e7, 5e7))
     assert "Not applicable" in scaling_runs_module.report_section(two, tmp_path / "none", "## 8. Scaling laws")
