@@ -8,10 +8,12 @@ import torch
 
 from hybrid_lightning.config import validate_config
 from hybrid_lightning.config.schedule import decay_start
-from hybrid_lightning.grid.branches import launch_order
+from hybrid_lightning.grid import local
+from hybrid_lightning.grid.branches import launch_order, ready
 from hybrid_lightning.grid.report import plan_rows, plan_table
 from hybrid_lightning.grid.spec import load_grid
 from hybrid_lightning.rundir.status import read_status
+from hybrid_lightning.training.branch import branch_point
 from hybrid_lightning.training.run import train
 from test_accumulation import NO_EVAL, scalars
 from test_grid import TINY_BASE, write_grid
@@ -131,6 +133,40 @@ def test_a_grid_shares_one_stable_phase_per_model_and_seed_and_plans_the_tokens_
     table = plan_table(full, list(rows.values()))
     assert "2 shared stable phases (share_stable_phase) train 2.66M tokens instead of 5.12M" in table
     assert [c.name for c in launch_order(grid.cells)][:2] == ["max_steps=1000,seed=0", "max_steps=1000,seed=1"]
+
+
+def test_the_local_executor_starts_a_branch_once_its_stable_phase_has_published_its_start(tmp_path, monkeypatch):
+    """Two cells at a time: the shorter budget waits while the longer one runs without having published its decay
+    start (started at once, it would train from step 0), and starts when it has; a branch with a checkpoint of its
+    own resumes from it, so it does not wait."""
+    path = write_grid(tmp_path, base=WSD_BASE, share_stable_phase=True, axes={"train.max_steps": [100, 1000]})
+    grid = load_grid(path)
+    long, short = launch_order(grid.cells)
+    assert not ready(short, [long]) and ready(short, []) and ready(long, [short])
+    events = []
+
+    class Cell:  # a cell's process: the long one publishes the short one's start at its 3rd poll, each ends at its 6th
+        def __init__(self, cell):
+            self.cell, self.polls, self.returncode = cell, 0, None
+
+        def poll(self):
+            self.polls += 1
+            if self.cell is long and self.polls == 3:
+                branch_point(short.config).parent.mkdir(parents=True, exist_ok=True)
+                branch_point(short.config).touch()
+                events.append("published")
+            self.returncode = 0 if self.polls >= 6 else None
+            return self.returncode
+
+    monkeypatch.setattr(local, "_start", lambda grid, cell, threads: events.append(cell.name) or Cell(cell))
+    monkeypatch.setattr(local, "_finish", lambda *_: 0)
+    monkeypatch.setattr(local, "POLL_S", 0)
+    assert local.run_local(grid, [long, short], 2, print) == 0
+    assert events == [long.name, "published", short.name]
+    branch_point(short.config).unlink()
+    (short.run_dir / "checkpoints").mkdir(parents=True)
+    (short.run_dir / "checkpoints" / "last.ckpt").touch()
+    assert ready(short, [long])
 
 
 def test_a_shared_stable_phase_needs_wsd(tmp_path):

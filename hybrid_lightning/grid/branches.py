@@ -17,8 +17,8 @@ from hybrid_lightning.config import config_to_dict, flatten
 from hybrid_lightning.config.roles import may_change_on_resume
 from hybrid_lightning.config.schedule import decay_start
 from hybrid_lightning.config.stable import StablePhaseConfig
-from hybrid_lightning.rundir import GRID_DIR
-from hybrid_lightning.training.branch import BRANCH_KEYS
+from hybrid_lightning.rundir import CKPT_DIR, CKPT_SUFFIX, GRID_DIR
+from hybrid_lightning.training.branch import BRANCH_KEYS, branch_point
 
 STABLE_DIR = "stable"  # under the grid's state folder: one folder per shared stable phase
 
@@ -72,3 +72,15 @@ def launch_order(cells: list) -> list:
     """The cells the longest budget first among those sharing a stable phase, so that the shorter ones find their
     checkpoint published when they start (the others keep their order, after them)."""
     return sorted(cells, key=lambda c: -c.config.train.max_steps if c.config.train.stable_phase else 0)
+
+
+def ready(cell, running: list) -> bool:
+    """Whether ``cell`` should start now: not while one of the ``running`` cells of its stable phase has yet to
+    publish the checkpoint it branches from (started now it would train from step 0, stable phase included),
+    unless it resumes from a checkpoint of its own."""
+    point, phase = branch_point(cell.config), cell.config.train.stable_phase
+    if point is None or point.is_file() or any((cell.run_dir / CKPT_DIR).glob(f"*{CKPT_SUFFIX}")):
+        return True
+    start = decay_start(cell.config.train)
+    return not any((other := c.config.train.stable_phase) is not None and other.dir == phase.dir
+                   and start in other.publish for c in running)

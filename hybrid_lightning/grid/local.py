@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hybrid_lightning.config import dump_config
 from hybrid_lightning.fileio import pid_alive, process_start
+from hybrid_lightning.grid.branches import ready
 from hybrid_lightning.grid.executor import Executor, register
 from hybrid_lightning.grid.spec import Cell, Grid
 from hybrid_lightning.grid.state import (
@@ -162,7 +163,8 @@ def _mine(record: dict | None) -> bool:
 
 
 def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str], None]) -> int:
-    """Trains the queued ``cells``, ``parallel`` at a time; returns how many did not finish.
+    """Trains the queued ``cells``, ``parallel`` at a time, a branch of a stable phase once that phase's running
+    cell has published its start (``branches.ready``); returns how many did not finish.
 
     A cell cancelled (``grid cancel``) meanwhile is skipped. On Ctrl-C or SIGTERM the running
     cells are stopped (SIGINT, then SIGKILL after 30 s); they resume on the next submit.
@@ -177,7 +179,10 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
     try:
         while waiting or running:
             while waiting and len(running) < parallel:
-                cell = waiting.pop(0)
+                cell = next((c for c in waiting if ready(c, [r for r, _, _ in running.values()])), None)
+                if cell is None:  # every branch left waits for a stable phase that is running
+                    break
+                waiting.remove(cell)
                 proc = _start(grid, cell, threads)
                 stamp = time.strftime("%H:%M:%S")
                 if proc is None:
