@@ -54,12 +54,20 @@ def arm_cells(configs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["arm", "run", "seed", "size", "n", "tokens"])
     rest = c["arch"].map(lambda a: json.dumps({k: v for k, v in json.loads(a).items() if k not in SCALE_KEYS},
                                               sort_keys=True))
-    names = {r: _shared(tuple(g)) for r, g in c.groupby(rest)["label"]}
+    names = arm_names({r: tuple(g) for r, g in c.groupby(rest)["label"]})
     n = c["non_embedding_params"].astype(float)
     return pd.DataFrame({"arm": rest.map(names), "run": c["run"], "seed": c.get("seed"),
                          "size": n.map(lambda x: f"{x:.4g}"), "n": n,
                          "tokens": c["train.max_steps"].astype(float) * c["tokens_per_step"].astype(float)
                          }).reset_index(drop=True)
+
+
+def arm_names(labels: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """Architecture -> its name: the words its runs' labels share, without the cut word that ends a label too long
+    (``n_h…``), unless that would give two architectures one name."""
+    full = {arch: _shared(of) for arch, of in labels.items()}
+    short = {arch: " ".join(w for w in name.split() if not w.endswith("…")) or name for arch, name in full.items()}
+    return short if len(set(short.values())) == len(short) else full
 
 
 def cells(runs: Runs, tag: str) -> pd.DataFrame:

@@ -190,3 +190,13 @@ def test_the_scaling_verdict_backs_convergence_and_is_not_applicable_without_a_s
             f"{held['relative_error']:+.1%} |") in section and "Held out and predicted, log LongPPL:" in section
     two = scaling_runs({"swa": base}, sizes=(2e7, 5e7))
     assert "Not applicable" in scaling_runs_module.report_section(two, tmp_path / "none", "## 8. Scaling laws")
+
+
+def test_an_architecture_is_named_without_the_cut_word_of_a_long_label():
+    """The words its runs' labels share, less the cut last word of a label too long; kept where two names would
+    coincide without it."""
+    cut = {"gdn": ("gdn EF max_steps=1000 d_model=24 n_h…", "gdn EF max_steps=2000 d_model=32 n_h…"),
+           "full": ("F d_model=24 max_steps=1000", "F d_model=32 max_steps=2000")}
+    assert scaling_runs_module.arm_names(cut) == {"gdn": "gdn EF", "full": "F"}
+    alike = {"a": ("x EF d=24 n_h…",), "b": ("x EF d=24",)}
+    assert scaling_runs_module.arm_names(alike) == {"a": "x EF d=24 n_h…", "b": "x EF d=24"}
