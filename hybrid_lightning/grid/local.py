@@ -179,7 +179,8 @@ def run_local(grid: Grid, cells: list[Cell], parallel: int, say: Callable[[str],
     try:
         while waiting or running:
             while waiting and len(running) < parallel:
-                cell = next((c for c in waiting if ready(c, [r for r, _, _ in running.values()])), None)
+                started = [c for c, _, _ in running.values()]
+                cell = next((c for c in waiting if ready(c, started)), None)
                 if cell is None:  # every branch left waits for a stable phase that is running
                     break
                 waiting.remove(cell)
